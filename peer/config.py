@@ -1,0 +1,252 @@
+"""The run config: every default of a swarmloco run in one place.
+
+A run config is shared by the whole swarm (the coordinator serves it; peers never override
+it), so it fixes the math: model, data split, inner and outer optimizers, codec, aggregator,
+and round timing. Defaults are the small demo run that finishes on 2 CPU cores in minutes,
+with optimizer defaults from the DiLoCo paper (inner AdamW, outer Nesterov lr 0.7, momentum 0.9).
+
+Files are TOML with one table per section (`[inner]`, `[outer]`, ...); see docs/run.example.toml.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+OuterName = Literal["nesterov", "demo", "fedavg"]
+
+
+class ConfigError(ValueError):
+    """A run config value that cannot work; the message says what to change."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    """A small GPT over bytes (vocab 256): ~0.5M parameters by default."""
+
+    seq_len: int = 128
+    d_model: int = 128
+    n_layer: int = 2
+    n_head: int = 4
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(self.seq_len >= 8, f"model.seq_len={self.seq_len}: use at least 8")
+        _require(self.d_model > 0 and self.n_layer > 0, "model.d_model and model.n_layer must be positive")
+        _require(
+            self.n_head > 0 and self.d_model % self.n_head == 0,
+            f"model.d_model={self.d_model} must be divisible by model.n_head={self.n_head}",
+        )
+        _require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout}: use a value in [0, 1)")
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    """Where training text comes from. path=None means the Python standard library's sources."""
+
+    path: str | None = None
+    batch_size: int = 8
+    val_fraction: float = 0.1  # share of files held out, chosen by a stable hash of the path
+    val_batches: int = 16  # batches of the fixed validation set used for every val-loss figure
+    max_corpus_bytes: int = 8_000_000  # cap on bytes read, so startup stays fast
+
+    def __post_init__(self) -> None:
+        _require(self.batch_size > 0, f"data.batch_size={self.batch_size}: use a positive batch size")
+        _require(0.0 < self.val_fraction < 1.0, f"data.val_fraction={self.val_fraction}: use a value in (0, 1)")
+        _require(self.val_batches > 0, "data.val_batches must be positive")
+        _require(self.max_corpus_bytes >= 100_000, "data.max_corpus_bytes: use at least 100000")
+
+
+@dataclass(kw_only=True, slots=True)
+class InnerConfig:
+    """Inner AdamW, run for `steps` (DiLoCo's H) between synchronizations; its state persists."""
+
+    steps: int = 25
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    warmup_steps: int = 50  # linear warm-up of the inner lr over the first steps of the run
+    grad_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(self.steps > 0, f"inner.steps={self.steps}: use at least 1 inner step per round")
+        _require(self.lr > 0, f"inner.lr={self.lr}: use a positive learning rate")
+        _require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "inner.beta1/beta2 must be in [0, 1)")
+        _require(self.warmup_steps >= 0 and self.grad_clip >= 0, "inner.warmup_steps and inner.grad_clip must be >= 0")
+
+
+@dataclass(kw_only=True, slots=True)
+class OuterConfig:
+    """Outer optimizer applied to the aggregated pseudo-gradient once per round."""
+
+    name: OuterName = "nesterov"
+    lr: float = 0.7  # DiLoCo: 0.7 (nesterov); DeMo uses its own sign-step lr (demo_lr)
+    momentum: float = 0.9
+    demo_decay: float = 0.999  # DeMo: local momentum decay
+    demo_chunk: int = 64  # DeMo: DCT chunk size
+    demo_topk: int = 4  # DeMo: components kept per chunk
+    demo_lr: float = 1e-3  # DeMo: step size of the sign update
+
+    def __post_init__(self) -> None:
+        _require(
+            self.name in ("nesterov", "demo", "fedavg"),
+            f"outer.name={self.name!r}: choose one of nesterov, demo, fedavg",
+        )
+        _require(self.lr > 0, f"outer.lr={self.lr}: use a positive learning rate")
+        _require(0 <= self.momentum < 1, f"outer.momentum={self.momentum}: use a value in [0, 1)")
+        _require(0 < self.demo_decay <= 1, "outer.demo_decay must be in (0, 1]")
+        _require(1 <= self.demo_topk <= self.demo_chunk <= 4096, "outer: need 1 <= demo_topk <= demo_chunk <= 4096")
+
+
+@dataclass(kw_only=True, slots=True)
+class CompressionConfig:
+    """Codec spec string (optim/codecs.py), e.g. `fp16`, `int8`, `topk:0.01+int8`, `dct-topk:64:4`."""
+
+    codec: str = "fp16"
+    error_feedback: bool = True  # the sender keeps what the codec dropped and adds it next round
+
+    def __post_init__(self) -> None:
+        _require(bool(self.codec.strip()), "compression.codec is empty: use e.g. fp16, int8, topk:0.01+int8")
+
+
+@dataclass(kw_only=True, slots=True)
+class AggregationConfig:
+    """Robust aggregator (optim/aggregate.py) and the number of Byzantine peers it must tolerate."""
+
+    name: str = "mean"
+    num_byzantine: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _require(self.num_byzantine >= 0, f"aggregation.num_byzantine={self.num_byzantine}: use 0 or more")
+
+
+@dataclass(kw_only=True, slots=True)
+class RoundConfig:
+    """Round clock: how many rounds, how long to wait, how many peers make a quorum."""
+
+    rounds: int = 12
+    min_peers: int = 1  # quorum: a round closes only with at least this many valid updates
+    expected_peers: int = 0  # wait for this many peers before round 0 starts (0 = no wait)
+    start_timeout_s: float = 120.0  # give up waiting for expected_peers after this long
+    deadline_s: float = 120.0  # initial deadline after the first commitment of a round
+    min_deadline_s: float = 5.0
+    max_deadline_s: float = 600.0
+    deadline_slack: float = 2.0  # adaptive deadline = slack x the slowest recent arrival gap
+    peer_timeout_s: float = 30.0  # a peer silent this long is considered gone
+
+    def __post_init__(self) -> None:
+        _require(self.rounds > 0, f"rounds.rounds={self.rounds}: use at least 1 round")
+        _require(self.min_peers >= 1, f"rounds.min_peers={self.min_peers}: a quorum needs at least 1 peer")
+        _require(
+            0 < self.min_deadline_s <= self.deadline_s <= self.max_deadline_s,
+            "rounds: need 0 < min_deadline_s <= deadline_s <= max_deadline_s",
+        )
+        _require(self.deadline_slack >= 1.0, "rounds.deadline_slack must be >= 1")
+        _require(self.peer_timeout_s > 0, "rounds.peer_timeout_s must be positive")
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    run_id: str = "swarmloco-demo"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    inner: InnerConfig = field(default_factory=InnerConfig)
+    outer: OuterConfig = field(default_factory=OuterConfig)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+    rounds: RoundConfig = field(default_factory=RoundConfig)
+    max_payload_bytes: int = 64 * 1024 * 1024  # hard upper bound on one update payload
+    allowed_peers: list[str] = field(default_factory=list)  # hex public keys; empty = open run
+
+    def __post_init__(self) -> None:
+        _require(
+            bool(self.run_id) and all(c.isalnum() or c in "-_." for c in self.run_id),
+            f"run_id={self.run_id!r}: use letters, digits, '-', '_' or '.'",
+        )
+        _require(self.max_payload_bytes > 0, "max_payload_bytes must be positive")
+        for key in self.allowed_peers:
+            _require(
+                len(key) == 64 and all(c in "0123456789abcdef" for c in key.lower()),
+                f"allowed_peers entry {key!r} is not a hex Ed25519 public key (64 hex characters)",
+            )
+
+    # --- (de)serialization -------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON: two peers with equal hashes run the same math."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        sections = {f.name: f.type for f in dataclasses.fields(cls)}
+        section_types = {
+            "model": ModelConfig,
+            "data": DataConfig,
+            "inner": InnerConfig,
+            "outer": OuterConfig,
+            "compression": CompressionConfig,
+            "aggregation": AggregationConfig,
+            "rounds": RoundConfig,
+        }
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in sections:
+                raise ConfigError(f"unknown run config key {key!r}; known keys: {', '.join(sorted(sections))}")
+            if key in section_types:
+                if not isinstance(value, dict):
+                    raise ConfigError(f"[{key}] must be a table, got {type(value).__name__}")
+                kwargs[key] = _build_section(section_types[key], key, value)
+            else:
+                kwargs[key] = value
+        try:
+            return cls(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"bad run config: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "RunConfig":
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"run config {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"run config {path} is not valid TOML: {exc}") from None
+        return cls.from_dict(data)
+
+
+def _build_section(section_type: type, name: str, values: dict[str, Any]) -> Any:
+    known = {f.name: f for f in dataclasses.fields(section_type)}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"unknown key {name}.{key}; known keys: {', '.join(sorted(known))}")
+        default = known[key].default
+        if isinstance(default, (int, float)) and not isinstance(default, bool):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{name}.{key}={value!r}: expected a number")
+            if isinstance(default, int) and not isinstance(value, int):
+                raise ConfigError(f"{name}.{key}={value!r}: expected an integer")
+    return section_type(**values)

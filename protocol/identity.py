@@ -1,0 +1,93 @@
+"""Ed25519 identity of a peer or coordinator.
+
+peer_id = first 32 hex characters of sha256(raw public key): anyone holding the public key can
+check that a peer_id belongs to it, so nobody can speak in another's name without its key.
+The private key lives in a PEM file created with mode 0600 on first use (`--identity-path`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+PUBLIC_KEY_BYTES = 32
+SIGNATURE_BYTES = 64
+
+
+class IdentityError(ValueError):
+    """An identity file or key that cannot be used; the message says what to do."""
+
+
+def peer_id_of(public_key: bytes) -> str:
+    if len(public_key) != PUBLIC_KEY_BYTES:
+        raise IdentityError(f"an Ed25519 public key has {PUBLIC_KEY_BYTES} bytes, got {len(public_key)}")
+    return hashlib.sha256(public_key).hexdigest()[:32]
+
+
+def verify_signature(public_key: bytes, signature: bytes, message: bytes) -> bool:
+    """True when `signature` is `public_key`'s Ed25519 signature of `message`; never raises."""
+    if len(public_key) != PUBLIC_KEY_BYTES or len(signature) != SIGNATURE_BYTES:
+        return False
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
+        return True
+    except (InvalidSignature, ValueError):
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    private_key: Ed25519PrivateKey
+
+    @classmethod
+    def generate(cls) -> "Identity":
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def load_or_create(cls, path: str | Path) -> "Identity":
+        """Load the key at `path`, or create it there (mode 0600) when the file does not exist."""
+        path = Path(path).expanduser()
+        if path.exists():
+            try:
+                key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+            except (ValueError, TypeError) as exc:
+                raise IdentityError(
+                    f"{path} is not an unencrypted PEM Ed25519 private key ({exc}); "
+                    "point --identity-path at another file to create a fresh identity"
+                ) from None
+            if not isinstance(key, Ed25519PrivateKey):
+                raise IdentityError(f"{path} holds a {type(key).__name__}, not an Ed25519 key")
+            return cls(key)
+        identity = cls.generate()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pem = identity.private_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        # Create with 0600 from the start (no window where the key is world-readable),
+        # then rename into place so a crash never leaves a half-written key.
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, pem)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        return identity
+
+    @property
+    def public_key(self) -> bytes:
+        return self.private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    @property
+    def peer_id(self) -> str:
+        return peer_id_of(self.public_key)
+
+    def sign(self, message: bytes) -> bytes:
+        return self.private_key.sign(message)
