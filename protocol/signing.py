@@ -13,7 +13,7 @@ from typing import Any
 from protocol._generated import swarm_pb2
 from protocol.identity import Identity, IdentityError, peer_id_of, verify_signature
 
-MAX_BODY_BYTES = 64 * 1024
+MAX_BODY_BYTES = 1 << 20  # fits in one gRPC message; a manifest of ~2000 peers
 
 
 class SignatureError(ValueError):

@@ -1,0 +1,245 @@
+"""Byte accounting on every RPC: bytes sent and received, per remote peer, per round.
+
+Counts are the serialized protobuf message sizes (`ByteSize()`) of every request and response,
+taken by gRPC interceptors on both sides, so a sender's "sent to B" equals B's "received from A"
+exactly. HTTP/2 framing and TLS records (a few percent) are not included; everything the
+application puts on the wire is. Callers identify themselves with the `x-swarmloco-peer`
+metadata header so a server can attribute what it receives.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import grpc
+
+PEER_HEADER = "x-swarmloco-peer"
+
+
+@dataclass(slots=True)
+class Traffic:
+    sent: int = 0
+    received: int = 0
+    calls: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"bytes_sent": self.sent, "bytes_received": self.received, "calls": self.calls}
+
+
+class ByteCounter:
+    """Thread-safe counters keyed by (round, remote peer). `round` is set by the round loop."""
+
+    def __init__(self, local_peer: str = "") -> None:
+        self.local_peer = local_peer
+        self.round = 0
+        self._lock = threading.Lock()
+        self._traffic: dict[tuple[int, str], Traffic] = defaultdict(Traffic)
+
+    def add(self, remote: str, *, sent: int = 0, received: int = 0, call: bool = False) -> None:
+        with self._lock:
+            entry = self._traffic[(self.round, remote)]
+            entry.sent += sent
+            entry.received += received
+            entry.calls += int(call)
+
+    def round_total(self, round_: int) -> Traffic:
+        with self._lock:
+            total = Traffic()
+            for (r, _), t in self._traffic.items():
+                if r == round_:
+                    total.sent += t.sent
+                    total.received += t.received
+                    total.calls += t.calls
+            return total
+
+    def total(self) -> Traffic:
+        with self._lock:
+            return Traffic(
+                sum(t.sent for t in self._traffic.values()),
+                sum(t.received for t in self._traffic.values()),
+                sum(t.calls for t in self._traffic.values()),
+            )
+
+    def by_peer(self) -> dict[str, Traffic]:
+        """Totals over all rounds, per remote peer."""
+        with self._lock:
+            out: dict[str, Traffic] = defaultdict(Traffic)
+            for (_, remote), t in self._traffic.items():
+                out[remote].sent += t.sent
+                out[remote].received += t.received
+                out[remote].calls += t.calls
+            return dict(out)
+
+    def snapshot(self) -> dict[str, dict[str, dict[str, int]]]:
+        """{round: {remote: {bytes_sent, bytes_received, calls}}} as JSON-friendly dicts."""
+        with self._lock:
+            out: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
+            for (r, remote), t in sorted(self._traffic.items()):
+                out[str(r)][remote] = t.as_dict()
+            return dict(out)
+
+
+def _size(message: Any) -> int:
+    return message.ByteSize() if hasattr(message, "ByteSize") else 0
+
+
+class _CountedIterator:
+    """Wraps a streamed response (or request) iterator and counts each message."""
+
+    def __init__(self, inner: Any, on_message: Callable[[int], None]) -> None:
+        self._inner = inner
+        self._on_message = on_message
+
+    def __iter__(self) -> "_CountedIterator":
+        return self
+
+    def __next__(self) -> Any:
+        message = next(self._inner)
+        self._on_message(_size(message))
+        return message
+
+    def __getattr__(self, name: str) -> Any:  # cancel(), code(), details(), ... of the call
+        return getattr(self._inner, name)
+
+
+class _CountedOutcome:
+    """Wraps a unary response future so the response is counted once when read."""
+
+    def __init__(self, inner: Any, on_message: Callable[[int], None]) -> None:
+        self._inner = inner
+        self._on_message = on_message
+        self._counted = False
+
+    def result(self, timeout: float | None = None) -> Any:
+        response = self._inner.result(timeout)
+        if not self._counted:
+            self._counted = True
+            self._on_message(_size(response))
+        return response
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _ClientDetails(grpc.ClientCallDetails):
+    def __init__(self, base: grpc.ClientCallDetails, metadata: list[tuple[str, str]]) -> None:
+        self.method = base.method
+        self.timeout = base.timeout
+        self.metadata = metadata
+        self.credentials = base.credentials
+        self.wait_for_ready = getattr(base, "wait_for_ready", None)
+        self.compression = getattr(base, "compression", None)
+
+
+class _ClientCounter(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    def __init__(self, counter: ByteCounter, remote: str) -> None:
+        self.counter = counter
+        self.remote = remote
+
+    def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        metadata = list(details.metadata or [])
+        metadata.append((PEER_HEADER, self.counter.local_peer or "anonymous"))
+        return _ClientDetails(details, metadata)
+
+    def _sent(self, n: int) -> None:
+        self.counter.add(self.remote, sent=n)
+
+    def _received(self, n: int) -> None:
+        self.counter.add(self.remote, received=n)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        self.counter.add(self.remote, sent=_size(request), call=True)
+        return _CountedOutcome(continuation(self._details(details), request), self._received)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        self.counter.add(self.remote, sent=_size(request), call=True)
+        return _CountedIterator(continuation(self._details(details), request), self._received)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        self.counter.add(self.remote, call=True)
+        requests = _CountedIterator(iter(request_iterator), self._sent)
+        return _CountedOutcome(continuation(self._details(details), requests), self._received)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        self.counter.add(self.remote, call=True)
+        requests = _CountedIterator(iter(request_iterator), self._sent)
+        return _CountedIterator(continuation(self._details(details), requests), self._received)
+
+
+def counting_interceptors(counter: ByteCounter, remote: str) -> list[Any]:
+    return [_ClientCounter(counter, remote)]
+
+
+class _ServerCounter(grpc.ServerInterceptor):
+    def __init__(self, counter: ByteCounter) -> None:
+        self.counter = counter
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        remote = "anonymous"
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == PEER_HEADER:
+                remote = str(value)[:64]
+        counter = self.counter
+
+        def received(n: int) -> None:
+            counter.add(remote, received=n)
+
+        def sent(n: int) -> None:
+            counter.add(remote, sent=n)
+
+        def wrap_unary_in(fn):
+            def inner(request, context):
+                counter.add(remote, received=_size(request), call=True)
+                return fn(request, context)
+
+            return inner
+
+        def wrap_stream_in(fn):
+            def inner(request_iterator, context):
+                counter.add(remote, call=True)
+                return fn(_CountedIterator(iter(request_iterator), received), context)
+
+            return inner
+
+        def count_unary_out(fn):
+            def inner(request, context):
+                response = fn(request, context)
+                sent(_size(response))
+                return response
+
+            return inner
+
+        def count_stream_out(fn):
+            def inner(request, context) -> Iterator[Any]:
+                for response in fn(request, context):
+                    sent(_size(response))
+                    yield response
+
+            return inner
+
+        if handler.unary_unary:
+            fn = count_unary_out(wrap_unary_in(handler.unary_unary))
+            return grpc.unary_unary_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
+        if handler.unary_stream:
+            fn = count_stream_out(wrap_unary_in(handler.unary_stream))
+            return grpc.unary_stream_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
+        if handler.stream_unary:
+            fn = count_unary_out(wrap_stream_in(handler.stream_unary))
+            return grpc.stream_unary_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
+        fn = count_stream_out(wrap_stream_in(handler.stream_stream))
+        return grpc.stream_stream_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
+
+
+def server_counting_interceptor(counter: ByteCounter) -> grpc.ServerInterceptor:
+    return _ServerCounter(counter)

@@ -1,0 +1,212 @@
+"""Discovery through a hivemind DHT: who runs the swarm, and where its peers listen.
+
+Records (all signed with the writer's Ed25519 key, checked by every DHT node through hivemind's
+record-validator hook):
+  key "swarmloco:runs"                 subkey = coordinator peer_id -> {run_id, endpoint, public_key}
+  key "swarmloco:<run_id>:peers"       subkey = peer_id             -> {endpoint, public_key, client_mode, version}
+A record's subkey must equal the peer_id of the key that signed it, so nobody can write (or
+overwrite) a record in another's name. The signature covers key, subkey, value and expiry.
+
+Start the DHT before any gRPC server or channel in a process: hivemind runs it in a forked
+child, and gRPC is not fork-safe.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from hivemind.dht import DHT
+from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.utils import MSGPackSerializer, get_dht_time
+
+from protocol.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, peer_id_of, verify_signature
+
+RUNS_KEY = "swarmloco:runs"
+RECORD_TTL_S = 60.0
+_MAGIC = b"\x00SLC-ED25519\x00"
+_SUFFIX = len(_MAGIC) + PUBLIC_KEY_BYTES + SIGNATURE_BYTES
+
+
+def peers_key(run_id: str) -> str:
+    return f"swarmloco:{run_id}:peers"
+
+
+class DiscoveryError(ConnectionError):
+    """The DHT could not be joined or holds nothing usable; the message says what to check."""
+
+
+def _signed_part(record: DHTRecord, value: bytes) -> bytes:
+    return MSGPackSerializer.dumps((record.key, record.subkey, value, record.expiration_time))
+
+
+class Ed25519RecordValidator(RecordValidatorBase):
+    """Signs our own records and refuses any record not signed by its subkey's owner.
+
+    Holds the raw private key bytes (picklable: hivemind ships validators to its DHT process).
+    """
+
+    def __init__(self, private_bytes: bytes) -> None:
+        self._private_bytes = private_bytes
+        self._identity: Identity | None = None
+
+    def _me(self) -> Identity:
+        if self._identity is None:
+            from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+            self._identity = Identity(Ed25519PrivateKey.from_private_bytes(self._private_bytes))
+        return self._identity
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_private_bytes": self._private_bytes, "_identity": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._private_bytes = state["_private_bytes"]
+        self._identity = None
+
+    def sign_value(self, record: DHTRecord) -> bytes:
+        me = self._me()
+        signature = me.sign(_signed_part(record, record.value))
+        return record.value + _MAGIC + me.public_key + signature
+
+    def strip_value(self, record: DHTRecord) -> bytes:
+        return record.value[:-_SUFFIX] if len(record.value) >= _SUFFIX else record.value
+
+    def validate(self, record: DHTRecord) -> bool:
+        value = record.value
+        if len(value) < _SUFFIX or value[-_SUFFIX : -_SUFFIX + len(_MAGIC)] != _MAGIC:
+            return False
+        public_key = value[-_SUFFIX + len(_MAGIC) : -SIGNATURE_BYTES]
+        signature = value[-SIGNATURE_BYTES:]
+        try:
+            subkey = MSGPackSerializer.loads(record.subkey) if record.subkey else None
+        except Exception:
+            return False
+        if subkey != peer_id_of(public_key):
+            return False
+        return verify_signature(public_key, signature, _signed_part(record, value[:-_SUFFIX]))
+
+    @property
+    def priority(self) -> int:
+        return 10  # validate signatures before anything deserializes the value
+
+    def merge_with(self, other: RecordValidatorBase) -> bool:
+        return isinstance(other, Ed25519RecordValidator)
+
+
+def start_dht(
+    identity: Identity,
+    *,
+    initial_peers: Sequence[str] = (),
+    host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
+    announce_maddrs: Sequence[str] = (),
+    client_mode: bool = False,
+    timeout_s: float = 15.0,
+) -> DHT:
+    """Start a hivemind DHT node; raise DiscoveryError with advice when initial peers don't answer."""
+    from cryptography.hazmat.primitives import serialization
+
+    private_bytes = identity.private_key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    for maddr in initial_peers:
+        if not maddr.startswith("/") or "/p2p/" not in maddr:
+            raise DiscoveryError(
+                f"--initial-peers {maddr!r} is not a full multiaddr like /ip4/1.2.3.4/tcp/31337/p2p/12D3Koo…; "
+                "copy the line the coordinator printed"
+            )
+    try:
+        return DHT(
+            initial_peers=list(initial_peers),
+            host_maddrs=list(host_maddrs),
+            announce_maddrs=list(announce_maddrs) or None,
+            client_mode=client_mode,
+            record_validators=[Ed25519RecordValidator(private_bytes)],
+            start=True,
+            await_ready=True,
+            startup_timeout=timeout_s,
+            wait_timeout=5,
+            num_workers=4,
+        )
+    except Exception as exc:  # hivemind raises a variety of errors for unreachable peers
+        hint = "is the coordinator running and its port open? try --client-mode behind NAT" if initial_peers else ""
+        raise DiscoveryError(f"cannot start the DHT or reach {', '.join(initial_peers) or 'any peer'}: {exc}. {hint}") from None
+
+
+def visible_maddrs(dht: DHT) -> list[str]:
+    return [str(m) for m in dht.get_visible_maddrs()]
+
+
+def _store(dht: DHT, key: str, identity: Identity, value: dict[str, Any], ttl_s: float) -> bool:
+    return bool(
+        dht.store(key, json.dumps(value, sort_keys=True).encode(), get_dht_time() + ttl_s, subkey=identity.peer_id)
+    )
+
+
+def announce_run(dht: DHT, identity: Identity, *, run_id: str, endpoint: str, ttl_s: float = RECORD_TTL_S) -> bool:
+    return _store(dht, RUNS_KEY, identity, {"run_id": run_id, "endpoint": endpoint, "public_key": identity.public_key.hex()}, ttl_s)
+
+
+def announce_peer(
+    dht: DHT, identity: Identity, *, run_id: str, endpoint: str, client_mode: bool, version: str, ttl_s: float = RECORD_TTL_S
+) -> bool:
+    value = {"endpoint": endpoint, "public_key": identity.public_key.hex(), "client_mode": client_mode, "version": version}
+    return _store(dht, peers_key(run_id), identity, value, ttl_s)
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    run_id: str
+    endpoint: str
+    public_key: bytes
+    coordinator_id: str
+
+
+def _entries(dht: DHT, key: str) -> dict[str, dict[str, Any]]:
+    found = dht.get(key, latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return {}
+    out = {}
+    for subkey, item in found.value.items():
+        try:
+            out[str(subkey)] = json.loads(item.value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def find_run(dht: DHT, run_id: str | None = None, *, timeout_s: float = 15.0) -> RunRecord:
+    """Find the coordinator of `run_id` (or of the only run on this DHT)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = []
+        for coordinator_id, value in _entries(dht, RUNS_KEY).items():
+            try:
+                record = RunRecord(value["run_id"], value["endpoint"], bytes.fromhex(value["public_key"]), coordinator_id)
+            except (KeyError, ValueError, TypeError):
+                continue
+            if peer_id_of(record.public_key) == coordinator_id and (run_id is None or record.run_id == run_id):
+                runs.append(record)
+        if len(runs) == 1:
+            return runs[0]
+        if len(runs) > 1:
+            names = ", ".join(sorted(r.run_id for r in runs))
+            raise DiscoveryError(f"this DHT hosts several runs ({names}); choose one with --run-id")
+        if time.monotonic() > deadline:
+            which = f"run {run_id!r}" if run_id else "any run"
+            raise DiscoveryError(f"the DHT has no coordinator record for {which}; is the coordinator up? check --initial-peers")
+        time.sleep(0.5)
+
+
+def list_peers(dht: DHT, run_id: str) -> dict[str, dict[str, Any]]:
+    """peer_id -> {endpoint, public_key, client_mode, version} of peers announced in the DHT."""
+    out = {}
+    for peer_id, value in _entries(dht, peers_key(run_id)).items():
+        try:
+            if peer_id_of(bytes.fromhex(value["public_key"])) == peer_id:
+                out[peer_id] = value
+        except (KeyError, ValueError, TypeError):
+            continue
+    return out

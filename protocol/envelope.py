@@ -1,0 +1,179 @@
+"""Update envelopes and round manifests: what is signed, and the checks every receiver runs.
+
+An update is a signed *header* (small, goes to the coordinator as the commitment) plus the
+*payload* (the encoded pseudo-gradient, content-addressed by its sha256, fetched from any holder).
+The header binds run_id and round (no replay), the codec and tensor layout (no shape games), and
+the payload's exact size and sha256 (no substitution, and the size is known before reading).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from protocol._generated import swarm_pb2
+from protocol.identity import Identity
+from protocol.signing import SignatureError, open_signed, sign_body
+
+UPDATE_TAG = "swarmloco/update-header/v1"
+MANIFEST_TAG = "swarmloco/round-manifest/v1"
+
+
+class EnvelopeError(ValueError):
+    """An update or manifest that must be refused; `reason` is counted in status."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateHeader:
+    run_id: str
+    round: int
+    peer_id: str
+    codec: str
+    numel: int
+    layout_hash: str
+    base_param_hash: str  # hash of θ_round the pseudo-gradient was computed from
+    payload_sha256: str
+    payload_size: int
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sign_update(identity: Identity, header: UpdateHeader) -> swarm_pb2.Signed:
+    if header.peer_id != identity.peer_id:
+        raise ValueError("an update header must name its signer's peer_id")
+    return sign_body(identity, UPDATE_TAG, asdict(header))
+
+
+def _field(fields: dict[str, Any], name: str, kind: type) -> Any:
+    value = fields.get(name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise EnvelopeError("malformed", f"update header field {name!r} missing or not {kind.__name__}")
+    return value
+
+
+def open_update(
+    signed: swarm_pb2.Signed,
+    *,
+    run_id: str,
+    round_: int | None,
+    codec: str,
+    numel: int,
+    layout_hash: str,
+    max_payload_bytes: int,
+) -> UpdateHeader:
+    """Verify a signed update header against what this run expects; raise EnvelopeError."""
+    try:
+        fields, signer = open_signed(signed, UPDATE_TAG)
+    except SignatureError as exc:
+        raise EnvelopeError(exc.reason, f"update header refused: {exc}") from None
+    header = UpdateHeader(
+        run_id=_field(fields, "run_id", str),
+        round=_field(fields, "round", int),
+        peer_id=_field(fields, "peer_id", str),
+        codec=_field(fields, "codec", str),
+        numel=_field(fields, "numel", int),
+        layout_hash=_field(fields, "layout_hash", str),
+        base_param_hash=_field(fields, "base_param_hash", str),
+        payload_sha256=_field(fields, "payload_sha256", str),
+        payload_size=_field(fields, "payload_size", int),
+    )
+    if header.peer_id != signer:
+        raise EnvelopeError("forged", f"header names peer {header.peer_id} but is signed by {signer}")
+    if header.run_id != run_id:
+        raise EnvelopeError("wrong-run", f"update is for run {header.run_id!r}, this run is {run_id!r}")
+    if round_ is not None and header.round != round_:
+        raise EnvelopeError("wrong-round", f"update is for round {header.round}, expected round {round_} (replay or stale)")
+    if header.codec != codec:
+        raise EnvelopeError("wrong-codec", f"update uses codec {header.codec!r}, the run uses {codec!r}")
+    if header.numel != numel or header.layout_hash != layout_hash:
+        raise EnvelopeError("wrong-layout", "update's tensor layout does not match the run's model")
+    if not 0 < header.payload_size <= max_payload_bytes:
+        raise EnvelopeError(
+            "oversized", f"declared payload size {header.payload_size} is outside (0, {max_payload_bytes}]"
+        )
+    if len(header.payload_sha256) != 64 or any(c not in "0123456789abcdef" for c in header.payload_sha256):
+        raise EnvelopeError("malformed", "payload_sha256 is not 64 lowercase hex characters")
+    return header
+
+
+def check_payload(header: UpdateHeader, payload: bytes) -> None:
+    if len(payload) != header.payload_size:
+        raise EnvelopeError("size-mismatch", f"payload has {len(payload)} bytes, header declares {header.payload_size}")
+    if sha256_hex(payload) != header.payload_sha256:
+        raise EnvelopeError("hash-mismatch", "payload sha256 differs from the signed header")
+
+
+# --- round manifests ------------------------------------------------------------------------
+
+
+def signed_to_json(signed: swarm_pb2.Signed) -> dict[str, str]:
+    return {
+        "body": base64.b64encode(signed.body).decode(),
+        "signature": base64.b64encode(signed.signature).decode(),
+        "public_key": base64.b64encode(signed.public_key).decode(),
+    }
+
+
+def signed_from_json(data: dict[str, str]) -> swarm_pb2.Signed:
+    try:
+        return swarm_pb2.Signed(
+            body=base64.b64decode(data["body"], validate=True),
+            signature=base64.b64decode(data["signature"], validate=True),
+            public_key=base64.b64decode(data["public_key"], validate=True),
+        )
+    except (KeyError, TypeError, ValueError):
+        raise EnvelopeError("malformed", "manifest entry holds no valid signed header") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestEntry:
+    peer_id: str
+    payload_sha256: str
+    payload_size: int
+    header: dict[str, str]  # the author's signed header, so anyone can check authorship
+    holders: list[str]  # HOST:PORT endpoints known to serve the payload (author first)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundManifest:
+    run_id: str
+    round: int
+    base_param_hash: str
+    entries: list[ManifestEntry]  # sorted by peer_id: the order of aggregation everywhere
+    excluded: dict[str, str]  # peer_id -> reason (evidence is kept by the coordinator)
+
+
+def sign_manifest(identity: Identity, manifest: RoundManifest) -> swarm_pb2.Signed:
+    return sign_body(identity, MANIFEST_TAG, asdict(manifest))
+
+
+def open_manifest(signed: swarm_pb2.Signed, *, coordinator_key: bytes, run_id: str, round_: int) -> RoundManifest:
+    if signed.public_key != coordinator_key:
+        raise EnvelopeError("forged", "manifest is not signed by this run's coordinator")
+    try:
+        fields, _ = open_signed(signed, MANIFEST_TAG)
+        entries = [ManifestEntry(**e) for e in fields["entries"]]
+        manifest = RoundManifest(
+            run_id=fields["run_id"],
+            round=fields["round"],
+            base_param_hash=fields["base_param_hash"],
+            entries=entries,
+            excluded=dict(fields["excluded"]),
+        )
+    except SignatureError as exc:
+        raise EnvelopeError(exc.reason, f"manifest refused: {exc}") from None
+    except (KeyError, TypeError):
+        raise EnvelopeError("malformed", "manifest body lacks required fields") from None
+    if manifest.run_id != run_id or manifest.round != round_:
+        raise EnvelopeError("wrong-round", f"manifest is for {manifest.run_id}/{manifest.round}, expected {run_id}/{round_}")
+    if [e.peer_id for e in entries] != sorted(e.peer_id for e in entries):
+        raise EnvelopeError("malformed", "manifest entries are not sorted by peer_id")
+    return manifest

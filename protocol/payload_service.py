@@ -1,0 +1,147 @@
+"""The `Peer` service: serve update payloads by sha256, accept pushes from client-mode peers.
+
+Every node (peers and the coordinator) runs it. Payloads are content-addressed, so a copy held by
+any node is as good as the author's: nodes re-serve what they verified (gossip, not a star).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import grpc
+
+from protocol._generated import swarm_pb2, swarm_pb2_grpc
+from protocol.accounting import PEER_HEADER
+from protocol.envelope import EnvelopeError, UpdateHeader, check_payload
+from protocol.ratelimit import RateLimiter
+from protocol.streaming import TransferError, iter_chunks, receive_chunks
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPayload:
+    header: UpdateHeader
+    signed_header: swarm_pb2.Signed
+    payload: bytes
+
+
+class PayloadStore:
+    """sha256 -> verified payload, for the last few rounds (older ones are dropped)."""
+
+    def __init__(self, keep_rounds: int = 2) -> None:
+        self.keep_rounds = keep_rounds
+        self._lock = threading.Lock()
+        self._items: dict[str, StoredPayload] = {}
+
+    def put(self, item: StoredPayload) -> None:
+        check_payload(item.header, item.payload)
+        with self._lock:
+            self._items[item.header.payload_sha256] = item
+            newest = max(i.header.round for i in self._items.values())
+            for sha in [s for s, i in self._items.items() if i.header.round < newest - self.keep_rounds]:
+                del self._items[sha]
+
+    def get(self, sha256: str) -> StoredPayload | None:
+        with self._lock:
+            return self._items.get(sha256)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+def _caller(context: grpc.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == PEER_HEADER:
+            return str(value)[:64]
+    return context.peer() or "anonymous"
+
+
+class PayloadServicer(swarm_pb2_grpc.PeerServicer):
+    def __init__(
+        self,
+        store: PayloadStore,
+        *,
+        verify_header: Callable[[swarm_pb2.Signed], UpdateHeader],
+        on_push: Callable[[StoredPayload], None] | None = None,
+        accept_pushes: bool = True,
+        on_reject: Callable[[str], None] | None = None,
+        limiter: RateLimiter | None = None,
+    ) -> None:
+        self.store = store
+        self.verify_header = verify_header
+        self.on_push = on_push
+        self.accept_pushes = accept_pushes
+        self.on_reject = on_reject or (lambda reason: None)
+        self.limiter = limiter or RateLimiter(rate_per_s=50.0, burst=200.0)
+
+    def FetchPayload(self, request: swarm_pb2.FetchRequest, context: grpc.ServicerContext):
+        if not self.limiter.allow(_caller(context)):
+            self.on_reject("rate-limited")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many requests: slow down")
+        item = self.store.get(request.sha256)
+        if item is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no payload {request.sha256[:16]}… here; try another holder")
+        if not 0 <= request.offset <= len(item.payload):
+            self.on_reject("bad-offset")
+            context.abort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(item.payload)}")
+        yield from iter_chunks(item.payload, offset=request.offset, round_=item.header.round, sha256=request.sha256)
+
+    def PushPayload(self, request_iterator, context: grpc.ServicerContext):
+        caller = _caller(context)
+        if not self.accept_pushes:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this node does not relay payloads; push to the coordinator")
+        if not self.limiter.allow(caller, cost=5.0):
+            self.on_reject("rate-limited")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many pushes: slow down")
+        iterator = iter(request_iterator)
+        try:
+            first = next(iterator)
+        except StopIteration:
+            self.on_reject("malformed")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty push: the first message must carry the signed header")
+        try:
+            header = self.verify_header(first.header)
+        except EnvelopeError as exc:
+            self.on_reject(exc.reason)
+            context.abort(grpc.StatusCode.PERMISSION_DENIED if exc.reason in ("bad-signature", "forged", "not-allowed", "banned") else grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+        def chunks():
+            offset = 0
+            message = first
+            while True:
+                yield swarm_pb2.Chunk(
+                    data=message.data, offset=offset, total_size=header.payload_size, sha256=header.payload_sha256
+                )
+                offset += len(message.data)
+                try:
+                    message = next(iterator)
+                except StopIteration:
+                    return
+
+        try:
+            payload, _ = receive_chunks(
+                chunks(),
+                max_size=header.payload_size,
+                expected_size=header.payload_size,
+                expected_sha256=header.payload_sha256,
+            )
+            item = StoredPayload(header=header, signed_header=first.header, payload=payload)
+            self.store.put(item)
+        except (TransferError, EnvelopeError) as exc:
+            self.on_reject(getattr(exc, "reason", "bad-transfer"))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"push refused: {exc}")
+        if self.on_push is not None:
+            self.on_push(item)
+        return swarm_pb2.PushReply(accepted=True, sha256=header.payload_sha256)
+
+
+def push_chunks(signed_header: swarm_pb2.Signed, payload: bytes):
+    """Client side of PushPayload: header in the first message, data in every message."""
+    from protocol.channels import CHUNK_BYTES
+
+    first = True
+    for start in range(0, max(len(payload), 1), CHUNK_BYTES):
+        yield swarm_pb2.PushChunk(header=signed_header if first else None, data=payload[start : start + CHUNK_BYTES])
+        first = False
