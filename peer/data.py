@@ -1,0 +1,247 @@
+"""Training text: the corpus, each peer's shard of it, and the fixed validation batches.
+
+Default corpus: the Python standard library's own `.py` sources on this machine (real text,
+offline, nobody here wrote it). `data.path` may instead name a text file or a directory.
+
+Split. In a directory, a file is validation iff sha256(relative path) mod 1000 is below
+val_fraction * 1000: stable across machines and runs, and disjoint by construction (a file is
+never in both splits). A single file is split by position instead: its last val_fraction of
+bytes is validation (a hash would put the whole file on one side).
+
+Cap. At most max_corpus_bytes are read, split proportionally: validation gets
+int(max_corpus_bytes * val_fraction) bytes and train the rest; files are taken in sorted
+path order and each goes to its split until that split's budget is spent (the last file is
+truncated). So the cap never starves one side, and startup stays well under a second.
+
+Each split is the concatenation of its files, separated by b"\\n", as a (n,) uint8 tensor.
+
+Note: on different Python versions the stdlib differs, so two machines can hold different
+default corpora; `Corpus.digest` tells them apart (compare it before comparing val losses).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from peer.config import DataConfig
+
+SEPARATOR = b"\n"
+_EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
+
+
+class CorpusError(ValueError):
+    """The training text cannot be used; the message says what to change."""
+
+
+@dataclass
+class Corpus:
+    train: torch.Tensor  # (n_train,) uint8 -- shared by every caller of load_corpus; do not modify
+    val: torch.Tensor  # (n_val,) uint8
+    source: str  # where it came from, for logs: "python-stdlib:/usr/lib/python3.11" or the path
+    files: int  # files read (at least partly)
+    digest: str = ""  # sha256 over both splits: equal digests mean comparable val losses
+
+
+# --- loading -------------------------------------------------------------------------------
+
+_CACHE: dict[tuple[str | None, float, int], Corpus] = {}
+
+
+def load_corpus(cfg: DataConfig, *, seq_len: int | None = None) -> Corpus:
+    """Read (once per process, then cached) and split the corpus named by cfg.
+
+    With seq_len, also check that both splits hold at least one (seq_len + 1)-byte window."""
+    key = (cfg.path, cfg.val_fraction, cfg.max_corpus_bytes)
+    corpus = _CACHE.get(key)
+    if corpus is None:
+        corpus = _read_corpus(cfg)
+        _CACHE[key] = corpus
+    if seq_len is not None:
+        check_split_size(corpus.train, seq_len, "train", corpus.source)
+        check_split_size(corpus.val, seq_len, "validation", corpus.source)
+    return corpus
+
+
+def check_split_size(split: torch.Tensor, seq_len: int, name: str, source: str) -> None:
+    if split.numel() < seq_len + 1:
+        raise CorpusError(
+            f"the {name} split of {source} has {split.numel()} bytes, fewer than seq_len + 1 = {seq_len + 1}: "
+            "add more text or lower data.val_fraction"
+            + (" (or raise it, if the validation split is the empty one)" if name == "validation" else "")
+        )
+
+
+def stdlib_sources() -> tuple[Path, list[Path]]:
+    """The stdlib root and its .py files (site-/dist-packages excluded), sorted by relative path."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _EXCLUDED_DIRS]  # prune: never descend
+        found.extend(Path(dirpath, f) for f in filenames if f.endswith(".py"))
+    return root, sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def is_validation_file(relative_path: str, val_fraction: float) -> bool:
+    """Stable split by path: sha256 (not Python's salted hash) of the posix relative path."""
+    bucket = int.from_bytes(hashlib.sha256(relative_path.encode()).digest()[:8], "big") % 1000
+    return bucket < round(val_fraction * 1000)
+
+
+def _read_corpus(cfg: DataConfig) -> Corpus:
+    if cfg.path is None:
+        root, files = stdlib_sources()
+        source = f"python-stdlib:{root}"
+    else:
+        root = Path(cfg.path).expanduser()
+        source = str(root)
+        if not root.exists():
+            raise CorpusError(f"--data {cfg.path}: no such file or directory; pass a text file or a folder of them")
+        if root.is_file():
+            return _split_single_file(root, cfg)
+        if not root.is_dir():
+            raise CorpusError(f"--data {cfg.path} is neither a regular file nor a directory")
+        files = sorted(
+            (Path(d, f) for d, _, names in os.walk(root) for f in names if Path(d, f).is_file()),
+            key=lambda p: p.relative_to(root).as_posix(),
+        )
+    if not files:
+        raise CorpusError(f"{source} holds no files to read; point --data at a text file or a folder of them")
+
+    val_budget = int(cfg.max_corpus_bytes * cfg.val_fraction)
+    budgets = {True: val_budget, False: cfg.max_corpus_bytes - val_budget}  # keyed by is_validation
+    parts: dict[bool, list[bytes]] = {True: [], False: []}
+    used = 0
+    for path in files:
+        is_val = is_validation_file(path.relative_to(root).as_posix(), cfg.val_fraction)
+        if budgets[is_val] <= 0:
+            if budgets[not is_val] <= 0:
+                break
+            continue
+        with open(path, "rb") as handle:
+            chunk = handle.read(budgets[is_val])
+        if not chunk:
+            continue
+        parts[is_val].append(chunk)
+        budgets[is_val] -= len(chunk) + len(SEPARATOR)
+        used += 1
+    if used == 0:
+        raise CorpusError(f"{source} is empty (every file has 0 bytes); add some text")
+    return _make_corpus(SEPARATOR.join(parts[False]), SEPARATOR.join(parts[True]), source, used)
+
+
+def _split_single_file(path: Path, cfg: DataConfig) -> Corpus:
+    with open(path, "rb") as handle:
+        text = handle.read(cfg.max_corpus_bytes)
+    if not text:
+        raise CorpusError(f"--data {path} is empty; add some text")
+    cut = len(text) - int(len(text) * cfg.val_fraction)
+    return _make_corpus(text[:cut], text[cut:], str(path), 1)
+
+
+def _make_corpus(train: bytes, val: bytes, source: str, files: int) -> Corpus:
+    digest = hashlib.sha256()
+    for split in (train, val):
+        digest.update(len(split).to_bytes(8, "little"))
+        digest.update(split)
+
+    def as_tensor(raw: bytes) -> torch.Tensor:
+        # bytearray: torch.frombuffer wants a writable buffer; (n,) uint8.
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+
+    return Corpus(train=as_tensor(train), val=as_tensor(val), source=source, files=files, digest=digest.hexdigest())
+
+
+# --- sampling ------------------------------------------------------------------------------
+
+
+def shard_for_peer(peer_id: str, num_shards: int) -> int:
+    """A peer's shard index, from sha256 of its id: stable across processes and machines."""
+    if num_shards < 1:
+        raise ValueError(f"num_shards={num_shards}: use at least 1")
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:8], "big") % num_shards
+
+
+def _windows(data: torch.Tensor, offsets: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) start offsets -> x, y of shape (B, T) long, y shifted one byte ahead of x."""
+    index = offsets[:, None] + torch.arange(seq_len + 1)[None, :]  # (B, T + 1)
+    window = data[index].long()  # (B, T + 1)
+    return window[:, :-1], window[:, 1:]
+
+
+class ShardSampler:
+    """Random (B, T) windows from shard `shard` of `num_shards`: the shard-th contiguous 1/N
+    slice of the train bytes, so peers on different shards see different text.
+
+    The stream is a pure function of (shard, num_shards, seed) and the data; state_dict()
+    captures the position in it so a resumed peer continues exactly where it stopped."""
+
+    def __init__(
+        self, data: torch.Tensor, *, shard: int, num_shards: int, batch_size: int, seq_len: int, seed: int
+    ) -> None:
+        if num_shards < 1 or not 0 <= shard < num_shards:
+            raise ValueError(f"shard={shard}, num_shards={num_shards}: need 0 <= shard < num_shards")
+        if batch_size < 1 or seq_len < 1:
+            raise ValueError(f"batch_size={batch_size}, seq_len={seq_len}: both must be positive")
+        n = data.numel()
+        start, stop = shard * n // num_shards, (shard + 1) * n // num_shards
+        self.shard_data = data[start:stop]  # a view, no copy
+        if self.shard_data.numel() < seq_len + 1:
+            raise CorpusError(
+                f"shard {shard} of {num_shards} has {self.shard_data.numel()} bytes, fewer than seq_len + 1 = "
+                f"{seq_len + 1}: add more text, lower data.val_fraction, or use fewer shards"
+            )
+        self.shard, self.num_shards, self.seed = shard, num_shards, seed
+        self.batch_size, self.seq_len = batch_size, seq_len
+        self.batches_drawn = 0
+        # One generator per (seed, shard, num_shards); sha256 so the stream is stable across hosts.
+        tag = hashlib.sha256(f"swarmloco-sampler:{seed}:{shard}:{num_shards}".encode()).digest()
+        self.generator = torch.Generator().manual_seed(int.from_bytes(tag[:8], "big") >> 1)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y: (B, T) long, y[:, t] the byte after x[:, t]."""
+        high = self.shard_data.numel() - self.seq_len  # exclusive bound on offsets
+        offsets = torch.randint(0, high, (self.batch_size,), generator=self.generator)  # (B,)
+        self.batches_drawn += 1
+        return _windows(self.shard_data, offsets, self.seq_len)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "shard": self.shard,
+            "num_shards": self.num_shards,
+            "seed": self.seed,
+            "shard_bytes": self.shard_data.numel(),
+            "batches_drawn": self.batches_drawn,
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mine = (self.shard, self.num_shards, self.seed, self.shard_data.numel())
+        theirs = (state["shard"], state["num_shards"], state["seed"], state["shard_bytes"])
+        if mine != theirs:
+            raise ValueError(
+                f"sampler state is for (shard, num_shards, seed, shard_bytes)={theirs} but this sampler is {mine}; "
+                "resume with the same run config and data, or start the sampler fresh"
+            )
+        self.batches_drawn = int(state["batches_drawn"])
+        self.generator.set_state(state["generator"])
+
+
+def validation_batches(
+    corpus: Corpus, batch_size: int, seq_len: int, count: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`count` fixed (x, y) batches of (B, T) long from the validation split, at evenly spaced
+    offsets (no randomness), so every peer and every run measures the same val loss."""
+    check_split_size(corpus.val, seq_len, "validation", corpus.source)
+    windows = count * batch_size
+    last = corpus.val.numel() - seq_len - 1  # last valid offset
+    offsets = torch.linspace(0, last, windows, dtype=torch.float64).long()  # (count * B,)
+    return [
+        _windows(corpus.val, offsets[i * batch_size : (i + 1) * batch_size], seq_len) for i in range(count)
+    ]
