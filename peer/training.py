@@ -1,0 +1,144 @@
+"""The inner loop of a DiLoCo round: H local AdamW steps on this peer's shard, and val loss.
+
+The AdamW optimizer is created once and kept for the whole run: DiLoCo keeps inner optimizer
+state across rounds (its moments carry what the peer has learned about gradient scale). Between
+rounds the peer overwrites the parameters in place (model.load_flat_params) with the new global
+model, so the optimizer keeps pointing at the same tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from peer.config import InnerConfig
+from peer.data import ShardSampler
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # x, y: (B, T) long
+PoisonBatch = Callable[[torch.Tensor, torch.Tensor], Batch]
+
+
+@dataclass(frozen=True, slots=True)
+class InnerStats:
+    steps: int
+    mean_loss: float  # mean training loss over the steps of this run() call
+    last_loss: float
+    tokens: int  # tokens trained on in this call: steps * B * T
+    seconds: float
+
+
+class InnerTrainer:
+    """AdamW on one model and one sampler, kept across rounds.
+
+    poison_batch (simulation of data-poisoning attacks only): applied to each (x, y) batch
+    before the step, e.g. a label flip that returns (x, 255 - y).
+    Weight decay goes to matrices and embeddings only (dim >= 2), not to biases and LayerNorm
+    gains, as in GPT-2/nanoGPT: decaying a gain toward 0 only fights the normalization."""
+
+    def __init__(
+        self, model: nn.Module, cfg: InnerConfig, sampler: ShardSampler, *, poison_batch: PoisonBatch | None = None
+    ) -> None:
+        self.model, self.cfg, self.sampler, self.poison_batch = model, cfg, sampler, poison_batch
+        params = [p for p in model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+        self.step = 0  # inner steps taken over the whole run (all rounds); drives the warm-up
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up from lr/warmup to lr over the first warmup_steps steps, then constant."""
+        if self.cfg.warmup_steps == 0:
+            return self.cfg.lr
+        return self.cfg.lr * min(1.0, (step + 1) / self.cfg.warmup_steps)
+
+    def run(self, steps: int, on_step: Callable[[int, float], None] | None = None) -> InnerStats:
+        """Take `steps` inner steps. on_step(total_step, loss) after each, total_step counting
+        from 1 over the whole run (not this call), e.g. for a progress line."""
+        if steps < 1:
+            raise ValueError(f"steps={steps}: run at least 1 inner step")
+        self.model.train()
+        started = time.perf_counter()
+        losses: list[float] = []
+        tokens = 0
+        for _ in range(steps):
+            x, y = self.sampler.next_batch()  # (B, T) each
+            if self.poison_batch is not None:
+                x, y = self.poison_batch(x, y)
+            lr = self.lr_at(self.step)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            _, loss = self.model(x, y)
+            value = loss.item()
+            if not math.isfinite(value):  # checked before the step, so the parameters stay usable
+                raise FloatingPointError(
+                    f"inner loss became {value} at step {self.step + 1}; lower inner.lr or check the data"
+                )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+            self.optimizer.step()
+            self.step += 1
+            losses.append(value)
+            tokens += x.numel()
+            if on_step is not None:
+                on_step(self.step, value)
+        return InnerStats(
+            steps=steps,
+            mean_loss=sum(losses) / len(losses),
+            last_loss=losses[-1],
+            tokens=tokens,
+            seconds=time.perf_counter() - started,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything --resume needs besides the parameters: optimizer, sampler, step counter.
+
+        A snapshot (deep copy, ~2x the parameters), unlike torch's optimizer.state_dict() which
+        aliases live tensors: training on after taking it must not change a checkpoint being written."""
+        return {
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "sampler": self.sampler.state_dict(),
+            "step": self.step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.step = int(state["step"])
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Sequence[Batch]) -> float:
+    """Mean cross-entropy (nats per byte) over all tokens of `batches`, in eval mode
+    (no dropout); the model's previous train/eval mode is restored afterwards."""
+    if not batches:
+        raise ValueError("evaluate() needs at least one batch")
+    was_training = model.training
+    model.eval()
+    try:
+        total, count = 0.0, 0
+        for x, y in batches:
+            _, loss = model(x, y)
+            total += loss.item() * y.numel()
+            count += y.numel()
+    finally:
+        model.train(was_training)
+    return total / count
+
+
+def set_cpu_threads(n: int) -> None:
+    """Intra-op threads for this process: with several peers on a few cores, 1-2 each avoids
+    oversubscription (threads of different processes fighting for the same cores)."""
+    if n < 1:
+        raise ValueError(f"threads={n}: use at least 1 CPU thread")
+    torch.set_num_threads(n)
