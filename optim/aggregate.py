@@ -1,0 +1,239 @@
+"""Byzantine-robust aggregation of decoded pseudo-gradients.
+
+    agg = optim.aggregate.build("trimmed-mean", num_byzantine=2)
+    update = agg(updates)        # (n, d) float32 -> (d,) float32
+    agg.last_report              # per-row weight, selection, distance, clip scale
+
+Rules: ``mean``, ``median`` (coordinate-wise), ``trimmed-mean``, ``krum``,
+``multi-krum`` (option ``m``), ``geometric-median`` (options ``iterations``,
+``eps``, ``nu``), ``centered-clip`` (options ``tau``, ``iterations``; keeps
+the previous aggregate as its next centre, ``reset()`` forgets it).
+Pre-aggregation, with any rule: ``nnm=True`` (nearest-neighbour mixing) and
+``bucket_size=s`` (with ``seed``); NNM runs first, then bucketing, then the rule.
+
+Determinism: the same set of rows in any order gives the same output up to
+float rounding; ties and the bucketing shuffle are decided by row content.
+Non-finite rows are refused (ValueError): the network layer excludes them, by
+name in the round manifest, before aggregation.
+
+Which rules are safe with which codecs (the sparse-support trap):
+- Dense codecs (``fp32``, ``fp16``, ``bf16``, ``int8``, ``int4``, ``int2``):
+  every rule is safe; quantisation noise is small and spread over all
+  coordinates.
+- ``topk:F`` / ``dct-topk:C:K``, where each peer keeps *its own* coordinates:
+  coordinate-wise rules (``median``, ``trimmed-mean``) are NOT safe. For a
+  coordinate only a few peers sent, the other rows hold zeros, so the median
+  or trimmed mean is 0 there and the signal vanishes. ``centered-clip``
+  without a previous aggregate starts from that zero median (it recovers over
+  iterations, slowly). Whole-vector rules (``mean``, ``krum``, ``multi-krum``,
+  ``geometric-median``, ``centered-clip``) keep the signal, but distances
+  between vectors with disjoint supports mostly measure norms, so Krum tends
+  to favour small updates. Bucketing first (averaging s rows) densifies the
+  rows and softens both effects.
+- ``randk:F`` with a support shared by all peers in a round: every rule is
+  safe, coordinate-wise ones included (all rows are zero off the shared
+  support, so the rules act on the shared coordinates only).
+Measure a rule together with the codec actually used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from optim import aggregate_rules as rules
+from optim.aggregate_mixing import Mixing, bucketing, nearest_neighbour_mixing
+
+# Defaults from the papers; None means "derived from the input" (documented per rule).
+_RULE_OPTIONS: dict[str, dict[str, Any]] = {
+    "mean": {},
+    "median": {},
+    "trimmed-mean": {},
+    "krum": {},
+    "multi-krum": {"m": None},  # None: n - f
+    "geometric-median": {"iterations": 100, "eps": 1e-6, "nu": 1e-6},
+    "centered-clip": {"tau": None, "iterations": 3},  # tau None: median distance to the centre
+}
+_MIXING_OPTIONS: dict[str, Any] = {"bucket_size": None, "seed": 0, "nnm": False}
+NAMES: tuple[str, ...] = tuple(_RULE_OPTIONS)
+
+
+@dataclass(kw_only=True, slots=True)
+class AggregationReport:
+    """What the last call did, one entry per input row, in input order.
+
+    weights: the row's share in the output (coordinate-averaged for median and
+        trimmed mean; for centered clip started from the previous aggregate,
+        the rest of the output is that aggregate's share).
+    selected: the row took part without being discarded or clipped (Krum
+        selection; kept in at least one coordinate; not clipped).
+    distance_to_aggregate: L2 distance from the row to the output.
+    clip_scale: factor the row's deviation was multiplied by (1.0 if unclipped).
+    """
+
+    weights: list[float]
+    selected: list[bool]
+    distance_to_aggregate: list[float]
+    clip_scale: list[float]
+
+
+class Aggregator:
+    """Callable robust aggregator; build it with :func:`build`."""
+
+    def __init__(self, name: str, num_byzantine: int, options: dict[str, Any]) -> None:
+        self.name = name
+        self.num_byzantine = num_byzantine
+        self.options = options
+        self.last_report: AggregationReport | None = None
+        self._previous: torch.Tensor | None = None  # centered-clip's centre, (d,)
+
+    def __repr__(self) -> str:
+        return f"Aggregator({self.name!r}, num_byzantine={self.num_byzantine}, options={self.options})"
+
+    def reset(self) -> None:
+        """Forget state kept between calls (centered-clip's previous aggregate)."""
+        self._previous = None
+
+    def __call__(self, updates: torch.Tensor, *, seed: int | None = None) -> torch.Tensor:
+        """(n, d) decoded updates -> (d,) float32 aggregate. ``seed`` overrides
+        the bucketing seed for this call (pass one agreed per round)."""
+        rows = _checked_rows(updates)
+        n, f = rows.shape[0], self.num_byzantine
+        _require_enough_rows(self.name, n, f, "")
+        mixing = Mixing.identity(n)
+        mixed = rows
+        if self.options["nnm"]:
+            if n <= f:
+                raise ValueError(f"nnm averages each row with its n - f nearest rows: needs more than f={f} rows, got {n}")
+            mixed, step = nearest_neighbour_mixing(mixed, f)
+            mixing = mixing.then(step)
+        bucket_size = self.options["bucket_size"]
+        if bucket_size is not None:
+            bucket_seed = self.options["seed"] if seed is None else seed
+            mixed, step = bucketing(mixed, bucket_size, bucket_seed)
+            mixing = mixing.then(step)
+            # Each Byzantine row spoils at most one bucket.
+            f = min(f, mixed.shape[0])
+            _require_enough_rows(
+                self.name, mixed.shape[0], f, f" after bucketing {n} rows by bucket_size={bucket_size}"
+            )
+        result = self._rule(mixed, f)
+        if self.name == "centered-clip":
+            self._previous = result.output.clone()
+        self.last_report = AggregationReport(
+            weights=(result.weights @ mixing.matrix).tolist(),
+            selected=((result.selected.double() @ (mixing.matrix > 0).double()) > 0).tolist(),
+            distance_to_aggregate=torch.linalg.vector_norm(
+                rows.double() - result.output.double(), dim=1
+            ).tolist(),
+            clip_scale=result.clip_scale[mixing.home].tolist(),
+        )
+        return result.output
+
+    def _rule(self, rows: torch.Tensor, f: int) -> rules.RuleResult:
+        o = self.options
+        match self.name:
+            case "mean":
+                return rules.mean(rows)
+            case "median":
+                return rules.median(rows)
+            case "trimmed-mean":
+                return rules.trimmed_mean(rows, f)
+            case "krum":
+                return rules.multi_krum(rows, f, 1)
+            case "multi-krum":
+                m = rows.shape[0] - f if o["m"] is None else o["m"]
+                if m > rows.shape[0]:
+                    raise ValueError(f"multi-krum m={m} exceeds the {rows.shape[0]} rows to select from; lower m")
+                return rules.multi_krum(rows, f, m)
+            case "geometric-median":
+                return rules.geometric_median(rows, iterations=o["iterations"], eps=o["eps"], nu=o["nu"])
+            case "centered-clip":
+                center = self._previous
+                if center is not None and center.shape[0] != rows.shape[1]:
+                    raise ValueError(
+                        f"centered-clip kept a previous aggregate of size {center.shape[0]} but the updates "
+                        f"have size {rows.shape[1]}; call reset() when the model changes"
+                    )
+                return rules.centered_clip(rows, tau=o["tau"], iterations=o["iterations"], center=center)
+        raise AssertionError(self.name)
+
+
+def build(name: str, num_byzantine: int = 0, **options: Any) -> Aggregator:
+    """Aggregator ``name`` tolerating ``num_byzantine`` (f) faulty rows.
+    Options are checked here; f against n is checked at each call."""
+    if name not in _RULE_OPTIONS:
+        raise ValueError(f"unknown aggregator {name!r}; valid names: {', '.join(NAMES)}")
+    if isinstance(num_byzantine, bool) or not isinstance(num_byzantine, int) or num_byzantine < 0:
+        raise ValueError(f"num_byzantine must be an integer >= 0, got {num_byzantine!r}")
+    accepted = {**_MIXING_OPTIONS, **_RULE_OPTIONS[name]}
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)} for {name!r}; accepted: {', '.join(accepted)}")
+    resolved = {**accepted, **options}
+    for key, value in options.items():
+        _check_option(name, key, value)
+    return Aggregator(name, num_byzantine, resolved)
+
+
+def minimum_rows(name: str, num_byzantine: int) -> int:
+    """Fewest rows ``name`` needs to tolerate ``num_byzantine`` faulty ones."""
+    if name in ("krum", "multi-krum"):
+        return 2 * num_byzantine + 3
+    if name == "mean":
+        return 1
+    return 2 * num_byzantine + 1
+
+
+def _require_enough_rows(name: str, n: int, f: int, where: str) -> None:
+    need = minimum_rows(name, f)
+    if n < need:
+        formula = {"krum": "2f+3", "multi-krum": "2f+3", "mean": "1"}.get(name, "2f+1")
+        raise ValueError(
+            f"{name} with num_byzantine={f} needs at least {formula} = {need} updates, got {n}{where}; "
+            f"lower num_byzantine, wait for more peers" + (", or use a smaller bucket_size" if where else "")
+        )
+
+
+def _checked_rows(updates: torch.Tensor) -> torch.Tensor:
+    if not isinstance(updates, torch.Tensor) or updates.dim() != 2 or 0 in updates.shape:
+        shape = tuple(updates.shape) if isinstance(updates, torch.Tensor) else type(updates).__name__
+        raise ValueError(f"updates must be a non-empty (n, d) tensor, one row per peer; got {shape}")
+    if not updates.is_floating_point():
+        raise ValueError(f"updates must be floating point (float32), got {updates.dtype}")
+    rows = updates.detach().to(device="cpu", dtype=torch.float32)
+    finite = torch.isfinite(rows).all(dim=1)
+    if not bool(finite.all()):
+        bad = torch.nonzero(~finite).flatten().tolist()
+        raise ValueError(
+            f"update row(s) {bad} contain NaN or Inf (or overflow float32); exclude non-finite updates "
+            f"before aggregation"
+        )
+    return rows
+
+
+def _check_option(name: str, key: str, value: Any) -> None:
+    def positive_int(minimum: int = 1) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name}: option {key} must be an integer >= {minimum}, got {value!r}")
+
+    def positive_float() -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name}: option {key} must be a number > 0, got {value!r}")
+
+    match key:
+        case "bucket_size" | "m" | "iterations":
+            if not (key == "m" and value is None) and not (key == "bucket_size" and value is None):
+                positive_int()
+        case "seed":
+            positive_int(0)
+        case "nnm":
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}: option nnm must be True or False, got {value!r}")
+        case "eps" | "nu":
+            positive_float()
+        case "tau":
+            if value is not None:
+                positive_float()
