@@ -11,6 +11,12 @@ the previous aggregate as its next centre, ``reset()`` forgets it).
 Pre-aggregation, with any rule: ``nnm=True`` (nearest-neighbour mixing) and
 ``bucket_size=s`` (with ``seed``); NNM runs first, then bucketing, then the rule.
 
+State: ``centered-clip`` centres on its own previous output. Every honest
+peer must start from the same centre to reach the same parameters, so a peer
+that joins late (or resyncs) must ``reset()`` in step with the others or be
+handed the swarm's previous aggregate (``Aggregator.previous``); the simplest
+agreement is ``reset()`` by everyone at the same round.
+
 Determinism: the same set of rows in any order gives the same output up to
 float rounding; ties and the bucketing shuffle are decided by row content.
 Non-finite rows are refused (ValueError): the network layer excludes them, by
@@ -91,6 +97,15 @@ class Aggregator:
 
     def __repr__(self) -> str:
         return f"Aggregator({self.name!r}, num_byzantine={self.num_byzantine}, options={self.options})"
+
+    @property
+    def previous(self) -> torch.Tensor | None:
+        """(d,) centre centered-clip will start from next call, or None."""
+        return self._previous
+
+    @previous.setter
+    def previous(self, value: torch.Tensor | None) -> None:
+        self._previous = None if value is None else value.detach().to("cpu", torch.float32).flatten().clone()
 
     def reset(self) -> None:
         """Forget state kept between calls (centered-clip's previous aggregate)."""

@@ -107,7 +107,8 @@ def geometric_median(rows: torch.Tensor, *, iterations: int, eps: float, nu: flo
     Weiszfeld point of the other rows with the current point, by how strongly
     the others pull (|R| against the multiplicity eta). Stops after
     ``iterations`` or once a step moves less than ``eps`` times the median
-    distance to the rows (a scale-free tolerance)."""
+    distance to the rows (a scale-free tolerance). ``nu`` is absolute: the
+    result is accurate to about nu, so keep it well below the update norms."""
     n = rows.shape[0]
     x = rows.double()  # (n, d)
     z = median(rows).output.double()  # (d,)

@@ -306,3 +306,36 @@ def test_bounded_output_with_nnm_and_bucketing(case):
     if -(-n // 2) >= 2 * f + 1:
         out = aggregate.build("median", f, bucket_size=2, seed=5)(rows)
         assert torch.linalg.vector_norm(out).item() <= coordinate_bound * (1 + 1e-5) + 1e-6
+
+
+@pytest.mark.parametrize(("name", "options"), CONFIGS)
+@settings(max_examples=15, deadline=None)
+@given(case=rows_and_permutation())
+def test_report_is_consistent(name, options, case):
+    rows, _ = case
+    n = rows.shape[0]
+    agg = aggregate.build(name, 1 if n >= aggregate.minimum_rows(name, 1) + 2 else 0, **options)
+    out = agg(rows)
+    report = agg.last_report
+    assert len(report.weights) == len(report.selected) == len(report.clip_scale) == n
+    # Fresh aggregator: every rule is a (coordinate-averaged) convex combination of the rows.
+    assert sum(report.weights) == pytest.approx(1.0)
+    assert all(0.0 <= w <= 1.0 + 1e-12 for w in report.weights)
+    assert all(0.0 <= c <= 1.0 for c in report.clip_scale)
+    expected = torch.linalg.vector_norm(rows.double() - out.double(), dim=1)
+    assert report.distance_to_aggregate == pytest.approx(expected.tolist())
+    if name in ("mean", "krum", "multi-krum", "geometric-median") and not options:
+        # Whole-vector rules: the weights reproduce the output exactly.
+        weights = torch.tensor(report.weights, dtype=torch.float64)
+        torch.testing.assert_close((weights @ rows.double()).float(), out, atol=1e-5, rtol=1e-5)
+
+
+def test_centered_clip_centre_can_be_handed_over():
+    # A late joiner given the swarm's previous aggregate computes what the others compute.
+    rows = t([[0.0, 1.0], [2.0, 5.0], [9.0, -3.0]])
+    veteran = aggregate.build("centered-clip", 1, tau=1.0)
+    veteran(t([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]))
+    newcomer = aggregate.build("centered-clip", 1, tau=1.0)
+    newcomer.previous = veteran.previous
+    assert newcomer(rows).tolist() == veteran(rows).tolist()
+    assert aggregate.build("centered-clip", 1, tau=1.0)(rows).tolist() != veteran.previous.tolist()
