@@ -229,6 +229,8 @@ class RunConfig:
     @classmethod
     def from_toml(cls, path: str | Path) -> "RunConfig":
         path = Path(path)
+        if path.suffix == ".json" and path.exists():
+            return cls.from_json(path.read_text())
         try:
             data = tomllib.loads(path.read_text())
         except FileNotFoundError:

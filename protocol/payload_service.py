@@ -13,9 +13,9 @@ from typing import Callable
 import grpc
 
 from protocol._generated import swarm_pb2, swarm_pb2_grpc
-from protocol.accounting import PEER_HEADER
 from protocol.envelope import EnvelopeError, UpdateHeader, check_payload
 from protocol.ratelimit import RateLimiter
+from protocol.rpc_errors import RpcAbort, guarded
 from protocol.streaming import TransferError, iter_chunks, receive_chunks
 
 
@@ -51,13 +51,6 @@ class PayloadStore:
             return len(self._items)
 
 
-def _caller(context: grpc.ServicerContext) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == PEER_HEADER:
-            return str(value)[:64]
-    return context.peer() or "anonymous"
-
-
 class PayloadServicer(swarm_pb2_grpc.PeerServicer):
     def __init__(
         self,
@@ -76,36 +69,32 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         self.on_reject = on_reject or (lambda reason: None)
         self.limiter = limiter or RateLimiter(rate_per_s=50.0, burst=200.0)
 
+    @guarded(lambda s: s.limiter, lambda s, r: s.on_reject(r), streaming=True)
     def FetchPayload(self, request: swarm_pb2.FetchRequest, context: grpc.ServicerContext):
-        if not self.limiter.allow(_caller(context)):
-            self.on_reject("rate-limited")
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many requests: slow down")
         item = self.store.get(request.sha256)
         if item is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no payload {request.sha256[:16]}… here; try another holder")
+            raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no payload {request.sha256[:16]}… here; try another holder")
         if not 0 <= request.offset <= len(item.payload):
             self.on_reject("bad-offset")
-            context.abort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(item.payload)}")
+            raise RpcAbort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(item.payload)}")
         yield from iter_chunks(item.payload, offset=request.offset, round_=item.header.round, sha256=request.sha256)
 
+    @guarded(lambda s: s.limiter, lambda s, r: s.on_reject(r), cost=5.0)
     def PushPayload(self, request_iterator, context: grpc.ServicerContext):
-        caller = _caller(context)
         if not self.accept_pushes:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this node does not relay payloads; push to the coordinator")
-        if not self.limiter.allow(caller, cost=5.0):
-            self.on_reject("rate-limited")
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many pushes: slow down")
+            raise RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, "this node does not relay payloads; push to the coordinator")
         iterator = iter(request_iterator)
         try:
             first = next(iterator)
         except StopIteration:
             self.on_reject("malformed")
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty push: the first message must carry the signed header")
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "empty push: the first message must carry the signed header")
         try:
             header = self.verify_header(first.header)
         except EnvelopeError as exc:
             self.on_reject(exc.reason)
-            context.abort(grpc.StatusCode.PERMISSION_DENIED if exc.reason in ("bad-signature", "forged", "not-allowed", "banned") else grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            denied = exc.reason in ("bad-signature", "forged", "not-allowed", "banned", "unknown-peer")
+            raise RpcAbort(grpc.StatusCode.PERMISSION_DENIED if denied else grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
         def chunks():
             offset = 0
@@ -131,7 +120,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
             self.store.put(item)
         except (TransferError, EnvelopeError) as exc:
             self.on_reject(getattr(exc, "reason", "bad-transfer"))
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"push refused: {exc}")
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"push refused: {exc}")
         if self.on_push is not None:
             self.on_push(item)
         return swarm_pb2.PushReply(accepted=True, sha256=header.payload_sha256)

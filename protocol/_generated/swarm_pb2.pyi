@@ -21,7 +21,7 @@ class RunInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RunInfo(_message.Message):
-    __slots__ = ("run_id", "config_json", "coordinator_public_key", "software_version", "round", "param_hash", "initial_peers")
+    __slots__ = ("run_id", "config_json", "coordinator_public_key", "software_version", "round", "param_hash", "initial_peers", "finished")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class RunInfo(_message.Message):
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PARAM_HASH_FIELD_NUMBER: _ClassVar[int]
     INITIAL_PEERS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     config_json: str
     coordinator_public_key: bytes
@@ -36,7 +37,8 @@ class RunInfo(_message.Message):
     round: int
     param_hash: str
     initial_peers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., config_json: _Optional[str] = ..., coordinator_public_key: _Optional[bytes] = ..., software_version: _Optional[str] = ..., round: _Optional[int] = ..., param_hash: _Optional[str] = ..., initial_peers: _Optional[_Iterable[str]] = ...) -> None: ...
+    finished: bool
+    def __init__(self, run_id: _Optional[str] = ..., config_json: _Optional[str] = ..., coordinator_public_key: _Optional[bytes] = ..., software_version: _Optional[str] = ..., round: _Optional[int] = ..., param_hash: _Optional[str] = ..., initial_peers: _Optional[_Iterable[str]] = ..., finished: _Optional[bool] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("accepted", "reason", "peer_id", "round", "param_hash")
@@ -53,18 +55,20 @@ class JoinReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., peer_id: _Optional[str] = ..., round: _Optional[int] = ..., param_hash: _Optional[str] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("round", "param_hash", "resync", "banned", "reason")
+    __slots__ = ("round", "param_hash", "resync", "banned", "reason", "finished")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PARAM_HASH_FIELD_NUMBER: _ClassVar[int]
     RESYNC_FIELD_NUMBER: _ClassVar[int]
     BANNED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
     round: int
     param_hash: str
     resync: bool
     banned: bool
     reason: str
-    def __init__(self, round: _Optional[int] = ..., param_hash: _Optional[str] = ..., resync: _Optional[bool] = ..., banned: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    finished: bool
+    def __init__(self, round: _Optional[int] = ..., param_hash: _Optional[str] = ..., resync: _Optional[bool] = ..., banned: _Optional[bool] = ..., reason: _Optional[str] = ..., finished: _Optional[bool] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
     __slots__ = ("header", "endpoint")
@@ -75,12 +79,14 @@ class CommitRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[Signed, _Mapping]] = ..., endpoint: _Optional[str] = ...) -> None: ...
 
 class CommitReply(_message.Message):
-    __slots__ = ("accepted", "reason")
+    __slots__ = ("accepted", "reason", "current_round")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     reason: str
-    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+    current_round: int
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., current_round: _Optional[int] = ...) -> None: ...
 
 class ManifestRequest(_message.Message):
     __slots__ = ("round", "wait_s")
@@ -91,14 +97,16 @@ class ManifestRequest(_message.Message):
     def __init__(self, round: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class ManifestReply(_message.Message):
-    __slots__ = ("ready", "manifest", "current_round")
+    __slots__ = ("ready", "manifest", "current_round", "finished")
     READY_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     manifest: Signed
     current_round: int
-    def __init__(self, ready: _Optional[bool] = ..., manifest: _Optional[_Union[Signed, _Mapping]] = ..., current_round: _Optional[int] = ...) -> None: ...
+    finished: bool
+    def __init__(self, ready: _Optional[bool] = ..., manifest: _Optional[_Union[Signed, _Mapping]] = ..., current_round: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ("offset",)

@@ -1,0 +1,91 @@
+"""Client side of the data plane: fetch a payload by sha256 from any holder, resuming on failure."""
+
+from __future__ import annotations
+
+import random
+import threading
+from datetime import timedelta
+from typing import Sequence
+
+import grpc
+
+from protocol._generated import swarm_pb2, swarm_pb2_grpc
+from protocol.accounting import ByteCounter
+from protocol.channels import TRANSFER_DEADLINE, TlsConfig, create_channel
+from protocol.envelope import UpdateHeader, check_payload
+from protocol.streaming import TransferError, receive_chunks
+
+
+class ChannelPool:
+    """One channel per remote endpoint, reused across calls (HTTP/2 multiplexes them)."""
+
+    def __init__(self, counter: ByteCounter | None = None, tls: TlsConfig | None = None) -> None:
+        self.counter = counter
+        self.tls = tls
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def get(self, target: str) -> grpc.Channel:
+        with self._lock:
+            channel = self._channels.get(target)
+            if channel is None:
+                channel = create_channel(target, self.counter, tls=self.tls)
+                self._channels[target] = channel
+            return channel
+
+    def drop(self, target: str) -> None:
+        with self._lock:
+            channel = self._channels.pop(target, None)
+        if channel is not None:
+            channel.close()
+
+    def close(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            channel.close()
+
+
+class FetchError(IOError):
+    pass
+
+
+def fetch_payload(
+    pool: ChannelPool,
+    holders: Sequence[str],
+    header: UpdateHeader,
+    *,
+    deadline: timedelta = TRANSFER_DEADLINE,
+    shuffle: bool = False,
+) -> bytes:
+    """Fetch header's payload from the first holder that has it, resuming a broken stream at
+    the byte it broke on (from the same or the next holder). Verified against the header."""
+    order = list(dict.fromkeys(h for h in holders if h))
+    if shuffle:
+        random.shuffle(order)
+    if not order:
+        raise FetchError("no holder endpoint to fetch from")
+    received = b""
+    errors = []
+    for holder in order:
+        stub = swarm_pb2_grpc.PeerStub(pool.get(holder))
+        try:
+            stream = stub.FetchPayload(
+                swarm_pb2.FetchRequest(sha256=header.payload_sha256, offset=len(received)),
+                timeout=deadline.total_seconds(),
+            )
+            data, _ = receive_chunks(
+                stream,
+                max_size=header.payload_size,
+                expected_size=header.payload_size,
+                expected_sha256=header.payload_sha256,
+                prefix=received,
+            )
+            check_payload(header, data)
+            return data
+        except TransferError as exc:
+            received = exc.received if len(exc.received) < header.payload_size else b""
+            errors.append(f"{holder}: {exc}")
+        except Exception as exc:  # any other failure of this holder: try the next one
+            errors.append(f"{holder}: {exc}")
+    raise FetchError("; ".join(errors))
