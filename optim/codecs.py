@@ -1,0 +1,216 @@
+"""Codecs: how a peer's (d,) float32 update becomes bytes on the wire, named by spec strings.
+
+A spec is a value format, optionally preceded by one sparsifier, joined with `+`; the later stage
+encodes the VALUES kept by the earlier one:
+
+    fp32  fp16  bf16                 dtype cast (fp32 is lossless)
+    int8  int4  int2  [:BLOCK]       blockwise absmax quantization, float32 scale per BLOCK (64)
+    topk:FRACTION                    global top-k by magnitude, k = round(FRACTION * d)
+    chunk-topk:CHUNK:K               top-K by magnitude per chunk of CHUNK
+    randk:FRACTION                   k coordinates drawn from the shared seed (no index bytes)
+    dct-topk:CHUNK:K                 top-K DCT-II coefficients per chunk of CHUNK
+    e.g.  topk:0.01+int8   dct-topk:64:4+int8   randk:0.05+fp16   (a sparsifier alone keeps fp32)
+
+Payload = header (4 bytes) + index bytes + value bytes, nothing else, and its length is a pure
+function of (spec, d): `max_encoded_size(d)` is exact, so a receiver refuses a wrong-sized payload
+before parsing it. Header = 0xC5, format version (1), crc32(spec) & 0xFFFF (uint16): a payload
+made with another codec or another format version is refused with a clear message.
+Example: fp16 of 1000 values = 4 + 2*1000 = 2004 bytes; int8 = 4 + 4*ceil(d/64) + d.
+See optim/quantize.py and optim/sparsify.py for the exact layouts.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from optim.quantize import CAST_FORMATS, BlockQuantFormat, CastFormat, CodecError, ValueFormat
+from optim.sparsify import ChunkTopK, DctTopK, RandK, Sparsifier, TopK
+
+__all__ = ["Codec", "CodecError", "ErrorFeedback", "build", "HEADER_SIZE", "FORMAT_VERSION"]
+
+MAGIC = 0xC5
+FORMAT_VERSION = 1
+HEADER_SIZE = 4
+
+VALID_FORMS = (
+    "fp32, fp16, bf16, int8[:BLOCK], int4[:BLOCK], int2[:BLOCK], topk:FRACTION, randk:FRACTION, "
+    "chunk-topk:CHUNK:K, dct-topk:CHUNK:K; at most one sparsifier then one value format, "
+    "joined with '+' (e.g. topk:0.01+int8, dct-topk:64:4+int8)"
+)
+
+
+@runtime_checkable
+class Codec(Protocol):
+    spec: str
+    lossless: bool
+
+    def encode(self, x: torch.Tensor, *, seed: int = 0) -> bytes: ...
+
+    def decode(self, payload: bytes, numel: int, *, seed: int = 0) -> torch.Tensor: ...
+
+    def max_encoded_size(self, numel: int) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StagedCodec:
+    """An optional sparsifier followed by a value format (see the module docstring)."""
+
+    sparsifier: Sparsifier | None
+    values: ValueFormat
+
+    @property
+    def spec(self) -> str:
+        if self.sparsifier is None:
+            return self.values.name
+        return self.sparsifier.name if self.values.name == "fp32" else f"{self.sparsifier.name}+{self.values.name}"
+
+    @property
+    def lossless(self) -> bool:
+        return self.sparsifier is None and self.values.lossless
+
+    def _header(self) -> bytes:
+        return struct.pack("<BBH", MAGIC, FORMAT_VERSION, zlib.crc32(self.spec.encode()) & 0xFFFF)
+
+    def _layout(self, numel: int) -> tuple[int, int]:
+        """(index bytes, number of values) for a vector of numel."""
+        if not isinstance(numel, int) or numel < 0:
+            raise ValueError(f"numel must be a non-negative int, got {numel!r}")
+        if self.sparsifier is None:
+            return 0, numel
+        return self.sparsifier.index_size(numel), self.sparsifier.num_values(numel)
+
+    def max_encoded_size(self, numel: int) -> int:
+        index_size, num_values = self._layout(numel)
+        return HEADER_SIZE + index_size + self.values.size(num_values)
+
+    def encode(self, x: torch.Tensor, *, seed: int = 0) -> bytes:
+        if not isinstance(x, torch.Tensor) or x.dim() != 1 or not x.is_floating_point():
+            raise ValueError(f"{self.spec}: encode expects a flat (d,) float tensor, got {_describe(x)}")
+        x = x.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        if self.sparsifier is None:
+            return self._header() + self.values.encode(x)
+        index_bytes, kept = self.sparsifier.encode(x, seed)
+        return self._header() + index_bytes + self.values.encode(kept)
+
+    def decode(self, payload: bytes, numel: int, *, seed: int = 0) -> torch.Tensor:
+        expected = self.max_encoded_size(numel)
+        if len(payload) != expected:
+            raise CodecError(f"{self.spec}: expected exactly {expected} bytes for {numel} values, got {len(payload)}")
+        view = memoryview(payload)
+        magic, version, tag = struct.unpack_from("<BBH", view)
+        if magic != MAGIC:
+            raise CodecError(f"{self.spec}: not a swarmloco codec payload (first byte {magic:#04x})")
+        if version != FORMAT_VERSION:
+            raise CodecError(f"{self.spec}: payload format version {version}, this build reads {FORMAT_VERSION}")
+        if view[:HEADER_SIZE] != self._header():
+            raise CodecError(f"{self.spec}: payload was made by a different codec (spec tag {tag:#06x})")
+        index_size, num_values = self._layout(numel)
+        values = self.values.decode(view[HEADER_SIZE + index_size :], num_values)
+        if self.sparsifier is None:
+            return values
+        return self.sparsifier.decode(view[HEADER_SIZE : HEADER_SIZE + index_size], values, numel, seed)
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"tensor of shape {tuple(x.shape)} and dtype {x.dtype}"
+    return type(x).__name__
+
+
+def build(spec: str) -> Codec:
+    """Parse a spec string (see the module docstring). ValueError names the bad part."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"codec spec {spec!r} is empty; valid forms: {VALID_FORMS}")
+    parts = [part.strip().lower() for part in spec.split("+")]
+    stages = [_parse_stage(spec, part) for part in parts]
+    sparsifiers = [stage for stage in stages if not isinstance(stage, (BlockQuantFormat, CastFormat))]
+    if len(stages) > 2 or len(sparsifiers) > 1:
+        raise ValueError(f"codec spec {spec!r}: use at most one sparsifier and one value format; valid forms: {VALID_FORMS}")
+    if len(stages) == 2 and (stages[0] not in sparsifiers or stages[1] in sparsifiers):
+        raise ValueError(
+            f"codec spec {spec!r}: the sparsifier comes first and the value format second "
+            f"(e.g. topk:0.01+int8); valid forms: {VALID_FORMS}"
+        )
+    if sparsifiers:
+        return StagedCodec(sparsifiers[0], stages[1] if len(stages) == 2 else CAST_FORMATS["fp32"])
+    return StagedCodec(None, stages[0])
+
+
+
+def _parse_stage(spec: str, part: str) -> ValueFormat | Sparsifier:
+    name, *args = part.split(":")
+
+    def fail(why: str) -> ValueError:
+        return ValueError(f"codec spec {spec!r}: bad part {part!r}: {why}; valid forms: {VALID_FORMS}")
+
+    def number(text: str, kind: type) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise fail(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if kind is float and not math.isfinite(value):
+            raise fail(f"{text!r} is not finite")
+        return value
+
+    try:
+        if name in CAST_FORMATS and not args:
+            return CAST_FORMATS[name]
+        if name in ("int8", "int4", "int2") and len(args) <= 1:
+            return BlockQuantFormat(int(name[3:]), *(number(a, int) for a in args))
+        if name in ("topk", "randk") and len(args) == 1:
+            fraction = number(args[0], float)
+            if not 0 < fraction <= 1:
+                raise fail(f"FRACTION must be in (0, 1], got {fraction}")
+            return TopK(fraction) if name == "topk" else RandK(fraction)
+        if name in ("chunk-topk", "dct-topk") and len(args) == 2:
+            chunk, k = (number(a, int) for a in args)
+            return ChunkTopK(chunk, k) if name == "chunk-topk" else DctTopK(chunk, k)
+    except ValueError as exc:
+        if str(exc).startswith("codec spec"):
+            raise
+        raise fail(str(exc)) from None
+    raise fail("unknown name or wrong number of ':' arguments")
+
+
+class ErrorFeedback:
+    """Sender-side error feedback: what the codec dropped this round is added to the next input.
+
+    residual (d,) float32 stays on this peer (never sent). Each call encodes y = x + residual and
+    keeps residual = y - decode(payload), so over many rounds the sum of what receivers decode
+    tracks the sum of the inputs, off by exactly the current (bounded) residual. Non-finite residual
+    entries are reset to 0 so one bad input cannot poison every later round.
+    """
+
+    def __init__(self, codec: Codec, numel: int):
+        self.codec = codec
+        self.numel = numel
+        self.residual = torch.zeros(numel, dtype=torch.float32)
+
+    def encode(self, x: torch.Tensor, *, seed: int = 0) -> bytes:
+        if x.shape != (self.numel,):
+            raise ValueError(f"ErrorFeedback for {self.numel} values got a tensor of shape {tuple(x.shape)}")
+        corrected = x.detach().to(device="cpu", dtype=torch.float32) + self.residual  # (d,)
+        payload = self.codec.encode(corrected, seed=seed)
+        if self.codec.lossless:
+            self.residual.zero_()
+        else:
+            residual = corrected - self.codec.decode(payload, self.numel, seed=seed)
+            self.residual = torch.where(torch.isfinite(residual), residual, torch.zeros_like(residual))
+        return payload
+
+    def state_dict(self) -> dict:
+        return {"spec": self.codec.spec, "residual": self.residual.clone()}
+
+    def load_state_dict(self, d: dict) -> None:
+        if d.get("spec") != self.codec.spec:
+            raise ValueError(f"error-feedback state was saved for codec {d.get('spec')!r}, this one is {self.codec.spec!r}")
+        residual = d["residual"]
+        if not isinstance(residual, torch.Tensor) or residual.shape != (self.numel,):
+            raise ValueError(f"error-feedback residual must be a ({self.numel},) tensor, got {_describe(residual)}")
+        self.residual = residual.detach().to(device="cpu", dtype=torch.float32).clone()

@@ -1,0 +1,162 @@
+"""Dense value formats: dtype casts (fp32/fp16/bf16) and blockwise absmax int8/int4/int2.
+
+A value format turns a flat float32 vector of n values into exactly `size(n)` bytes and back.
+It is the last stage of every codec (optim/codecs.py): alone it encodes the whole update, after a
+sparsifier it encodes the kept values. All byte layouts are little-endian.
+
+Blockwise absmax (`intB[:BLOCK]`, B in 8/4/2, BLOCK default 64): the values are cut into blocks of
+BLOCK; each block stores one float32 scale s = absmax / qmax (qmax = 2**(B-1) - 1: 127, 7, 1) and
+one code per value, q = round(x / s) in [-qmax, qmax], so |x - q*s| <= s/2. Codes are stored as
+q + qmax in B bits, packed little-end-first into bytes (int2 is therefore ternary, {-s, 0, +s}).
+Layout: scales (float32, ceil(n/BLOCK)) then codes (ceil(n*B/8) bytes).
+WHY float32 scales: an fp16 scale underflows for the tiny pseudo-gradients of late training and
+costs only 0.5 bit/value less at BLOCK=64.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+DEFAULT_BLOCK = 64
+MAX_BLOCK = 1 << 16
+
+
+class CodecError(ValueError):
+    """A payload that is corrupt, truncated or oversized; the message says what is wrong.
+
+    Defined here (the lowest codec layer) and re-exported by optim.codecs, where users import it.
+    """
+
+
+def tensor_from_bytes(payload: bytes | bytearray | memoryview, dtype: torch.dtype) -> torch.Tensor:
+    """Copy little-endian bytes into a new writable 1-D tensor of `dtype`; length must divide."""
+    if len(payload) == 0:
+        return torch.empty(0, dtype=dtype)  # torch cannot view an empty byte tensor as wider elements
+    raw = np.frombuffer(payload, dtype=np.uint8).copy()  # copy: the caller's buffer may be read-only
+    return torch.from_numpy(raw).view(dtype)
+
+
+def tensor_to_bytes(x: torch.Tensor) -> bytes:
+    return x.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+@dataclass(frozen=True, slots=True)
+class CastFormat:
+    """fp32 / fp16 / bf16: a plain dtype cast. Non-finite values pass through unchanged (fp16 also
+    turns |x| > 65504 into inf); the network layer rejects non-finite decoded updates."""
+
+    name: str
+    dtype: torch.dtype
+
+    @property
+    def lossless(self) -> bool:
+        return self.dtype == torch.float32
+
+    def size(self, n: int) -> int:
+        return n * torch.finfo(self.dtype).bits // 8
+
+    def encode(self, x: torch.Tensor) -> bytes:
+        return tensor_to_bytes(x.to(self.dtype))
+
+    def decode(self, payload: memoryview, n: int) -> torch.Tensor:
+        if len(payload) != self.size(n):
+            raise CodecError(f"{self.name}: expected {self.size(n)} bytes for {n} values, got {len(payload)}")
+        return tensor_from_bytes(payload, self.dtype).to(torch.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockQuantFormat:
+    """intB[:BLOCK]: blockwise absmax quantization, see the module docstring for the layout."""
+
+    bits: int  # 8, 4 or 2
+    block: int = DEFAULT_BLOCK
+
+    def __post_init__(self) -> None:
+        if self.bits not in (8, 4, 2):
+            raise ValueError(f"int{self.bits}: only int8, int4 and int2 exist")
+        if not 1 <= self.block <= MAX_BLOCK:
+            raise ValueError(f"int{self.bits}:{self.block}: block size must be in [1, {MAX_BLOCK}]")
+
+    @property
+    def name(self) -> str:
+        return f"int{self.bits}" if self.block == DEFAULT_BLOCK else f"int{self.bits}:{self.block}"
+
+    @property
+    def lossless(self) -> bool:
+        return False
+
+    @property
+    def qmax(self) -> int:
+        return (1 << (self.bits - 1)) - 1
+
+    def num_blocks(self, n: int) -> int:
+        return -(-n // self.block)
+
+    def size(self, n: int) -> int:
+        return 4 * self.num_blocks(n) + math.ceil(n * self.bits / 8)
+
+    def scales(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-block scale absmax / qmax, float32 (num_blocks,). NaN/inf inputs give a non-finite
+        scale, which decode refuses: a non-finite update cannot cross the wire in an int format."""
+        blocks = self._pad(x, self.num_blocks(x.numel()) * self.block).view(-1, self.block)
+        return blocks.abs().amax(dim=1) / self.qmax if blocks.numel() else x.new_zeros(0)
+
+    def encode(self, x: torch.Tensor) -> bytes:
+        n = x.numel()
+        scales = self.scales(x)  # (num_blocks,)
+        usable = torch.isfinite(scales) & (scales > 0)
+        divisor = torch.where(usable, scales, torch.ones_like(scales))
+        blocks = self._pad(x, scales.numel() * self.block).view(-1, self.block)  # (num_blocks, block)
+        q = torch.round(blocks / divisor[:, None]).nan_to_num_(0.0).clamp_(-self.qmax, self.qmax)
+        codes = (q.reshape(-1)[:n].to(torch.int16) + self.qmax).to(torch.uint8)  # (n,) in [0, 2*qmax]
+        return tensor_to_bytes(scales) + tensor_to_bytes(self._pack(codes))
+
+    def decode(self, payload: memoryview, n: int) -> torch.Tensor:
+        if len(payload) != self.size(n):
+            raise CodecError(f"{self.name}: expected {self.size(n)} bytes for {n} values, got {len(payload)}")
+        num_scale_bytes = 4 * self.num_blocks(n)
+        scales = tensor_from_bytes(payload[:num_scale_bytes], torch.float32)
+        if not bool(torch.isfinite(scales).all()) or bool((scales < 0).any()):
+            raise CodecError(f"{self.name}: a block scale is negative or not finite")
+        codes = self._unpack(tensor_from_bytes(payload[num_scale_bytes:], torch.uint8), n)  # (n,)
+        if bool((codes > 2 * self.qmax).any()):
+            raise CodecError(f"{self.name}: a code is outside [-{self.qmax}, {self.qmax}]")
+        q = codes.to(torch.float32) - self.qmax
+        blocks = self._pad(q, scales.numel() * self.block).view(-1, self.block)
+        return (blocks * scales[:, None]).reshape(-1)[:n]
+
+    @staticmethod
+    def _pad(x: torch.Tensor, length: int) -> torch.Tensor:
+        return x if x.numel() == length else torch.nn.functional.pad(x, (0, length - x.numel()))
+
+    def _pack(self, codes: torch.Tensor) -> torch.Tensor:
+        """(n,) uint8 codes of `bits` each -> (ceil(n*bits/8),) bytes, first code in the low bits."""
+        per_byte = 8 // self.bits
+        if per_byte == 1:
+            return codes
+        slots = self._pad(codes, -(-codes.numel() // per_byte) * per_byte).view(-1, per_byte)
+        shifts = torch.arange(0, 8, self.bits, dtype=torch.uint8)  # (per_byte,)
+        return (slots << shifts).sum(dim=1, dtype=torch.uint8)  # bit fields do not overlap: sum == or
+
+    def _unpack(self, packed: torch.Tensor, n: int) -> torch.Tensor:
+        per_byte = 8 // self.bits
+        if per_byte == 1:
+            return packed
+        shifts = torch.arange(0, 8, self.bits, dtype=torch.uint8)
+        codes = ((packed[:, None] >> shifts) & ((1 << self.bits) - 1)).reshape(-1)  # (num_bytes * per_byte,)
+        if bool(codes[n:].any()):
+            raise CodecError(f"{self.name}: the padding bits after the last code are not zero")
+        return codes[:n]
+
+
+ValueFormat = CastFormat | BlockQuantFormat
+
+CAST_FORMATS = {
+    "fp32": CastFormat("fp32", torch.float32),
+    "fp16": CastFormat("fp16", torch.float16),
+    "bf16": CastFormat("bf16", torch.bfloat16),
+}

@@ -1,0 +1,320 @@
+"""Sparsifiers: pick m of a vector's coordinates (or DCT coefficients) and say which.
+
+A sparsifier splits a flat (d,) float32 vector into an index part (bytes, exactly
+`index_size(d)` long) and m = `num_values(d)` kept values, which the codec's value format
+(optim/quantize.py) then encodes. Both sizes depend only on d, so a payload's length is known
+before it is read and every payload for a given (codec, d) has the same length.
+
+Index layouts (little-endian), chosen to be small on the wire:
+  global index sets (`topk`): whichever is smaller of
+    * segmented: the index space is cut into segments of 65536; per kept index its uint16 offset
+      within its segment, in increasing order, then (num_segments - 1) uint32 counts of kept
+      indices per segment (the last segment's count is implied) -> 2k + 4*(ceil(d/65536) - 1);
+    * bitmap: one bit per coordinate, first coordinate in the low bit -> ceil(d/8).
+  per-chunk offsets (`chunk-topk`, `dct-topk`): for every chunk its kept offsets in increasing
+    order, uint8 when the chunk is <= 256 long, else uint16.
+  `randk`: nothing. The index set is a pure function of (seed, d, k), so every peer using the
+    round's shared seed keeps THE SAME coordinates: coordinate-wise robust aggregation (median,
+    trimmed mean) then compares like with like instead of mostly zeros.
+Decoders accept only what the encoder could produce: indices in range, strictly increasing.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from optim import dct
+from optim.quantize import CodecError, tensor_from_bytes, tensor_to_bytes
+
+SEGMENT = 1 << 16
+MAX_NUMEL = 1 << 32  # randk hashes 32-bit coordinates; larger vectors should be split by tensor
+
+
+def kept_count(fraction: float, numel: int) -> int:
+    """k for `topk:FRACTION` / `randk:FRACTION`: round(fraction * d), at least 1, at most d."""
+    return min(numel, max(1, round(fraction * numel)))
+
+
+# --- global index sets -------------------------------------------------------------------------
+
+def _segmented_size(numel: int, k: int) -> int:
+    return 2 * k + 4 * max(0, -(-numel // SEGMENT) - 1)
+
+
+def _uses_bitmap(numel: int, k: int) -> bool:
+    return -(-numel // 8) < _segmented_size(numel, k)
+
+
+def index_set_size(numel: int, k: int) -> int:
+    return -(-numel // 8) if _uses_bitmap(numel, k) else _segmented_size(numel, k)
+
+
+def encode_index_set(indices: torch.Tensor, numel: int) -> bytes:
+    """Sorted unique int64 (k,) indices in [0, numel) -> exactly index_set_size(numel, k) bytes."""
+    k = indices.numel()
+    if _uses_bitmap(numel, k):
+        bits = torch.zeros(-(-numel // 8) * 8, dtype=torch.uint8)
+        bits[indices] = 1
+        weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+        return tensor_to_bytes((bits.view(-1, 8) * weights).sum(dim=1, dtype=torch.uint8))
+    offsets = (indices & (SEGMENT - 1)).to(torch.int32).to(torch.uint16)  # (k,)
+    num_segments = -(-numel // SEGMENT)
+    counts = torch.bincount(indices >> 16, minlength=num_segments)[:-1].to(torch.int32)  # (num_segments-1,)
+    return tensor_to_bytes(offsets) + tensor_to_bytes(counts)
+
+
+def decode_index_set(payload: memoryview, numel: int, k: int) -> torch.Tensor:
+    """Inverse of encode_index_set, refusing anything the encoder could not have written."""
+    if len(payload) != index_set_size(numel, k):
+        raise CodecError(f"index set: expected {index_set_size(numel, k)} bytes, got {len(payload)}")
+    if _uses_bitmap(numel, k):
+        packed = tensor_from_bytes(payload, torch.uint8)
+        bits = (packed[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1  # (ceil(d/8), 8)
+        bits = bits.reshape(-1)
+        if bool(bits[numel:].any()):
+            raise CodecError("index bitmap: bits past the end of the vector are set")
+        indices = bits.nonzero().view(-1)
+        if indices.numel() != k:
+            raise CodecError(f"index bitmap: {indices.numel()} bits set, expected {k}")
+        return indices
+    offsets = tensor_from_bytes(payload[: 2 * k], torch.uint16).to(torch.int64)  # (k,)
+    counts = tensor_from_bytes(payload[2 * k :], torch.int32).to(torch.int64)  # (num_segments-1,)
+    if bool((counts < 0).any()) or bool((counts > SEGMENT).any()) or int(counts.sum()) > k:
+        raise CodecError(f"index set: segment counts are negative, too large, or sum past k={k}")
+    counts = torch.cat([counts, counts.new_tensor([k - int(counts.sum())])])  # (num_segments,)
+    segment_ids = torch.repeat_interleave(torch.arange(counts.numel()), counts)  # (k,)
+    indices = segment_ids * SEGMENT + offsets
+    _check_increasing_in_range(indices, numel, "index set")
+    return indices
+
+
+def _check_increasing_in_range(indices: torch.Tensor, numel: int, what: str) -> None:
+    if indices.numel() and (int(indices[-1]) >= numel or bool((indices[1:] <= indices[:-1]).any())):
+        raise CodecError(f"{what}: indices are out of range or not strictly increasing")
+
+
+# --- per-chunk offsets -------------------------------------------------------------------------
+
+def _offset_dtype(chunk: int) -> torch.dtype:
+    return torch.uint8 if chunk <= 256 else torch.uint16
+
+
+def _encode_offsets(offsets: torch.Tensor, chunk: int) -> bytes:
+    return tensor_to_bytes(offsets.to(torch.int32).to(_offset_dtype(chunk)))
+
+
+def _decode_offsets(payload: memoryview, chunk: int) -> torch.Tensor:
+    return tensor_from_bytes(payload, _offset_dtype(chunk)).to(torch.int64)
+
+
+# --- sparsifiers -------------------------------------------------------------------------------
+
+def _scatter(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torch.Tensor:
+    """The dense (numel,) float32 vector that is `values` at `indices` and 0 elsewhere."""
+    out = torch.zeros(numel, dtype=torch.float32)
+    out[indices] = values
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TopK:
+    """`topk:FRACTION`: the k = round(FRACTION*d) largest-magnitude coordinates of the vector."""
+
+    fraction: float
+
+    @property
+    def name(self) -> str:
+        return f"topk:{self.fraction!r}"
+
+    def num_values(self, numel: int) -> int:
+        return kept_count(self.fraction, numel)
+
+    def index_size(self, numel: int) -> int:
+        return index_set_size(numel, self.num_values(numel))
+
+    def encode(self, x: torch.Tensor, seed: int) -> tuple[bytes, torch.Tensor]:
+        indices = torch.topk(x.abs(), self.num_values(x.numel()), sorted=False).indices.sort().values
+        return encode_index_set(indices, x.numel()), x[indices]
+
+    def decode(self, index_bytes: memoryview, values: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
+        return _scatter(decode_index_set(index_bytes, numel, self.num_values(numel)), values, numel)
+
+
+@dataclass(frozen=True, slots=True)
+class RandK:
+    """`randk:FRACTION`: k coordinates chosen by the shared seed alone; no index bytes at all."""
+
+    fraction: float
+
+    @property
+    def name(self) -> str:
+        return f"randk:{self.fraction!r}"
+
+    def num_values(self, numel: int) -> int:
+        return kept_count(self.fraction, numel)
+
+    def index_size(self, numel: int) -> int:
+        return 0
+
+    def encode(self, x: torch.Tensor, seed: int) -> tuple[bytes, torch.Tensor]:
+        return b"", x[random_index_set(seed, x.numel(), self.num_values(x.numel()))]
+
+    def decode(self, index_bytes: memoryview, values: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
+        return _scatter(random_index_set(seed, numel, self.num_values(numel)), values, numel)
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(h: int) -> int:
+    """A 32-bit integer hash with good avalanche ('lowbias32' constants); derives round keys."""
+    h &= _MASK32
+    h ^= h >> 16
+    h = (h * 0x7FEB352D) & _MASK32
+    h ^= h >> 15
+    h = (h * 0x846CA68B) & _MASK32
+    return h ^ (h >> 16)
+
+
+_FEISTEL_ROUNDS = 6
+
+
+@functools.lru_cache(maxsize=4)
+def random_index_set(seed: int, numel: int, k: int) -> torch.Tensor:
+    """Sorted int64 (k,) distinct indices in [0, numel), a pure function of its arguments.
+
+    A seeded pseudorandom permutation P of [0, numel) picks the set: {P(0), ..., P(k-1)}, or for
+    k > numel/2 the complement of {P(0), ..., P(numel-k-1)} (less work, same distribution).
+    P is a 6-round Feistel network on the smallest even number of bits covering numel,
+    cycle-walked back into range (a bijection on [0, 2**bits) restricted this way stays a
+    bijection on [0, numel)).
+    WHY this construction: it costs O(min(k, d-k)) hashing, and it is pure integer arithmetic, so
+    every peer gets the same set whatever its torch version or CPU (torch.randperm promises
+    neither). Cached because a receiver decodes one payload per peer with the same seed; the
+    result is shared, do not modify it.
+    """
+    if not 0 <= numel < MAX_NUMEL:
+        raise ValueError(f"randk supports vectors of fewer than 2**32 values, got {numel}")
+    if not 0 <= k <= numel:
+        raise ValueError(f"randk cannot keep {k} of {numel} values")
+    complement = 2 * k > numel
+    chosen = _feistel_prefix(seed, numel, numel - k if complement else k)
+    if not complement:
+        return chosen.sort().values
+    keep = torch.ones(numel, dtype=torch.bool)
+    keep[chosen] = False
+    return keep.nonzero().view(-1)
+
+
+def _round_function(half_word: torch.Tensor, key_a: int, key_b: int) -> torch.Tensor:
+    """Keyed mixing of int64 values < 2**16 into int64 values < 2**32, never overflowing int64
+    (each product stays below 2**56), so the bits are the same on every machine."""
+    t = (half_word ^ (key_a & 0xFFFF)).mul_(0x9E3779B1)  # < 2**48; in-place ops: this is the hot loop
+    t.bitwise_xor_(t >> 15).bitwise_xor_(key_b).bitwise_and_(0xFFFFFF).mul_(0x85EBCA6B)  # < 2**56
+    return t.bitwise_xor_(t >> 29).bitwise_right_shift_(8)
+
+
+def _feistel_prefix(seed: int, numel: int, count: int) -> torch.Tensor:
+    """(P(0), ..., P(count-1)) for the seeded permutation P of [0, numel), int64 (count,)."""
+    half = max(1, (max(numel - 1, 1).bit_length() + 1) // 2)  # 2*half <= 32 bits cover [0, numel)
+    mask = (1 << half) - 1
+    seed &= (1 << 64) - 1
+    keys = [_mix32(_mix32((seed >> 32) ^ r) ^ seed) for r in range(2 * _FEISTEL_ROUNDS)]
+
+    def permute(x: torch.Tensor) -> torch.Tensor:  # a bijection on [0, 2**(2*half))
+        left, right = x >> half, x & mask
+        for r in range(_FEISTEL_ROUNDS):
+            left, right = right, _round_function(right, keys[2 * r], keys[2 * r + 1]).bitwise_and_(mask).bitwise_xor_(left)
+        return (left << half) | right
+
+    values = permute(torch.arange(count, dtype=torch.int64))
+    outside = (values >= numel).nonzero().view(-1)
+    while outside.numel():  # 2**(2*half) < 4*numel: each step lands in range w.p. > 1/4
+        values[outside] = permute(values[outside])
+        outside = outside[values[outside] >= numel]
+    return values
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkTopK:
+    """`chunk-topk:CHUNK:K`: the K largest-magnitude coordinates of every chunk of CHUNK
+    (min(K, length) in a short last chunk)."""
+
+    chunk: int
+    k: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= self.chunk <= SEGMENT:
+            raise ValueError(f"chunk-topk:{self.chunk}:{self.k}: need 1 <= K <= CHUNK <= {SEGMENT}")
+
+    @property
+    def name(self) -> str:
+        return f"chunk-topk:{self.chunk}:{self.k}"
+
+    def num_values(self, numel: int) -> int:
+        return self.k * (numel // self.chunk) + min(self.k, numel % self.chunk)
+
+    def index_size(self, numel: int) -> int:
+        return self.num_values(numel) * _offset_dtype(self.chunk).itemsize
+
+    def encode(self, x: torch.Tensor, seed: int) -> tuple[bytes, torch.Tensor]:
+        magnitude = torch.full((dct.num_chunks(x.numel(), self.chunk) * self.chunk,), -1.0)
+        magnitude[: x.numel()] = x.abs()  # padding gets -1: chosen only once a short chunk is exhausted
+        offsets = torch.topk(magnitude.view(-1, self.chunk), self.k, dim=1, sorted=False).indices.sort(dim=1).values
+        indices = (offsets + torch.arange(offsets.shape[0])[:, None] * self.chunk).view(-1)  # (num_chunks*K,)
+        keep = indices < x.numel()  # padding offsets sort to the end of the last chunk
+        return _encode_offsets(offsets.view(-1)[keep], self.chunk), x[indices[keep]]
+
+    def decode(self, index_bytes: memoryview, values: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
+        if len(index_bytes) != self.index_size(numel):
+            raise CodecError(f"{self.name}: expected {self.index_size(numel)} index bytes, got {len(index_bytes)}")
+        offsets = _decode_offsets(index_bytes, self.chunk)  # (m,), chunk c owns entries [c*K, c*K + K)
+        if bool((offsets >= self.chunk).any()):
+            raise CodecError(f"{self.name}: an offset is >= the chunk size {self.chunk}")
+        indices = torch.arange(offsets.numel()) // self.k * self.chunk + offsets
+        _check_increasing_in_range(indices, numel, self.name)
+        return _scatter(indices, values, numel)
+
+
+@dataclass(frozen=True, slots=True)
+class DctTopK:
+    """`dct-topk:CHUNK:K`: DCT-II each chunk of CHUNK (zero-padded tail), keep the K largest
+    coefficients per chunk; decoding scatters them and applies the inverse DCT."""
+
+    chunk: int
+    k: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= self.chunk <= dct.MAX_CHUNK:
+            raise ValueError(f"dct-topk:{self.chunk}:{self.k}: need 1 <= K <= CHUNK <= {dct.MAX_CHUNK}")
+
+    @property
+    def name(self) -> str:
+        return f"dct-topk:{self.chunk}:{self.k}"
+
+    def num_values(self, numel: int) -> int:
+        return self.k * dct.num_chunks(numel, self.chunk)
+
+    def index_size(self, numel: int) -> int:
+        return self.num_values(numel) * _offset_dtype(self.chunk).itemsize
+
+    def encode(self, x: torch.Tensor, seed: int) -> tuple[bytes, torch.Tensor]:
+        coefficients = dct.dct(dct.to_chunks(x, self.chunk))  # (num_chunks, chunk)
+        offsets = torch.topk(coefficients.abs(), self.k, dim=1, sorted=False).indices.sort(dim=1).values
+        return _encode_offsets(offsets.view(-1), self.chunk), coefficients.gather(1, offsets).view(-1)
+
+    def decode(self, index_bytes: memoryview, values: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
+        if len(index_bytes) != self.index_size(numel):
+            raise CodecError(f"{self.name}: expected {self.index_size(numel)} index bytes, got {len(index_bytes)}")
+        offsets = _decode_offsets(index_bytes, self.chunk).view(-1, self.k)  # (num_chunks, K)
+        if bool((offsets >= self.chunk).any()) or bool((offsets[:, 1:] <= offsets[:, :-1]).any()):
+            raise CodecError(f"{self.name}: offsets are out of range or not strictly increasing in a chunk")
+        coefficients = torch.zeros(offsets.shape[0], self.chunk, dtype=torch.float32)
+        coefficients.scatter_(1, offsets, values.view(-1, self.k))
+        return dct.from_chunks(dct.idct(coefficients), numel)
+
+
+Sparsifier = TopK | RandK | ChunkTopK | DctTopK

@@ -1,0 +1,380 @@
+"""Codecs (optim/codecs.py, quantize.py, sparsify.py, dct.py): sizes, error bounds, strictness."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import pytest
+import torch
+
+from optim import codecs, dct
+from optim.codecs import HEADER_SIZE, Codec, CodecError, ErrorFeedback, build
+from optim.sparsify import random_index_set
+
+ALL_SPECS = [
+    "fp32", "fp16", "bf16", "int8", "int4", "int2", "int8:128",
+    "topk:0.01", "topk:0.3", "topk:0.01+int8", "chunk-topk:64:4", "chunk-topk:300:20+int4",
+    "randk:0.1", "randk:0.1+fp16", "dct-topk:64:4", "dct-topk:64:4+int8", "dct-topk:512:16+int2",
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """WHY: on a busy 2-core box a tiny MKL matmul with 2 OpenMP threads waits ~15 ms for the
+    descheduled thread; one thread keeps this file fast. Restored afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def vector(d: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(d, generator=torch.Generator().manual_seed(seed))
+
+
+def round_trip(spec: str, x: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    codec = build(spec)
+    payload = codec.encode(x, seed=seed)
+    assert len(payload) == codec.max_encoded_size(x.numel())
+    return codec.decode(payload, x.numel(), seed=seed)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --- exact sizes: header 4 bytes + index bytes + value bytes, nothing else -------------------------
+
+@pytest.mark.parametrize(
+    ("spec", "d", "expected"),
+    [
+        ("fp32", 1000, 4 + 4 * 1000),
+        ("fp16", 1000, 4 + 2 * 1000),  # the brief's example: 2000 + header
+        ("bf16", 1000, 4 + 2 * 1000),
+        ("int8", 1000, 4 + 4 * ceil_div(1000, 64) + 1000),  # float32 scale per block of 64
+        ("int4", 1001, 4 + 4 * ceil_div(1001, 64) + ceil_div(1001, 2)),
+        ("int2", 1001, 4 + 4 * ceil_div(1001, 64) + ceil_div(1001, 4)),
+        ("int8:128", 1000, 4 + 4 * 8 + 1000),
+        ("topk:0.01", 1000, 4 + 2 * 10 + 4 * 10),  # k=10 uint16 offsets, one segment: no counts
+        ("topk:0.01+int8", 1000, 4 + 2 * 10 + (4 + 10)),
+        ("topk:0.01", 200_000, 4 + (2 * 2000 + 4 * 3) + 4 * 2000),  # 4 segments of 65536: 3 counts
+        ("topk:0.5", 1000, 4 + 125 + 4 * 500),  # bitmap (125 bytes) beats 1000 bytes of offsets
+        ("randk:0.1+fp16", 1000, 4 + 0 + 2 * 100),  # indices come from the seed: none on the wire
+        ("chunk-topk:64:4", 1000, 4 + (15 * 4 + 4) * (1 + 4)),  # 15 full chunks + 40 left: 64 kept
+        ("chunk-topk:64:50", 1000, 4 + (15 * 50 + 40) * (1 + 4)),  # short last chunk keeps its 40
+        ("chunk-topk:300:20", 1000, 4 + (3 * 20 + 20) * (2 + 4)),  # CHUNK > 256: uint16 offsets
+        ("dct-topk:64:4+int8", 1000, 4 + 16 * 4 + (4 + 64)),  # 16 chunks x 4 coefficients
+        ("dct-topk:512:16", 1000, 4 + 2 * 16 * (2 + 4)),
+    ],
+)
+def test_encoded_size_is_exact(spec: str, d: int, expected: int) -> None:
+    codec = build(spec)
+    assert codec.max_encoded_size(d) == expected
+    assert len(codec.encode(vector(d))) == expected
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS)
+@pytest.mark.parametrize("d", [0, 1, 7, 65, 1000])
+def test_every_codec_round_trips_any_length_deterministically(spec: str, d: int) -> None:
+    codec = build(spec)
+    x = vector(d, seed=d)
+    payload = codec.encode(x, seed=3)
+    assert payload == codec.encode(x.clone(), seed=3)
+    y = codec.decode(payload, d, seed=3)
+    assert y.shape == (d,) and y.dtype == torch.float32
+    assert isinstance(codec, Codec)
+    assert codec.lossless == (spec == "fp32")
+
+
+# --- error bounds -------------------------------------------------------------------------------
+
+def test_fp32_is_exact_and_fp16_bf16_relative_error() -> None:
+    x = vector(5000) * 10
+    assert torch.equal(round_trip("fp32", x), x)
+    assert ((round_trip("fp16", x) - x).abs() <= x.abs() * 2**-11 + 2**-24).all()  # half an fp16 ulp
+    assert ((round_trip("bf16", x) - x).abs() <= x.abs() * 2**-8).all()
+
+
+@pytest.mark.parametrize(("bits", "block"), [(8, 64), (4, 64), (2, 64), (8, 128), (4, 7)])
+def test_blockwise_absmax_error_is_at_most_half_a_scale(bits: int, block: int) -> None:
+    x = vector(1000, seed=bits) * torch.logspace(-3, 2, 1000)  # blocks of very different magnitude
+    y = round_trip(f"int{bits}:{block}", x)
+    qmax = 2 ** (bits - 1) - 1
+    padded = torch.nn.functional.pad(x, (0, ceil_div(1000, block) * block - 1000)).view(-1, block)
+    scale = (padded.abs().amax(dim=1) / qmax).repeat_interleave(block)[:1000]  # (d,)
+    assert ((y - x).abs() <= scale / 2 * (1 + 1e-5)).all()
+    levels = (y / torch.where(scale > 0, scale, 1)).round()
+    assert torch.allclose(y, levels * scale, rtol=1e-6) and levels.abs().max() <= qmax
+    # each block's largest-magnitude value is represented exactly (q = +-qmax)
+    peaks = padded.abs().argmax(dim=1) + torch.arange(padded.shape[0]) * block
+    peaks = peaks[peaks < 1000]
+    assert torch.allclose(y[peaks], x[peaks], rtol=1e-6)
+
+
+def test_int2_is_ternary_and_zero_blocks_stay_zero() -> None:
+    x = torch.cat([torch.tensor([3.0, -1.0, 0.5, -3.0]), torch.zeros(64)])
+    y = round_trip("int2:4", x)
+    assert y[:4].tolist() == [3.0, 0.0, 0.0, -3.0]  # scale 3: |-1|/3 and 0.5/3 round to 0
+    assert torch.equal(y[4:], torch.zeros(64))
+
+
+# --- sparsifiers ----------------------------------------------------------------------------------
+
+def test_topk_keeps_exactly_the_k_largest_magnitudes() -> None:
+    x = vector(1000, seed=1)
+    y = round_trip("topk:0.05", x)  # k = 50
+    kept = y.nonzero().view(-1)
+    assert set(kept.tolist()) == set(x.abs().topk(50).indices.tolist())
+    assert torch.equal(y[kept], x[kept])
+    x_big = vector(200_000, seed=2)  # several 65536-segments
+    y_big = round_trip("topk:0.01", x_big)
+    assert set(y_big.nonzero().view(-1).tolist()) == set(x_big.abs().topk(2000).indices.tolist())
+    y_bitmap = round_trip("topk:0.4", x)
+    assert set(y_bitmap.nonzero().view(-1).tolist()) == set(x.abs().topk(400).indices.tolist())
+
+
+def test_chunk_topk_keeps_the_largest_per_chunk_including_a_short_last_chunk() -> None:
+    x = vector(1000, seed=3)
+    y = round_trip("chunk-topk:64:5", x)
+    for start in range(0, 1000, 64):
+        chunk, out = x[start : start + 64], y[start : start + 64]
+        expected = set(chunk.abs().topk(min(5, chunk.numel())).indices.tolist())
+        assert set(out.nonzero().view(-1).tolist()) == expected
+    assert torch.equal(round_trip("chunk-topk:64:50", x)[960:], x[960:])  # 40 left, all kept
+
+
+def test_randk_index_set_depends_on_seed_only() -> None:
+    a, b = vector(5000, seed=4), vector(5000, seed=5)
+    support = lambda y: y.nonzero().view(-1)  # noqa: E731
+    ya, yb = round_trip("randk:0.02", a, seed=11), round_trip("randk:0.02", b, seed=11)
+    assert support(ya).numel() == 100 and torch.equal(support(ya), support(yb))
+    assert torch.equal(ya[support(ya)], a[support(ya)])
+    other = support(round_trip("randk:0.02", a, seed=12))
+    assert len(set(other.tolist()) & set(support(ya).tolist())) < 20  # ~2 expected by chance
+    # golden values: the set must not change across torch versions or machines (pure int math)
+    assert random_index_set(7, 70000, 700)[:5].tolist() == [56, 135, 326, 364, 499]
+    assert random_index_set(7, 5, 3).tolist() == [0, 1, 4]
+
+
+def test_randk_index_sets_are_uniform_and_large_fractions_work() -> None:
+    counts = torch.zeros(100)
+    for seed in range(1000):
+        chosen = random_index_set(seed, 100, 10)
+        assert chosen.unique().numel() == 10
+        counts[chosen] += 1
+    assert counts.sum() == 10000 and 55 < counts.min() and counts.max() < 145  # binomial(1000, .1): 100 +- 9.5
+    many = random_index_set(3, 1000, 900)  # complement construction
+    assert many.numel() == 900 and torch.equal(many, many.unique())
+
+
+def test_dct_is_orthonormal_with_known_values() -> None:
+    basis = dct.dct_matrix(8)
+    assert torch.allclose(basis @ basis.T, torch.eye(8, dtype=torch.float64), atol=1e-12)
+    ones = torch.ones(2, 8)
+    assert torch.allclose(dct.dct(ones), torch.tensor([[math.sqrt(8)] + [0.0] * 7] * 2), atol=1e-6)
+    # X_1 of x_j = cos(pi (2j+1) / 16) is sqrt(8/2) = 2 (energy of the basis vector with scale 1/2 each)
+    j = torch.arange(8, dtype=torch.float32)
+    assert torch.allclose(dct.dct(torch.cos(math.pi * (2 * j + 1) / 16)[None])[0, 1], torch.tensor(2.0))
+    x = vector(300)
+    assert torch.allclose(dct.from_chunks(dct.idct(dct.dct(dct.to_chunks(x, 64))), 300), x, atol=1e-6)
+    assert dct.to_chunks(x, 64).shape == (5, 64) and torch.equal(dct.to_chunks(x, 64).view(-1)[300:], torch.zeros(20))
+
+
+def test_dct_topk_is_exact_on_signals_sparse_in_the_dct_domain() -> None:
+    generator = torch.Generator().manual_seed(6)
+    coefficients = torch.zeros(16, 64)
+    for row in coefficients:
+        row[torch.randperm(64, generator=generator)[:4]] = torch.randn(4, generator=generator) * 5
+    x = dct.idct(coefficients).view(-1)  # (1024,), 4-sparse per chunk in the DCT domain
+    assert torch.allclose(round_trip("dct-topk:64:4", x), x, atol=1e-5)
+    assert ((round_trip("dct-topk:64:4+int8", x) - x).norm() / x.norm()) < 0.01
+    y = round_trip("dct-topk:64:2", x)  # dropping half the energy-carrying terms loses signal
+    assert ((y - x).norm() / x.norm()) > 0.1
+
+
+def test_chained_value_format_quantizes_the_kept_values() -> None:
+    x = vector(10_000, seed=7)
+    exact, quantized = round_trip("topk:0.01", x), round_trip("topk:0.01+int8", x)
+    assert torch.equal(exact.nonzero(), quantized.nonzero())
+    scale = exact.abs().max() / 127  # kept values span 64-blocks; the global absmax bounds every scale
+    assert ((exact - quantized).abs() <= scale / 2 * (1 + 1e-5)).all()
+
+
+# --- spec parsing -----------------------------------------------------------------------------------
+
+def test_spec_is_normalised() -> None:
+    assert build(" TopK:0.01 + INT8 ").spec == "topk:0.01+int8"
+    assert build("topk:0.010+fp32").spec == "topk:0.01"
+    assert build("int8:64").spec == "int8"
+    assert build("dct-topk:64:4").spec == "dct-topk:64:4"
+
+
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ("", "empty"), ("fp64", "'fp64'"), ("int3", "'int3'"), ("topk", "'topk'"), ("topk:0", "(0, 1]"),
+        ("topk:1.5", "(0, 1]"), ("topk:abc", "not a number"), ("randk:nan", "not finite"),
+        ("chunk-topk:64", "'chunk-topk:64'"), ("dct-topk:64:65", "K <= CHUNK"),
+        ("dct-topk:8192:4", "4096"), ("chunk-topk:64:x", "not an integer"), ("int8:0", "block size"),
+        ("int8+topk:0.1", "sparsifier comes first"), ("topk:0.1+randk:0.1", "at most one"),
+        ("fp16+int8", "at most one"), ("topk:0.1+int8+fp16", "at most one"),
+    ],
+)
+def test_bad_specs_raise_value_error_naming_the_problem(spec: str, named: str) -> None:
+    with pytest.raises(ValueError, match="valid forms") as excinfo:
+        build(spec)
+    assert named in str(excinfo.value)
+    assert not isinstance(excinfo.value, CodecError)
+
+
+def test_encode_rejects_non_flat_input_and_accepts_other_float_dtypes() -> None:
+    with pytest.raises(ValueError, match=r"flat \(d,\)"):
+        build("fp16").encode(torch.zeros(2, 3))
+    x = vector(100).double()
+    assert torch.equal(round_trip("fp32", x), x.float())
+
+
+# --- strict decoding ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", ALL_SPECS)
+def test_truncated_extended_and_header_bit_flips_raise_codec_error(spec: str) -> None:
+    codec, d = build(spec), 1000
+    payload = codec.encode(vector(d))
+    for bad in (payload[:-1], payload + b"\0", b"", payload[:HEADER_SIZE]):
+        with pytest.raises(CodecError, match="expected exactly"):
+            codec.decode(bad, d)
+    for bit in range(8 * HEADER_SIZE):
+        flipped = bytearray(payload)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        with pytest.raises(CodecError):
+            codec.decode(bytes(flipped), d)
+    with pytest.raises(CodecError, match="expected exactly"):
+        codec.decode(payload, 2 * d)  # the receiver's layout decides the size, not the payload
+
+
+def test_payload_from_another_codec_of_the_same_size_is_refused() -> None:
+    payload = build("fp16").encode(vector(100))
+    with pytest.raises(CodecError, match="different codec"):
+        build("bf16").decode(payload, 100)
+
+
+def corrupt(spec: str, d: int, edit) -> bytes:  # noqa: ANN001 - edit(bytearray) -> None
+    payload = bytearray(build(spec).encode(vector(d, seed=9)))
+    edit(payload)
+    return bytes(payload)
+
+
+@pytest.mark.parametrize(
+    ("spec", "d", "edit", "message"),
+    [
+        # topk:0.01 of 1000: header, 10 uint16 offsets at [4, 24), then 10 float32 values
+        ("topk:0.01", 1000, lambda p: struct.pack_into("<H", p, 4 + 18, 1000), "out of range"),
+        ("topk:0.01", 1000, lambda p: struct.pack_into("<HH", p, 4, 7, 7), "strictly increasing"),
+        ("topk:0.01", 200_000, lambda p: struct.pack_into("<I", p, 4 + 4000, 70000), "segment counts"),
+        ("topk:0.01", 200_000, lambda p: struct.pack_into("<i", p, 4 + 4000, -1), "segment counts"),
+        ("topk:0.5", 1000, lambda p: p.__setitem__(4, p[4] ^ 1), "bits set"),  # bitmap popcount
+        ("topk:0.5", 1001, lambda p: p.__setitem__(4 + 125, 0x80), "past the end"),
+        ("chunk-topk:64:4", 1000, lambda p: p.__setitem__(4, 64), "chunk size"),
+        ("chunk-topk:64:4", 1000, lambda p: p.__setitem__(5, p[4]), "strictly increasing"),
+        ("dct-topk:64:4", 1000, lambda p: p.__setitem__(7, 200), "out of range"),
+        ("dct-topk:64:4", 1000, lambda p: p.__setitem__(5, p[4]), "strictly increasing"),
+        ("int8", 1000, lambda p: struct.pack_into("<f", p, 4, float("nan")), "scale"),
+        ("int8", 1000, lambda p: struct.pack_into("<f", p, 8, -1.0), "scale"),
+        ("int8", 1000, lambda p: p.__setitem__(-1, 255), "code"),  # q = 128 > 127
+        ("int4", 1000, lambda p: p.__setitem__(-1, 0xF0), "code"),  # nibble 15 -> q = 8 > 7
+        ("int2", 1000, lambda p: p.__setitem__(-1, 0x03), "code"),  # 3 -> q = 2 > 1
+        ("int4", 1001, lambda p: p.__setitem__(-1, p[-1] | 0x10), "padding bits"),
+    ],
+)
+def test_malformed_bodies_raise_codec_error(spec: str, d: int, edit, message: str) -> None:  # noqa: ANN001
+    with pytest.raises(CodecError, match=message):
+        build(spec).decode(corrupt(spec, d, edit), d)
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS)
+def test_random_corruption_gives_codec_error_or_a_vector_never_another_exception(spec: str) -> None:
+    codec, d = build(spec), 700
+    payload = codec.encode(vector(d), seed=1)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        mutated = bytearray(payload)
+        for position in torch.randint(HEADER_SIZE, len(payload), (3,), generator=generator).tolist():
+            mutated[position] = int(torch.randint(0, 256, (1,), generator=generator))
+        try:
+            out = codec.decode(bytes(mutated), d, seed=1)
+        except CodecError:
+            continue
+        assert out.shape == (d,)
+
+
+@pytest.mark.parametrize("spec", ["fp32", "fp16", "bf16", "topk:0.1", "randk:0.5"])
+def test_nan_passes_through_float_formats(spec: str) -> None:
+    x = vector(100)
+    x[0] = float("nan")
+    x[1] = float("inf")
+    y = round_trip(spec, x, seed=2)
+    kept = round_trip(spec, vector(100), seed=2) != 0  # same support rule (topk: NaN/inf rank as largest)
+    assert torch.isnan(y[0]) or not kept[0]
+    assert not torch.isfinite(y).all() or not (kept[0] or kept[1])
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4", "int2", "topk:0.1+int8", "dct-topk:64:4+int8", "dct-topk:64:4"])
+def test_non_finite_input_to_int_or_dct_formats_encodes_then_is_refused_or_non_finite(spec: str) -> None:
+    x = vector(200)
+    x[5] = float("nan")
+    codec = build(spec)
+    payload = codec.encode(x)  # must not crash
+    try:
+        y = codec.decode(payload, 200)
+    except CodecError as exc:
+        assert "scale" in str(exc)
+    else:
+        assert not torch.isfinite(y).all()  # dct-topk (fp32 values): NaN spreads, the network layer rejects it
+
+
+# --- error feedback -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", ["topk:0.05+int8", "randk:0.1", "dct-topk:64:4+int4", "int2"])
+def test_error_feedback_decoded_sum_tracks_input_sum(spec: str) -> None:
+    codec, d = build(spec), 640
+    feedback = ErrorFeedback(codec, d)
+    sent, received, without_feedback = torch.zeros(d), torch.zeros(d), torch.zeros(d)
+    residual_norms = []
+    for round_index in range(200):
+        x = vector(d, seed=100 + round_index) + 0.5  # a consistent drift that plain compression loses
+        payload = feedback.encode(x, seed=round_index)
+        sent += x
+        received += codec.decode(payload, d, seed=round_index)
+        without_feedback += codec.decode(codec.encode(x, seed=round_index), d, seed=round_index)
+        residual_norms.append(feedback.residual.norm().item())
+    assert torch.allclose(received + feedback.residual, sent, rtol=1e-4, atol=1e-2)  # nothing lost, only delayed
+    assert max(residual_norms[100:]) < 1.5 * max(residual_norms[:50])  # bounded, not growing with rounds
+    gap = (received - sent).norm() / sent.norm()
+    assert gap < 0.1 and gap < 0.5 * (without_feedback - sent).norm() / sent.norm()
+
+
+def test_error_feedback_state_round_trip_and_lossless_codec() -> None:
+    codec = build("topk:0.1")
+    first = ErrorFeedback(codec, 100)
+    first.encode(vector(100, seed=1))
+    second = ErrorFeedback(codec, 100)
+    second.load_state_dict(first.state_dict())
+    assert first.encode(vector(100, seed=2)) == second.encode(vector(100, seed=2))
+    with pytest.raises(ValueError, match="saved for codec"):
+        ErrorFeedback(build("fp16"), 100).load_state_dict(first.state_dict())
+    with pytest.raises(ValueError, match=r"\(50,\) tensor"):
+        ErrorFeedback(codec, 50).load_state_dict(first.state_dict())
+    lossless = ErrorFeedback(build("fp32"), 10)
+    lossless.encode(vector(10))
+    assert torch.equal(lossless.residual, torch.zeros(10))
+
+
+def test_error_feedback_resets_non_finite_residual() -> None:
+    feedback = ErrorFeedback(build("fp16"), 4)
+    feedback.encode(torch.tensor([1e6, 1.0, float("nan"), 2.0]))  # 1e6 overflows fp16 to inf
+    assert torch.isfinite(feedback.residual).all()
+
+
+def test_codecs_module_reexports_codec_error() -> None:
+    assert codecs.CodecError is CodecError and issubclass(CodecError, ValueError)
