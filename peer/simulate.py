@@ -1,0 +1,412 @@
+"""`swarmloco simulate`: N virtual peers in one process, the real round math without the network.
+
+Every virtual peer owns a model, an InnerTrainer (AdamW kept across rounds) on shard i of n, and
+its own sender RoundMath (error-feedback residual, DeMo local momentum: state that never leaves a
+peer). One receiver RoundMath stands for every honest node: in the real swarm they all run the
+same deterministic decode -> aggregate -> outer step on the same bytes, so one copy is exact.
+
+Per round r, as a real peer does it (peer/node.py):
+    θ_r -> H inner steps per peer -> Δ_i = θ_r − θ_i -> (attackers craft Δ) -> encode -> bytes
+    -> decode every payload (non-finite / undecodable ones excluded, as the manifest would)
+    -> aggregate (sorted by peer) -> outer step -> θ_{r+1} -> val loss on the fixed batches.
+
+Bytes are counted, not estimated: len(payload) of every update. In the exchange each peer uploads
+its own payload once and downloads the n-1 others, so per peer per round it moves
+len(own) + Σ len(others); `total_bytes` sums that over peers and rounds.
+
+Byzantine peers are the first `byzantine` virtual peers. They train honestly and then replace
+their Δ with the attack's (omniscient: they see this round's honest Δs); `label-flip` instead
+poisons their batches. `--baseline ddp` runs synchronous data-parallel on the same peers instead
+(peer/simulate_ddp.py), logging val loss every H steps so its curve lines up with the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from optim import aggregate, attacks
+from peer.config import RunConfig
+from peer.data import ShardSampler, load_corpus, validation_batches
+from peer.model import build_model, flat_params, load_flat_params, num_params
+from peer.simulate_ddp import ConcatenatedSampler, ring_allreduce_bytes
+from peer.swarm_math import RoundMath, UpdateRejected, build_codec
+from peer.training import InnerTrainer, evaluate
+
+Baseline = Literal["diloco", "ddp"]
+
+
+@dataclass(kw_only=True)
+class SimulationOptions:
+    """What to simulate. None overrides keep the value of `config` (the run config's defaults)."""
+
+    peers: int = 4
+    rounds: int = 8
+    inner_steps: int | None = None  # H; None: config.inner.steps
+    codec: str | None = None  # e.g. "topk:0.01+int8"; None: config.compression.codec
+    outer: str | None = None  # nesterov | demo | fedavg; None: config.outer.name
+    aggregator: str | None = None  # None: config.aggregation.name
+    byzantine: int = 0  # the first `byzantine` peers attack
+    attack: str | None = None
+    attack_options: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None  # None: config.seed (model init, shards' sampling streams, codec seeds)
+    baseline: Baseline = "diloco"
+    threads: int | None = None  # torch intra-op threads; None: leave torch's setting
+    config: RunConfig = field(default_factory=RunConfig)
+    log: Callable[[str], None] | None = None  # receives one dense line per round
+
+    def __post_init__(self) -> None:
+        if self.peers < 1:
+            raise ValueError(f"--peers {self.peers}: simulate at least 1 peer")
+        if self.rounds < 1:
+            raise ValueError(f"--rounds {self.rounds}: simulate at least 1 round")
+        if self.inner_steps is not None and self.inner_steps < 1:
+            raise ValueError(f"--inner-steps {self.inner_steps}: use at least 1 inner step per round")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads {self.threads}: use at least 1 thread")
+        if self.baseline not in ("diloco", "ddp"):
+            raise ValueError(f"--baseline {self.baseline!r}: choose diloco or ddp")
+        if not 0 <= self.byzantine < self.peers:
+            raise ValueError(
+                f"--byzantine {self.byzantine} with --peers {self.peers}: need 0 <= byzantine < peers "
+                "(at least one honest peer must remain)"
+            )
+        if self.byzantine > 0 and self.attack is None:
+            raise ValueError(f"--byzantine {self.byzantine} needs --attack NAME; valid names: {', '.join(attacks.NAMES)}")
+        if self.attack is not None and self.byzantine == 0:
+            raise ValueError(f"--attack {self.attack} needs --byzantine F (how many of the peers attack), F >= 1")
+        if self.baseline == "ddp" and self.byzantine:
+            raise ValueError("--baseline ddp has no aggregation to attack; drop --byzantine/--attack")
+        if self.attack is not None:
+            attacks.build(self.attack, **self.attack_options)  # unknown name/option -> ValueError here
+
+    def run_config(self) -> RunConfig:
+        """The run config with this simulation's overrides applied (and validated)."""
+        cfg = self.config
+        agg = cfg.aggregation
+        # The aggregator must be told how many attackers to tolerate unless the config says so already.
+        f = agg.num_byzantine or self.byzantine
+        resolved = dataclasses.replace(
+            cfg,
+            seed=cfg.seed if self.seed is None else self.seed,
+            inner=dataclasses.replace(cfg.inner, steps=self.inner_steps or cfg.inner.steps),
+            outer=dataclasses.replace(cfg.outer, name=self.outer or cfg.outer.name),
+            compression=dataclasses.replace(cfg.compression, codec=self.codec or cfg.compression.codec),
+            aggregation=dataclasses.replace(agg, name=self.aggregator or agg.name, num_byzantine=f),
+            rounds=dataclasses.replace(cfg.rounds, rounds=self.rounds),
+        )
+        build_codec(resolved)  # bad codec spec -> ConfigError naming the valid forms
+        if resolved.aggregation.name not in aggregate.NAMES:
+            raise ValueError(
+                f"--aggregator {resolved.aggregation.name!r}: valid names: {', '.join(aggregate.NAMES)}"
+            )
+        if self.baseline == "diloco" and self.peers < aggregate.minimum_rows(resolved.aggregation.name, f):
+            need = aggregate.minimum_rows(resolved.aggregation.name, f)
+            raise ValueError(
+                f"--aggregator {resolved.aggregation.name} tolerating {f} Byzantine peer(s) needs at least {need} "
+                f"peers, got --peers {self.peers}: add peers or lower --byzantine"
+            )
+        return resolved
+
+
+@dataclass
+class VirtualPeer:
+    index: int
+    model: torch.nn.Module
+    trainer: InnerTrainer
+    sender: RoundMath  # this peer's codec/outer sender state (error feedback, DeMo momentum)
+    history: list[torch.Tensor] = field(default_factory=list)  # an attacker's own past honest Δs
+
+
+def run_simulation(opts: SimulationOptions) -> dict[str, Any]:
+    """Run the simulation described by `opts`; returns the JSON-ready result dict."""
+    cfg = opts.run_config()
+    previous_threads = torch.get_num_threads()
+    if opts.threads is not None:
+        torch.set_num_threads(opts.threads)
+    try:
+        started = time.perf_counter()
+        if opts.baseline == "ddp":
+            curve = _run_ddp(opts, cfg)
+        else:
+            curve = _run_diloco(opts, cfg)
+        wall_s = time.perf_counter() - started
+    finally:
+        torch.set_num_threads(previous_threads)
+    return _result(opts, cfg, curve, wall_s)
+
+
+# --- DiLoCo ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Curve:
+    """What both baselines measure, one entry per round (all byte counts are per round)."""
+
+    numel: int
+    initial_val_loss: float
+    val_loss: list[float] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)  # mean inner loss over peers and steps
+    upload_bytes: list[list[int]] = field(default_factory=list)  # [round][peer]
+    download_bytes: list[list[int]] = field(default_factory=list)  # [round][peer]
+    excluded: list[dict[str, str]] = field(default_factory=list)  # [round] {peer index: reason}
+
+
+def _samplers(cfg: RunConfig, peers: int) -> tuple[list[ShardSampler], list]:
+    corpus = load_corpus(cfg.data, seq_len=cfg.model.seq_len)
+    samplers = [
+        ShardSampler(
+            corpus.train, shard=i, num_shards=peers, batch_size=cfg.data.batch_size,
+            seq_len=cfg.model.seq_len, seed=cfg.seed,
+        )
+        for i in range(peers)
+    ]
+    return samplers, validation_batches(corpus, cfg.data.batch_size, cfg.model.seq_len, cfg.data.val_batches)
+
+
+def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
+    samplers, val_batches = _samplers(cfg, opts.peers)
+    global_model = build_model(cfg.model, cfg.seed)  # holds θ_r for evaluation only
+    params = flat_params(global_model)  # θ_r, (d,) float32
+    numel = params.numel()
+    attack = attacks.build(opts.attack, **opts.attack_options) if opts.attack else None
+    peers: list[VirtualPeer] = []
+    for i, sampler in enumerate(samplers):
+        model = build_model(cfg.model, cfg.seed)
+        poison = attacks.poison_batch if attack is not None and attack.data_poisoning and i < opts.byzantine else None
+        trainer = InnerTrainer(model, cfg.inner, sampler, poison_batch=poison)
+        peers.append(VirtualPeer(i, model, trainer, RoundMath(cfg, numel)))
+    receiver = RoundMath(cfg, numel)  # aggregator + outer global state, shared by all honest nodes
+    curve = _Curve(numel=numel, initial_val_loss=evaluate(global_model, val_batches))
+
+    for r in range(opts.rounds):
+        t0 = time.perf_counter()
+        deltas, losses = [], []
+        for peer in peers:
+            load_flat_params(peer.model, params)
+            losses.append(peer.trainer.run(cfg.inner.steps).mean_loss)
+            deltas.append(params - flat_params(peer.model))  # pseudo-gradient Δ_i, (d,)
+        sent = _craft_attacks(opts, attack, peers, deltas, r, cfg.seed)
+
+        payloads: list[bytes | None] = []
+        excluded: dict[str, str] = {}
+        for peer, delta in zip(peers, sent):
+            try:
+                payloads.append(peer.sender.encode(delta, r))
+            except ValueError as exc:  # a codec that refuses the input: nothing goes on the wire
+                payloads.append(None)
+                excluded[str(peer.index)] = f"unencodable: {exc}"
+        updates = []
+        for peer, payload in zip(peers, payloads):  # peer order = the manifest's sorted order
+            if payload is None:
+                continue
+            try:
+                updates.append(receiver.decode(payload, r))
+            except UpdateRejected as exc:
+                excluded[str(peer.index)] = exc.reason
+        receiver.apply(params, updates)  # θ_r -> θ_{r+1} in place (no-op when nothing survived)
+
+        sizes = [0 if p is None else len(p) for p in payloads]
+        curve.upload_bytes.append(sizes)
+        curve.download_bytes.append([sum(sizes) - own for own in sizes])
+        load_flat_params(global_model, params)
+        curve.val_loss.append(evaluate(global_model, val_batches))
+        curve.train_loss.append(sum(losses) / len(losses))
+        curve.excluded.append(excluded)
+        _log_round(opts, cfg, curve, r, time.perf_counter() - t0)
+    return curve
+
+
+def _craft_attacks(
+    opts: SimulationOptions,
+    attack: attacks.Attack | None,
+    peers: list[VirtualPeer],
+    deltas: list[torch.Tensor],
+    r: int,
+    seed: int,
+) -> list[torch.Tensor]:
+    """Replace the first `byzantine` peers' Δ by the attack's, seeing this round's honest Δs."""
+    if attack is None or attack.data_poisoning:
+        return deltas  # label-flip's poison is already in the attackers' training batches
+    honest = torch.stack(deltas[opts.byzantine :])  # (n - f, d)
+    sent = list(deltas)
+    for i in range(opts.byzantine):
+        rng = torch.Generator().manual_seed(seed * 1_000_003 + r * 1009 + i)
+        sent[i] = attack(
+            deltas[i], honest, round=r, rng=rng, num_byzantine=opts.byzantine, history=peers[i].history
+        )
+        peers[i].history.append(deltas[i])
+    return sent
+
+
+# --- DDP -------------------------------------------------------------------------------------
+
+
+def _run_ddp(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
+    samplers, val_batches = _samplers(cfg, opts.peers)
+    model = build_model(cfg.model, cfg.seed)
+    numel = num_params(model)
+    trainer = InnerTrainer(model, cfg.inner, ConcatenatedSampler(samplers))  # type: ignore[arg-type]
+    curve = _Curve(numel=numel, initial_val_loss=evaluate(model, val_batches))
+    per_round = ring_allreduce_bytes(numel, opts.peers) * cfg.inner.steps  # sent + received, per peer
+    for r in range(opts.rounds):
+        t0 = time.perf_counter()
+        stats = trainer.run(cfg.inner.steps)
+        curve.val_loss.append(evaluate(model, val_batches))
+        curve.train_loss.append(stats.mean_loss)
+        curve.upload_bytes.append([per_round // 2] * opts.peers)
+        curve.download_bytes.append([per_round - per_round // 2] * opts.peers)
+        curve.excluded.append({})
+        _log_round(opts, cfg, curve, r, time.perf_counter() - t0)
+    return curve
+
+
+# --- results ---------------------------------------------------------------------------------
+
+
+def _log_round(opts: SimulationOptions, cfg: RunConfig, curve: _Curve, r: int, seconds: float) -> None:
+    if opts.log is None:
+        return
+    up, down = curve.upload_bytes[-1], curve.download_bytes[-1]
+    moved = (sum(up) + sum(down)) / len(up)
+    excluded = curve.excluded[-1]
+    opts.log(
+        f"round {r + 1:>3}/{opts.rounds} | val {curve.val_loss[-1]:.4f} | train {curve.train_loss[-1]:.4f} | "
+        f"up {_human(sum(up) / len(up))}/peer | up+down {_human(moved)}/peer | "
+        f"excluded {len(excluded)}{' ' + str(sorted(excluded.items())) if excluded else ''} | {seconds:.1f}s"
+    )
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError
+
+
+def _result(opts: SimulationOptions, cfg: RunConfig, curve: _Curve, wall_s: float) -> dict[str, Any]:
+    n, rounds, steps = opts.peers, opts.rounds, cfg.inner.steps
+    per_round_total = [sum(u) + sum(d) for u, d in zip(curve.upload_bytes, curve.download_bytes)]
+    total = sum(per_round_total)
+    uploads = sum(sum(u) for u in curve.upload_bytes)
+    ddp_bytes = ring_allreduce_bytes(curve.numel, n) * steps * rounds * n
+    cumulative, running = [], 0
+    for b in per_round_total:
+        running += b
+        cumulative.append(running)
+    return {
+        "baseline": opts.baseline,
+        "peers": n,
+        "rounds": rounds,
+        "inner_steps": steps,
+        "numel": curve.numel,
+        "seed": cfg.seed,
+        "codec": cfg.compression.codec if opts.baseline == "diloco" else "fp32-allreduce",
+        "outer": cfg.outer.name if opts.baseline == "diloco" else None,
+        "aggregator": cfg.aggregation.name if opts.baseline == "diloco" else None,
+        "attack": opts.attack,
+        "attack_options": dict(opts.attack_options),
+        "byzantine": opts.byzantine,
+        "initial_val_loss": curve.initial_val_loss,
+        "final_val_loss": curve.val_loss[-1],
+        "val_loss_per_round": curve.val_loss,
+        "train_loss_per_round": curve.train_loss,
+        "bytes_per_peer_per_round": total / (n * rounds),
+        "upload_bytes_per_peer_per_round": uploads / (n * rounds),
+        "bytes_per_round": per_round_total,  # all peers, up + down
+        "cumulative_bytes_per_round": cumulative,
+        "total_bytes": total,
+        "ddp_equivalent_bytes": ddp_bytes,
+        "ratio_vs_ddp": ddp_bytes / total if total else None,
+        "excluded_per_round": curve.excluded,
+        "bytes_note": (
+            "measured len(payload): each peer uploads its own once and downloads the n-1 others"
+            if opts.baseline == "diloco"
+            else "ring all-reduce of dense fp32 gradients every step: 2*2(n-1)/n*4*numel per peer per step"
+        ),
+        "wall_s": wall_s,
+        "config": cfg.to_dict(),
+    }
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--peers", type=int, default=4, help="virtual peers (default 4)")
+    parser.add_argument("--rounds", type=int, default=8, help="outer rounds (default 8)")
+    parser.add_argument("--inner-steps", type=int, default=None, help="inner AdamW steps per round, H (default: config)")
+    parser.add_argument("--codec", default=None, help="codec spec, e.g. fp16, int8, topk:0.01+int8 (default: config)")
+    parser.add_argument("--outer", default=None, help="outer optimizer: nesterov, demo, fedavg (default: config)")
+    parser.add_argument("--aggregator", default=None, help=f"one of {', '.join(aggregate.NAMES)} (default: config)")
+    parser.add_argument("--byzantine", type=int, default=0, help="how many peers attack (the first F)")
+    parser.add_argument("--attack", default=None, help=f"one of {', '.join(attacks.NAMES)}")
+    parser.add_argument(
+        "--attack-option", action="append", default=[], metavar="KEY=VALUE",
+        help="attack option, repeatable, e.g. --attack-option scale=4 (values parsed as JSON when possible)",
+    )
+    parser.add_argument("--seed", type=int, default=None, help="run seed (default: config)")
+    parser.add_argument("--baseline", choices=("diloco", "ddp"), default="diloco", help="diloco (default) or ddp")
+    parser.add_argument("--config", default=None, metavar="run.toml", help="run config file (default: demo defaults)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the results here as JSON")
+
+
+def _parse_attack_options(items: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--attack-option {item!r}: use KEY=VALUE, e.g. --attack-option scale=4")
+        try:
+            options[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip()] = value
+    return options
+
+
+def options_from_args(args: argparse.Namespace) -> SimulationOptions:
+    config = RunConfig.from_toml(args.config) if args.config else RunConfig()
+    return SimulationOptions(
+        peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, codec=args.codec, outer=args.outer,
+        aggregator=args.aggregator, byzantine=args.byzantine, attack=args.attack,
+        attack_options=_parse_attack_options(args.attack_option), seed=args.seed, baseline=args.baseline,
+        threads=args.threads, config=config, log=lambda line: print(line, flush=True),
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        opts = options_from_args(args)
+        cfg = opts.run_config()
+        what = (
+            "ddp baseline (fp32 gradient all-reduce every step)"
+            if opts.baseline == "ddp"
+            else f"diloco codec={cfg.compression.codec} outer={cfg.outer.name} aggregator={cfg.aggregation.name}"
+            + (f" attack={opts.attack} x{opts.byzantine}" if opts.attack else "")
+        )
+        print(f"simulate: {opts.peers} peers x {opts.rounds} rounds x {cfg.inner.steps} inner steps, {what}", flush=True)
+        result = run_simulation(opts)
+    except ValueError as exc:
+        print(f"swarmloco simulate: error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"done in {result['wall_s']:.1f}s | val {result['initial_val_loss']:.4f} -> {result['final_val_loss']:.4f} | "
+        f"{_human(result['bytes_per_peer_per_round'])}/peer/round (up {_human(result['upload_bytes_per_peer_per_round'])}) | "
+        f"total {_human(result['total_bytes'])} | ddp-equivalent {_human(result['ddp_equivalent_bytes'])} "
+        f"({result['ratio_vs_ddp'] or 0:.1f}x fewer)"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,147 @@
+"""swarmloco simulate: virtual peers running the real round math, DDP baseline, byte accounting."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from optim import codecs
+from peer.config import RunConfig
+from peer.simulate import SimulationOptions, add_arguments, main, run_simulation
+
+TINY = {
+    "seed": 3,
+    "model": {"seq_len": 32, "d_model": 32, "n_layer": 1, "n_head": 2},
+    "data": {"batch_size": 8, "val_batches": 4, "max_corpus_bytes": 300_000},
+    "inner": {"steps": 8, "lr": 3e-3, "warmup_steps": 4},
+}
+
+
+def tiny_config() -> RunConfig:
+    return RunConfig.from_dict(json.loads(json.dumps(TINY)))
+
+
+def simulate(**kwargs) -> dict:
+    kwargs.setdefault("config", tiny_config())
+    kwargs.setdefault("threads", 1)
+    return run_simulation(SimulationOptions(**kwargs))
+
+
+def test_json_fields_and_byte_accounting_are_consistent():
+    peers, rounds = 3, 2
+    fp32 = simulate(peers=peers, rounds=rounds, codec="fp32", outer="nesterov")
+    for key in (
+        "initial_val_loss", "final_val_loss", "val_loss_per_round", "rounds", "bytes_per_peer_per_round",
+        "upload_bytes_per_peer_per_round", "total_bytes", "ddp_equivalent_bytes", "wall_s", "config",
+        "codec", "outer", "aggregator", "attack", "byzantine",
+    ):
+        assert key in fp32, key
+    d = fp32["numel"]
+    assert fp32["rounds"] == rounds and len(fp32["val_loss_per_round"]) == rounds
+    assert fp32["final_val_loss"] == fp32["val_loss_per_round"][-1]
+    assert fp32["config"]["compression"]["codec"] == "fp32" and fp32["config"]["inner"]["steps"] == 8
+    # fp32 payload: 4-byte header + 4 bytes per value; each peer uploads 1 and downloads n-1 payloads.
+    payload = 4 + 4 * d
+    assert fp32["upload_bytes_per_peer_per_round"] == payload
+    assert fp32["bytes_per_peer_per_round"] == peers * payload
+    assert fp32["total_bytes"] == sum(fp32["bytes_per_round"]) == rounds * peers * peers * payload
+    assert fp32["cumulative_bytes_per_round"][-1] == fp32["total_bytes"]
+    # Ring all-reduce: per peer per step 2 * 2(n-1)/n * 4d bytes, for H steps, rounds, peers.
+    assert fp32["ddp_equivalent_bytes"] == round(2 * 2 * (peers - 1) / peers * 4 * d) * 8 * rounds * peers
+
+    fp16 = simulate(peers=peers, rounds=1, codec="fp16", outer="nesterov")
+    assert fp16["upload_bytes_per_peer_per_round"] == 4 + 2 * d == (payload - 4) / 2 + 4
+    int8 = simulate(peers=peers, rounds=1, codec="topk:0.05+int8", outer="nesterov")
+    assert int8["upload_bytes_per_peer_per_round"] == codecs.build("topk:0.05+int8").max_encoded_size(d)
+
+
+def test_diloco_and_ddp_val_loss_falls():
+    diloco = simulate(peers=2, rounds=3, codec="fp16", outer="nesterov")
+    ddp = simulate(peers=2, rounds=3, baseline="ddp")
+    for result in (diloco, ddp):
+        losses = [result["initial_val_loss"], *result["val_loss_per_round"]]
+        assert all(math.isfinite(x) for x in losses)
+        assert losses[-1] < losses[0] - 0.5, losses  # from ~ln 256 = 5.5 nats per byte
+        assert losses[-1] < losses[1], losses
+    assert ddp["codec"] == "fp32-allreduce" and ddp["total_bytes"] == ddp["ddp_equivalent_bytes"]
+    assert ddp["ratio_vs_ddp"] == pytest.approx(1.0)
+    assert diloco["ratio_vs_ddp"] > 1.0
+
+
+def test_one_peer_fedavg_diloco_is_plain_training_like_ddp():
+    """With one peer, FedAvg's outer step θ_{r+1} = θ_r − Δ = θ_local, lossless fp32: the same
+    trajectory as one-peer data-parallel training (same batches, AdamW kept across rounds)."""
+    diloco = simulate(peers=1, rounds=2, codec="fp32", outer="fedavg")
+    ddp = simulate(peers=1, rounds=2, baseline="ddp")
+    assert diloco["val_loss_per_round"] == pytest.approx(ddp["val_loss_per_round"], abs=1e-5)
+
+
+def test_sign_flip_with_mean_hurts_versus_clean():
+    clean = simulate(peers=3, rounds=2, codec="fp16", outer="nesterov", aggregator="mean")
+    attacked = simulate(
+        peers=3, rounds=2, codec="fp16", outer="nesterov", aggregator="mean",
+        byzantine=1, attack="sign-flip", attack_options={"scale": 3.0},
+    )
+    assert attacked["attack"] == "sign-flip" and attacked["byzantine"] == 1
+    # Mean of (2 honest Δ − 3 Δ_own) / 3 points backwards: the attacked run ends far above the clean one.
+    assert attacked["final_val_loss"] > clean["final_val_loss"] + 0.3
+
+
+def test_nan_attacker_is_excluded_and_training_stays_finite():
+    result = simulate(peers=3, rounds=2, codec="fp16", outer="nesterov", byzantine=1, attack="nan")
+    assert result["excluded_per_round"] == [{"0": "non-finite"}, {"0": "non-finite"}]
+    assert all(math.isfinite(x) for x in result["val_loss_per_round"])
+    assert result["final_val_loss"] < result["initial_val_loss"] - 0.5
+    # The attacker's payload still crossed the wire: it is counted.
+    assert result["upload_bytes_per_peer_per_round"] == 4 + 2 * result["numel"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"peers": 0}, "--peers 0"),
+        ({"byzantine": 4, "attack": "nan"}, "at least one honest peer"),
+        ({"byzantine": 1}, "needs --attack"),
+        ({"attack": "nan"}, "needs --byzantine"),
+        ({"byzantine": 1, "attack": "sign-flop"}, "unknown attack"),
+        ({"baseline": "ddp", "byzantine": 1, "attack": "nan"}, "no aggregation"),
+    ],
+)
+def test_bad_options_raise_clear_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SimulationOptions(config=tiny_config(), **kwargs).run_config()
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return main(parser.parse_args(argv))
+
+
+def test_cli_bad_flags_print_advice_and_return_2(capsys):
+    assert run_cli(["--codec", "topk:2"]) == 2
+    assert "FRACTION must be in (0, 1]" in capsys.readouterr().err
+    assert run_cli(["--aggregator", "krum", "--peers", "3", "--byzantine", "1", "--attack", "nan"]) == 2
+    assert "needs at least 5 peers" in capsys.readouterr().err
+    assert run_cli(["--attack-option", "scale"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_cli_writes_json(tmp_path, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text(
+        'seed = 3\n[model]\nseq_len = 32\nd_model = 32\nn_layer = 1\nn_head = 2\n'
+        "[data]\nbatch_size = 4\nval_batches = 2\nmax_corpus_bytes = 300000\n"
+    )
+    out = tmp_path / "result.json"
+    argv = ["--config", str(config), "--peers", "2", "--rounds", "1", "--inner-steps", "2", "--codec", "int8",
+            "--outer", "nesterov", "--threads", "1", "--json", str(out)]
+    assert run_cli(argv) == 0
+    printed = capsys.readouterr().out
+    assert "round   1/1 | val" in printed and "done in" in printed
+    result = json.loads(out.read_text())
+    assert result["codec"] == "int8" and result["inner_steps"] == 2 and result["peers"] == 2
+    assert result["config"]["model"]["d_model"] == 32
