@@ -74,3 +74,23 @@ def from_chunks(chunks: torch.Tensor, numel: int) -> torch.Tensor:
     if chunks.dim() != 2 or chunks.numel() < numel:
         raise ValueError(f"from_chunks: cannot take {numel} values out of shape {tuple(chunks.shape)}")
     return chunks.reshape(-1)[:numel]
+
+
+def top_coefficients(x: torch.Tensor, chunk: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest-magnitude DCT coefficients of every chunk of the flat (d,) vector x.
+
+    Returns (offsets, values), both (num_chunks, k): offsets int64 in increasing order within a
+    row (so the encoding is canonical), values the coefficients at those offsets.
+    """
+    if not 1 <= k <= chunk:
+        raise ValueError(f"cannot keep {k} of {chunk} DCT coefficients per chunk: need 1 <= k <= chunk")
+    coefficients = dct(to_chunks(x, chunk))  # (num_chunks, chunk)
+    offsets = torch.topk(coefficients.abs(), k, dim=1, sorted=False).indices.sort(dim=1).values
+    return offsets, coefficients.gather(1, offsets)
+
+
+def from_coefficients(offsets: torch.Tensor, values: torch.Tensor, chunk: int, numel: int) -> torch.Tensor:
+    """Inverse of top_coefficients: scatter (num_chunks, k) values at offsets, inverse DCT -> (numel,)."""
+    coefficients = torch.zeros(offsets.shape[0], chunk, dtype=values.dtype)
+    coefficients.scatter_(1, offsets, values)
+    return from_chunks(idct(coefficients), numel)

@@ -302,9 +302,8 @@ class DctTopK:
         return self.num_values(numel) * _offset_dtype(self.chunk).itemsize
 
     def encode(self, x: torch.Tensor, seed: int) -> tuple[bytes, torch.Tensor]:
-        coefficients = dct.dct(dct.to_chunks(x, self.chunk))  # (num_chunks, chunk)
-        offsets = torch.topk(coefficients.abs(), self.k, dim=1, sorted=False).indices.sort(dim=1).values
-        return _encode_offsets(offsets.view(-1), self.chunk), coefficients.gather(1, offsets).view(-1)
+        offsets, values = dct.top_coefficients(x, self.chunk, self.k)  # (num_chunks, K) each
+        return _encode_offsets(offsets.view(-1), self.chunk), values.view(-1)
 
     def decode(self, index_bytes: memoryview, values: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
         if len(index_bytes) != self.index_size(numel):
@@ -312,9 +311,7 @@ class DctTopK:
         offsets = _decode_offsets(index_bytes, self.chunk).view(-1, self.k)  # (num_chunks, K)
         if bool((offsets >= self.chunk).any()) or bool((offsets[:, 1:] <= offsets[:, :-1]).any()):
             raise CodecError(f"{self.name}: offsets are out of range or not strictly increasing in a chunk")
-        coefficients = torch.zeros(offsets.shape[0], self.chunk, dtype=torch.float32)
-        coefficients.scatter_(1, offsets, values.view(-1, self.k))
-        return dct.from_chunks(dct.idct(coefficients), numel)
+        return dct.from_coefficients(offsets, values.view(-1, self.k), self.chunk, numel)
 
 
 Sparsifier = TopK | RandK | ChunkTopK | DctTopK
