@@ -64,7 +64,9 @@ def _check_step(params: torch.Tensor, aggregate: torch.Tensor) -> None:
 
 def _check_name(d: dict, name: str) -> None:
     """A state dict must come from the same kind of optimizer: loading DeMo state into Nesterov
-    would silently mean something else."""
+    would silently mean something else. An empty dict means "nothing saved": start fresh."""
+    if isinstance(d, dict) and not d:
+        return
     if not isinstance(d, dict) or d.get("name") != name:
         found = d.get("name") if isinstance(d, dict) else type(d).__name__
         raise ValueError(f"state was saved by outer optimizer {found!r}, this one is {name!r}")

@@ -114,6 +114,9 @@ def test_state_dicts_round_trip_and_resume_identically() -> None:
     demo_a.transmit(vector(300, seed=7))
     assert not torch.equal(state["momentum"], demo_a.local_state_dict()["momentum"])  # a copy, not a view
 
+    demo_a.load_local_state_dict({})  # an empty dict (nothing saved) resets to a fresh state
+    assert demo_a.local_state_dict()["momentum"] is None
+
     fresh = build("nesterov")
     fresh.load_global_state_dict(build("nesterov").global_state_dict())  # before any step: no buffer
     assert fresh.global_state_dict()["momentum_buffer"] is None
