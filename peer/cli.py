@@ -1,0 +1,256 @@
+"""`swarmloco`: coordinator, peer, demo, simulate, status.
+
+Network flags follow hivemind/Petals habits (--initial-peers, --host-maddrs, --announce-maddrs,
+--identity-path, --client-mode). Run-config overrides (--rounds, --codec, ...) map onto the typed
+RunConfig; nothing here keeps a second copy of a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import threading
+
+from peer.config import ConfigError, RunConfig
+
+EPILOG_PEER = """examples:
+  swarmloco peer --initial-peers /ip4/203.0.113.7/tcp/31337/p2p/12D3KooW...
+  swarmloco peer --coordinator 203.0.113.7:31338 --client-mode      # behind NAT, no inbound port
+"""
+
+
+def add_run_overrides(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("run config (overrides --config; defaults: the small demo run)")
+    group.add_argument("--config", metavar="RUN.toml", help="run config file (see docs/run.example.toml)")
+    group.add_argument("--rounds", type=int, help="number of outer rounds")
+    group.add_argument("--inner-steps", type=int, help="inner AdamW steps per round (DiLoCo's H)")
+    group.add_argument("--codec", help="pseudo-gradient codec: fp32, fp16, bf16, int8, int4, int2, topk:F, randk:F, dct-topk:C:K, chained with +")
+    group.add_argument("--outer", choices=["nesterov", "demo", "fedavg"], help="outer optimizer")
+    group.add_argument("--outer-lr", type=float, help="outer learning rate")
+    group.add_argument("--aggregator", help="mean, median, trimmed-mean, krum, multi-krum, geometric-median, centered-clip")
+    group.add_argument("--num-byzantine", type=int, help="Byzantine peers the aggregator must tolerate (f)")
+    group.add_argument("--min-peers", type=int, help="quorum: updates needed to close a round")
+    group.add_argument("--run-seed", type=int, help="seed of the model init and data order")
+
+
+def load_run_config(args: argparse.Namespace) -> RunConfig:
+    cfg = RunConfig.from_toml(args.config) if getattr(args, "config", None) else RunConfig()
+    data = cfg.to_dict()
+    mapping = {
+        "rounds": ("rounds", "rounds"),
+        "inner_steps": ("inner", "steps"),
+        "codec": ("compression", "codec"),
+        "outer": ("outer", "name"),
+        "outer_lr": ("outer", "lr"),
+        "aggregator": ("aggregation", "name"),
+        "num_byzantine": ("aggregation", "num_byzantine"),
+        "min_peers": ("rounds", "min_peers"),
+        "expected_peers": ("rounds", "expected_peers"),
+    }
+    for arg, (section, key) in mapping.items():
+        value = getattr(args, arg, None)
+        if value is not None:
+            data[section][key] = value
+    if getattr(args, "run_seed", None) is not None:
+        data["seed"] = args.run_seed
+    cfg = RunConfig.from_dict(data)
+    from peer.swarm_math import check_run_config
+
+    check_run_config(cfg)
+    return cfg
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        index, total = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: use I/N, e.g. 0/4") from None
+    if not 0 <= index < total:
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: need 0 <= I < N")
+    return index, total
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="swarmloco",
+        description="Train one model together over the internet: DiLoCo rounds, compressed pseudo-gradients, robust aggregation.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    # coordinator
+    c = sub.add_parser("coordinator", help="bootstrap a swarm: DHT node, run config, round clock, signed manifests")
+    c.add_argument("--port", type=int, default=31338, help="gRPC port peers use with --coordinator (0 = any free port)")
+    c.add_argument("--host", default="0.0.0.0", help="interface for the gRPC server")
+    c.add_argument("--announce-host", default="127.0.0.1", help="address peers should dial for the gRPC port (your public IP on the internet)")
+    c.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/31337"], help="DHT listen multiaddrs")
+    c.add_argument("--announce-maddrs", nargs="+", default=[], help="DHT multiaddrs to advertise (public address behind port forwarding)")
+    c.add_argument("--identity-path", help="Ed25519 key file (created with mode 0600 if missing)")
+    c.add_argument("--checkpoint", help="checkpoint file: written atomically every round, resumed from on restart")
+    c.add_argument("--expected-peers", type=int, help="wait for this many peers before round 1 (bounded by rounds.start_timeout_s)")
+    c.add_argument("--summary-json", help="write the final status here when the run ends")
+    add_run_overrides(c)
+
+    # peer
+    p = sub.add_parser("peer", help="join a swarm and train", epilog=EPILOG_PEER, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_argument_group("how to find the swarm (one of)")
+    where.add_argument("--initial-peers", nargs="+", default=[], metavar="MULTIADDR", help="DHT multiaddr(s) printed by the coordinator")
+    where.add_argument("--coordinator", metavar="HOST:PORT", help="the coordinator's gRPC port, directly (no DHT)")
+    p.add_argument("--run-id", help="which run, when the DHT hosts several")
+    p.add_argument("--identity-path", help="Ed25519 key file (created with mode 0600 if missing); needed for --resume")
+    p.add_argument("--data", help="your own training text: a file or a directory (default: the Python standard library's sources)")
+    p.add_argument("--client-mode", action="store_true", help="no inbound port (behind NAT): push updates to the coordinator instead of serving them")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--host", default="0.0.0.0", help="interface for this peer's gRPC server")
+    p.add_argument("--port", type=int, default=0, help="gRPC port to serve updates on (0 = any free port)")
+    p.add_argument("--announce-host", default="127.0.0.1", help="address other peers should dial (your public IP on the internet)")
+    p.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/0"], help="DHT listen multiaddrs")
+    p.add_argument("--announce-maddrs", nargs="+", default=[], help="DHT multiaddrs to advertise")
+    p.add_argument("--shard", type=_shard, help="data shard I/N (default: chosen from the peer id)")
+    p.add_argument("--threads", type=int, help="CPU threads for training (1 when several peers share a machine)")
+    p.add_argument("--resume", action="store_true", help="continue from this identity's saved local state")
+    p.add_argument("--state-dir", help="where --resume state is kept (default: beside --identity-path)")
+    p.add_argument("--log-every", type=int, default=5, help="print a progress line every N inner steps")
+    p.add_argument("--max-rounds", type=int, help="leave after this many rounds")
+    p.add_argument("--summary-json", help="write this peer's per-round record here at exit")
+    p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the DHT / coordinator")
+    p.add_argument("--test-attack", help=argparse.SUPPRESS)  # test-only: make this peer Byzantine
+
+    # demo
+    d = sub.add_parser("demo", help="a coordinator and N peers as separate processes on loopback")
+    d.add_argument("--peers", type=int, default=4, help="number of peer processes")
+    d.add_argument("--json", metavar="PATH", help="write the results (losses, measured bytes, config) here")
+    d.add_argument("--workdir", help="keep identities, checkpoints and logs here (default: a temporary folder)")
+    add_run_overrides(d)
+
+    # simulate
+    s = sub.add_parser("simulate", help="N virtual peers in one process (same math, no network) for fast experiments")
+    try:
+        from peer import simulate
+    except ImportError:  # TODO(session 1): simulate lands in a parallel change
+        simulate = None
+    if simulate is not None:
+        simulate.add_arguments(s)
+
+    # status
+    st = sub.add_parser("status", help="ask a coordinator for the round, hashes and every peer's state")
+    st.add_argument("--coordinator", required=True, metavar="HOST:PORT", help="the coordinator's gRPC port")
+    st.add_argument("--json", action="store_true", help="print the raw JSON")
+    return parser
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from peer.coordinator_main import CoordinatorOptions, install_signal_stop, run_coordinator
+
+    cfg = load_run_config(args)
+    stop = threading.Event()
+    install_signal_stop(stop)
+    run_coordinator(
+        CoordinatorOptions(
+            config=cfg,
+            host=args.host,
+            port=args.port,
+            announce_host=args.announce_host,
+            host_maddrs=args.host_maddrs,
+            announce_maddrs=args.announce_maddrs,
+            identity_path=args.identity_path,
+            checkpoint_path=args.checkpoint,
+            summary_json=args.summary_json,
+        ),
+        stop,
+    )
+    return 0
+
+
+def cmd_peer(args: argparse.Namespace) -> int:
+    from peer.node import PeerNode, PeerOptions
+
+    attack, attack_options = None, {}
+    if args.test_attack:
+        name, _, opts = args.test_attack.partition(":")
+        attack, attack_options = name, json.loads(opts) if opts else {}
+    options = PeerOptions(
+        coordinator=args.coordinator,
+        initial_peers=args.initial_peers,
+        run_id=args.run_id,
+        identity_path=args.identity_path,
+        data=args.data,
+        client_mode=args.client_mode,
+        device=args.device,
+        host=args.host,
+        port=args.port,
+        announce_host=args.announce_host,
+        host_maddrs=args.host_maddrs,
+        announce_maddrs=args.announce_maddrs,
+        shard=args.shard[0] if args.shard else None,
+        num_shards=args.shard[1] if args.shard else None,
+        threads=args.threads,
+        state_dir=args.state_dir,
+        resume=args.resume,
+        log_every=args.log_every,
+        connect_timeout_s=args.connect_timeout,
+        attack=attack,
+        attack_options=attack_options,
+    )
+    node = PeerNode(options)
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        node.connect()
+        result = node.run(max_rounds=args.max_rounds)
+        if args.summary_json:
+            total = node.counter.total()
+            result.update(peer_id=node.identity.peer_id, bytes_sent=total.sent, bytes_received=total.received,
+                          compute_s=node.compute_s, traffic=node.counter.snapshot())
+            with open(args.summary_json, "w") as f:
+                json.dump(result, f, indent=2)
+        print(f"peer {node.short} | finished at round {node.round} | hash {node.current_hash[:12]}", flush=True)
+        return 0
+    finally:
+        node.close()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from peer.status import print_status
+
+    return print_status(args.coordinator, as_json=args.json)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    from peer.coordinator_client import CoordinatorUnavailable
+    from peer.node import PeerExit
+    from protocol.discovery import DiscoveryError
+    from protocol.identity import IdentityError
+
+    handlers = {
+        "coordinator": cmd_coordinator,
+        "peer": cmd_peer,
+        "status": cmd_status,
+        "demo": lambda a: __import__("peer.demo", fromlist=["main"]).main(a),
+        "simulate": lambda a: __import__("peer.simulate", fromlist=["main"]).main(a),
+    }
+    try:
+        return handlers[args.verb](args)
+    except KeyboardInterrupt:
+        print("interrupted: stopped cleanly", file=sys.stderr)
+        return 130
+    except (ConfigError, IdentityError, ValueError) as exc:
+        print(f"swarmloco {args.verb}: {exc}", file=sys.stderr)
+        return 2
+    except (DiscoveryError, CoordinatorUnavailable, ConnectionError, PeerExit, OSError) as exc:
+        print(f"swarmloco {args.verb}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

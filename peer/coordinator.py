@@ -1,0 +1,393 @@
+"""The coordinator: bootstraps the DHT, admits peers, keeps the round clock, signs manifests.
+
+It follows the swarm as a light peer: it pulls each committed payload as soon as the commitment
+arrives, verifies it (signature, size, sha256, decode, finite values), and lists only verified
+updates in the signed manifest, so every honest peer excludes exactly the same updates. It
+applies the same round math as the peers to hold the authoritative θ_{r+1}, its hash, and the
+checkpoint that late joiners download. It never trains.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+
+from peer import checkpoint
+from peer.config import RunConfig
+from peer.data import load_corpus, validation_batches
+from peer.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
+from peer.registry import PeerRegistry
+from peer.round_book import AdaptiveDeadline, Commitment, RoundBook, should_close
+from peer.swarm_math import RoundMath, UpdateRejected
+from peer.training import evaluate
+from protocol._generated import swarm_pb2
+from protocol.accounting import ByteCounter
+from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, check_payload, open_update, sign_manifest, signed_to_json
+from protocol.identity import Identity
+from protocol.payload_fetch import ChannelPool, fetch_payload
+from protocol.payload_service import PayloadStore, StoredPayload
+
+log = logging.getLogger("swarmloco.coordinator")
+VERSION = "0.1.0"
+
+
+@dataclass(slots=True)
+class RoundResult:
+    round: int
+    updates: int
+    excluded: dict[str, str]
+    seconds: float
+    val_loss: float
+    param_hash: str
+    close_reason: str
+
+
+class Coordinator:
+    """Round state of a run. Thread-safe: gRPC handlers and the clock thread share it."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        identity: Identity,
+        *,
+        endpoint: str = "",
+        checkpoint_path: str | Path | None = None,
+        counter: ByteCounter | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.identity = identity
+        self.endpoint = endpoint  # HOST:PORT of our gRPC server, set once it is bound
+        self.initial_peers: list[str] = []
+        self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
+        self.counter = counter or ByteCounter(identity.peer_id)
+        self.lock = threading.RLock()
+        self.round_closed = threading.Condition(self.lock)
+
+        self.model = build_model(cfg.model, cfg.seed)
+        self.layout_hash = layout_hash(self.model)
+        self.params = flat_params(self.model)  # θ_r, (d,) float32
+        self.numel = self.params.numel()
+        self.math = RoundMath(cfg, self.numel)
+        self.round = 0
+        self.finished = False
+        corpus = load_corpus(cfg.data, seq_len=cfg.model.seq_len)
+        self.val_batches = validation_batches(corpus, cfg.data.batch_size, cfg.model.seq_len, cfg.data.val_batches)
+
+        self.registry = PeerRegistry(cfg.rounds.peer_timeout_s)
+        self.store = PayloadStore(keep_rounds=2)
+        self.deadline = AdaptiveDeadline(cfg.rounds)
+        self.book = RoundBook(round=0)
+        self.manifests: dict[int, swarm_pb2.Signed] = {}
+        self.history: list[RoundResult] = []
+        self.channels = ChannelPool(self.counter)
+        self.fetchers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="swarmloco-fetch")
+        self.started_at = time.monotonic()
+        self.start_wait_until = time.monotonic() + cfg.rounds.start_timeout_s
+
+        if self.checkpoint_path is not None and self.checkpoint_path.exists():
+            self._restore(checkpoint.load(self.checkpoint_path))
+        self.param_hash = param_hash(self.params)
+        self.initial_val_loss = self.evaluate()
+        self.checkpoint_bytes = b""
+        self._snapshot()
+
+    # --- state ---------------------------------------------------------------------------
+
+    def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
+        if ckpt.config_hash != self.cfg.config_hash():
+            raise checkpoint.CheckpointError(
+                f"{self.checkpoint_path} was written by a different run config; "
+                "use the same --config or another --checkpoint path"
+            )
+        self.params = ckpt.params.clone()
+        self.math.outer.load_global_state_dict(ckpt.outer_state)
+        self.round = ckpt.round
+        self.book = RoundBook(round=self.round)
+        self.history = [RoundResult(**r) for r in ckpt.extra.get("history", [])]
+        self.start_wait_until = time.monotonic()  # peers that were in the run come back on their own
+        log.info("restored round %d from %s", self.round, self.checkpoint_path)
+
+    def _snapshot(self) -> None:
+        """Serialize θ_r for late joiners and write it to disk atomically."""
+        ckpt = checkpoint.Checkpoint(
+            round=self.round,
+            params=self.params,
+            param_hash=self.param_hash,
+            config_hash=self.cfg.config_hash(),
+            outer_state=self.math.outer.global_state_dict(),
+            extra={"history": [_result_dict(r) for r in self.history]},
+        )
+        self.checkpoint_bytes = checkpoint.to_bytes(ckpt)
+        if self.checkpoint_path is not None:
+            checkpoint.write_atomic(self.checkpoint_path, self.checkpoint_bytes)
+
+    def evaluate(self) -> float:
+        load_flat_params(self.model, self.params)
+        return evaluate(self.model, self.val_batches)
+
+    def verify_header(self, signed: swarm_pb2.Signed, round_: int | None = None) -> UpdateHeader:
+        header = open_update(
+            signed,
+            run_id=self.cfg.run_id,
+            round_=round_,
+            codec=self.cfg.compression.codec,
+            numel=self.numel,
+            layout_hash=self.layout_hash,
+            max_payload_bytes=min(self.cfg.max_payload_bytes, self.math.codec.max_encoded_size(self.numel)),
+        )
+        record = self.registry.get(header.peer_id)
+        if record is None:
+            raise EnvelopeError("unknown-peer", "unknown peer: Join the run before submitting updates")
+        if record.banned_reason:
+            raise EnvelopeError("banned", f"peer {header.peer_id} is banned from this run: {record.banned_reason}")
+        return header
+
+    def verify_pushed_header(self, signed: swarm_pb2.Signed) -> UpdateHeader:
+        with self.lock:
+            return self.verify_header(signed, self.round)
+
+    # --- commitments ---------------------------------------------------------------------
+
+    def submit(self, signed: swarm_pb2.Signed, endpoint: str) -> swarm_pb2.CommitReply:
+        with self.lock:
+            if self.finished:
+                return swarm_pb2.CommitReply(accepted=False, reason="the run has finished", current_round=self.round)
+            try:
+                header = self.verify_header(signed)
+            except EnvelopeError as exc:
+                self.registry.reject(exc.reason)
+                return swarm_pb2.CommitReply(accepted=False, reason=f"{exc.reason}: {exc}", current_round=self.round)
+            if header.round != self.round:
+                self.registry.reject("stale-round")
+                return swarm_pb2.CommitReply(
+                    accepted=False,
+                    reason=f"stale-round: round {header.round} is not open (current round {self.round}); resynchronise",
+                    current_round=self.round,
+                )
+            if header.base_param_hash != self.param_hash:
+                self.registry.reject("wrong-base")
+                return swarm_pb2.CommitReply(
+                    accepted=False,
+                    reason="wrong-base: the update was computed from other parameters; download the checkpoint",
+                    current_round=self.round,
+                )
+            existing = self.book.commitments.get(header.peer_id)
+            if existing is not None:
+                if existing.header.payload_sha256 == header.payload_sha256:
+                    return swarm_pb2.CommitReply(accepted=True, reason="already committed", current_round=self.round)
+                self._equivocation(existing, header, signed)
+                return swarm_pb2.CommitReply(accepted=False, reason="equivocation: two different updates in one round; banned", current_round=self.round)
+            now = time.monotonic()
+            commitment = Commitment(header=header, signed=signed, endpoint=endpoint, arrived=now)
+            self.book.commitments[header.peer_id] = commitment
+            if self.book.first_arrival is None:
+                self.book.first_arrival = now
+            record = self.registry.get(header.peer_id)
+            if record is not None:
+                record.state = "committed"
+            pushed = self.store.get(header.payload_sha256)
+        if pushed is not None:
+            self._verify_payload(commitment, pushed.payload)
+        elif endpoint:
+            self.fetchers.submit(self._fetch, commitment)
+        else:
+            self._exclude(commitment, "no-payload", "client-mode peer committed without pushing its payload first")
+        return swarm_pb2.CommitReply(accepted=True, current_round=self.round)
+
+    def _equivocation(self, existing: Commitment, header: UpdateHeader, signed: swarm_pb2.Signed) -> None:
+        evidence = {
+            "kind": "equivocation",
+            "round": header.round,
+            "first_header": signed_to_json(existing.signed),
+            "second_header": signed_to_json(signed),
+        }
+        self.registry.ban(header.peer_id, f"equivocation in round {header.round}", evidence)
+        self.registry.reject("equivocation")
+        self.book.excluded[header.peer_id] = "equivocation"
+        existing.status, existing.reason, existing.update = "excluded", "equivocation", None
+        log.warning("peer %s equivocated in round %d: banned, evidence kept", header.peer_id[:8], header.round)
+
+    def _fetch(self, commitment: Commitment) -> None:
+        try:
+            payload = fetch_payload(self.channels, [commitment.endpoint], commitment.header)
+        except Exception as exc:  # unreachable author, broken stream: excluded, the round goes on
+            self._exclude(commitment, "unreachable", f"could not fetch the payload from {commitment.endpoint}: {exc}")
+            return
+        self._verify_payload(commitment, payload)
+
+    def _verify_payload(self, commitment: Commitment, payload: bytes) -> None:
+        try:
+            check_payload(commitment.header, payload)
+            update = self.math.decode(payload, commitment.header.round)
+        except (EnvelopeError, UpdateRejected) as exc:
+            self._exclude(commitment, exc.reason, str(exc))
+            return
+        self.store.put(StoredPayload(commitment.header, commitment.signed, payload))
+        with self.lock:
+            if commitment.status == "pending" and commitment.header.round == self.book.round:
+                commitment.status, commitment.update = "verified", update
+
+    def _exclude(self, commitment: Commitment, reason: str, message: str) -> None:
+        with self.lock:
+            self.registry.reject(reason)
+            commitment.status, commitment.reason = "excluded", reason
+            if commitment.header.round == self.book.round:
+                self.book.excluded[commitment.header.peer_id] = reason
+            record = self.registry.get(commitment.header.peer_id)
+            if record is not None:
+                record.excluded_reason = f"round {commitment.header.round}: {message}"
+        log.warning("excluded %s from round %d: %s", commitment.header.peer_id[:8], commitment.header.round, message)
+
+    # --- the clock -----------------------------------------------------------------------
+
+    def tick(self) -> RoundResult | None:
+        """Close the open round if it is time; returns what happened when it closed."""
+        with self.lock:
+            if self.finished:
+                return None
+            self.registry.mark_gone()
+            now = time.monotonic()
+            expected = self.registry.active(self.round)
+            if self.round == 0 and now < self.start_wait_until and len(expected) < self.cfg.rounds.expected_peers:
+                return None  # let the expected peers arrive before round 1 can close
+            close, why = should_close(
+                self.book, expected, self.deadline.current, self.cfg.rounds.min_peers, now
+            )
+            if not close:
+                return None
+            return self._close(why)
+
+    def _close(self, why: str) -> RoundResult:
+        book = self.book
+        verified = book.verified()
+        for peer_id, c in book.commitments.items():  # still pending at the deadline: too late
+            if c.status == "pending":
+                c.status, c.reason = "excluded", "late"
+                book.excluded[peer_id] = "late"
+        entries = []
+        public = [c.endpoint for p, c in sorted(book.commitments.items()) if c.endpoint and p in verified]
+        for peer_id in verified:
+            c = book.commitments[peer_id]
+            # Holders: the author, ourselves, and the round's other public peers (who re-serve what they verify).
+            holders = [c.endpoint] if c.endpoint else []
+            holders += [self.endpoint] + [e for e in public if e != c.endpoint]
+            entries.append(
+                ManifestEntry(
+                    peer_id=peer_id,
+                    payload_sha256=c.header.payload_sha256,
+                    payload_size=c.header.payload_size,
+                    header=signed_to_json(c.signed),
+                    holders=holders,
+                )
+            )
+        manifest = RoundManifest(
+            run_id=self.cfg.run_id, round=book.round, base_param_hash=self.param_hash, entries=entries, excluded=dict(book.excluded)
+        )
+        self.manifests[book.round] = sign_manifest(self.identity, manifest)
+        for old in [r for r in self.manifests if r < book.round - 4]:
+            del self.manifests[old]
+
+        updates = [book.commitments[p].update for p in verified]
+        report = self.math.apply(self.params, updates)  # θ_r -> θ_{r+1}, in place
+        self._record_aggregation(verified, report)
+        arrivals = [c.arrived for c in book.commitments.values()]
+        if len(arrivals) > 1:
+            self.deadline.observe(max(arrivals) - min(arrivals))
+        self.round += 1
+        self.param_hash = param_hash(self.params)
+        val_loss = self.evaluate()
+        result = RoundResult(
+            round=book.round,
+            updates=len(verified),
+            excluded=dict(book.excluded),
+            seconds=time.monotonic() - book.opened_at,
+            val_loss=val_loss,
+            param_hash=self.param_hash,
+            close_reason=why,
+        )
+        self.history.append(result)
+        self.book = RoundBook(round=self.round)
+        if self.round >= self.cfg.rounds.rounds:
+            self.finished = True
+        self._snapshot()
+        self.round_closed.notify_all()
+        return result
+
+    def _record_aggregation(self, verified: list[str], report: Any) -> None:
+        for i, peer_id in enumerate(verified):
+            record = self.registry.get(peer_id)
+            if record is None:
+                continue
+            record.last_round = self.book.round
+            record.excluded_reason = ""
+            if report is not None:
+                record.aggregation = {
+                    "round": self.book.round,
+                    "weight": float(report.weights[i]),
+                    "selected": bool(report.selected[i]),
+                    "distance_to_aggregate": float(report.distance_to_aggregate[i]),
+                    "clip_scale": float(report.clip_scale[i]),
+                }
+
+    def wait_manifest(self, round_: int, wait_s: float) -> swarm_pb2.ManifestReply:
+        deadline = time.monotonic() + max(0.0, min(wait_s, 60.0))
+        with self.round_closed:
+            while round_ not in self.manifests and round_ >= self.round and not self.finished:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.round_closed.wait(remaining)
+            manifest = self.manifests.get(round_)
+            return swarm_pb2.ManifestReply(
+                ready=manifest is not None, manifest=manifest, current_round=self.round, finished=self.finished
+            )
+
+    def status(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "run_id": self.cfg.run_id,
+                "round": self.round,
+                "rounds": self.cfg.rounds.rounds,
+                "finished": self.finished,
+                "param_hash": self.param_hash,
+                "coordinator_id": self.identity.peer_id,
+                "endpoint": self.endpoint,
+                "initial_peers": self.initial_peers,
+                "deadline_s": round(self.deadline.current, 2),
+                "open_round": {
+                    "committed": sorted(self.book.commitments),
+                    "verified": self.book.verified(),
+                    "excluded": dict(self.book.excluded),
+                },
+                "codec": self.cfg.compression.codec,
+                "outer": self.cfg.outer.name,
+                "aggregator": self.cfg.aggregation.name,
+                "peers": self.registry.status(),
+                "rejections": dict(self.registry.rejections),
+                "initial_val_loss": self.initial_val_loss,
+                "history": [_result_dict(r) for r in self.history],
+                "coordinator_traffic": self.counter.total().as_dict(),
+                # remote -> counts: callers by peer_id (they name themselves), callees by endpoint
+                "traffic_by_peer": {k: v.as_dict() for k, v in self.counter.by_peer().items()},
+                "uptime_s": round(time.monotonic() - self.started_at, 1),
+            }
+
+
+def _result_dict(r: RoundResult) -> dict[str, Any]:
+    return {
+        "round": r.round,
+        "updates": r.updates,
+        "excluded": r.excluded,
+        "seconds": r.seconds,
+        "val_loss": r.val_loss,
+        "param_hash": r.param_hash,
+        "close_reason": r.close_reason,
+    }

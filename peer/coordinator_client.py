@@ -1,0 +1,103 @@
+"""A peer's calls to its coordinator, with deadlines on every call and backoff on transient failures."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from datetime import timedelta
+from typing import Callable, TypeVar
+
+import grpc
+
+from protocol._generated import swarm_pb2, swarm_pb2_grpc
+from protocol.accounting import ByteCounter
+from protocol.channels import DEFAULT_DEADLINE, TRANSFER_DEADLINE, create_channel, wait_ready
+from protocol.streaming import TransferError, receive_chunks
+
+log = logging.getLogger("swarmloco.peer")
+T = TypeVar("T")
+TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+MAX_CHECKPOINT_BYTES = 8 << 30
+
+
+class CoordinatorUnavailable(ConnectionError):
+    pass
+
+
+class CoordinatorClient:
+    def __init__(self, endpoint: str, counter: ByteCounter, *, retry_for: timedelta = timedelta(seconds=120)) -> None:
+        self.endpoint = endpoint
+        self.counter = counter
+        self.retry_for = retry_for
+        self.channel = create_channel(endpoint, counter, remote_peer="coordinator")
+        self.stub = swarm_pb2_grpc.CoordinatorStub(self.channel)
+
+    def wait_ready(self, timeout: timedelta) -> None:
+        wait_ready(self.channel, self.endpoint, timeout)
+
+    def call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run fn, retrying transient failures with exponential backoff (jittered) up to retry_for."""
+        deadline = time.monotonic() + self.retry_for.total_seconds()
+        delay = 0.25
+        while True:
+            try:
+                return fn()
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                if code not in TRANSIENT or time.monotonic() + delay > deadline:
+                    if code in TRANSIENT:
+                        raise CoordinatorUnavailable(
+                            f"coordinator {self.endpoint} unreachable for {self.retry_for.total_seconds():.0f}s ({what}): "
+                            f"{exc.details() if hasattr(exc, 'details') else exc}"
+                        ) from None
+                    raise
+                log.info("%s: coordinator unavailable (%s), retrying in %.1fs", what, code, delay)
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 5.0)
+
+    def run_info(self) -> swarm_pb2.RunInfo:
+        return self.call("run info", lambda: self.stub.GetRunInfo(swarm_pb2.RunInfoRequest(), timeout=DEFAULT_DEADLINE.total_seconds()))
+
+    def join(self, signed: swarm_pb2.Signed) -> swarm_pb2.JoinReply:
+        return self.call("join", lambda: self.stub.Join(signed, timeout=DEFAULT_DEADLINE.total_seconds()))
+
+    def heartbeat(self, signed: swarm_pb2.Signed) -> swarm_pb2.HeartbeatReply:
+        return self.stub.Heartbeat(signed, timeout=DEFAULT_DEADLINE.total_seconds())
+
+    def submit(self, signed: swarm_pb2.Signed, endpoint: str) -> swarm_pb2.CommitReply:
+        request = swarm_pb2.CommitRequest(header=signed, endpoint=endpoint)
+        return self.call("commit", lambda: self.stub.SubmitCommitment(request, timeout=DEFAULT_DEADLINE.total_seconds()))
+
+    def manifest(self, round_: int, wait_s: float) -> swarm_pb2.ManifestReply:
+        request = swarm_pb2.ManifestRequest(round=round_, wait_s=wait_s)
+        return self.call("manifest", lambda: self.stub.GetManifest(request, timeout=wait_s + DEFAULT_DEADLINE.total_seconds()))
+
+    def push(self, chunks) -> swarm_pb2.PushReply:
+        stub = swarm_pb2_grpc.PeerStub(self.channel)
+        return stub.PushPayload(chunks, timeout=TRANSFER_DEADLINE.total_seconds())
+
+    def checkpoint(self, attempts: int = 5) -> tuple[bytes, int]:
+        """Download the current checkpoint; resume from the byte a broken transfer stopped at."""
+        received = b""
+        sha = None
+        for attempt in range(attempts):
+            stream = self.stub.StreamCheckpoint(
+                swarm_pb2.CheckpointRequest(offset=len(received)), timeout=TRANSFER_DEADLINE.total_seconds()
+            )
+            try:
+                data, first = receive_chunks(stream, max_size=MAX_CHECKPOINT_BYTES, expected_sha256=sha, prefix=received)
+                return data, first.round
+            except TransferError as exc:
+                # The same object may continue where it broke; a new round's checkpoint starts over.
+                if "different object" in str(exc):
+                    received, sha = b"", None
+                else:
+                    received = exc.received
+                    sha = sha or None
+                log.info("checkpoint transfer broke (%s), resuming at byte %d", exc, len(received))
+                time.sleep(min(0.5 * 2**attempt, 5.0))
+        raise CoordinatorUnavailable(f"could not download the checkpoint from {self.endpoint} after {attempts} attempts")
+
+    def close(self) -> None:
+        self.channel.close()

@@ -1,0 +1,467 @@
+"""A training peer: joins a run, trains H inner steps per round, exchanges updates, applies the outer step.
+
+Round r, as DESIGN.md fixes it:
+  θ_r -> H AdamW steps -> Δ = θ_r − θ_local -> encode -> sign header -> serve payload (or push it)
+  -> commit to the coordinator -> wait for the signed manifest -> fetch listed payloads from any
+  holder, verify -> aggregate + outer step -> θ_{r+1}; compare its hash with the coordinator's and
+  resynchronise from the checkpoint instead of drifting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from peer import checkpoint
+from peer.config import RunConfig
+from peer.coordinator_client import CoordinatorClient
+from peer.data import ShardSampler, load_corpus, shard_for_peer
+from peer.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
+from peer.progress import format_bytes, round_line, step_line
+from peer.swarm_math import RoundMath, UpdateRejected
+from peer.training import InnerTrainer
+from protocol import discovery
+from protocol._generated import swarm_pb2_grpc
+from protocol.accounting import ByteCounter
+from protocol.channels import create_server
+from protocol.envelope import EnvelopeError, UpdateHeader, open_manifest, open_update, sign_update, signed_from_json
+from protocol.identity import Identity
+from protocol.payload_fetch import ChannelPool, fetch_payload
+from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload, push_chunks
+from protocol.signing import sign_body
+
+log = logging.getLogger("swarmloco.peer")
+VERSION = "0.1.0"
+JOIN_TAG = "swarmloco/join/v1"
+HEARTBEAT_TAG = "swarmloco/heartbeat/v1"
+
+
+class PeerExit(Exception):
+    """The peer must stop; the message says why and what to do."""
+
+
+@dataclass(kw_only=True, slots=True)
+class PeerOptions:
+    coordinator: str | None = None  # HOST:PORT of the coordinator's gRPC port
+    initial_peers: list[str] = field(default_factory=list)  # DHT multiaddrs
+    run_id: str | None = None
+    identity_path: str | None = None
+    data: str | None = None
+    client_mode: bool = False
+    device: str = "cpu"
+    host: str = "0.0.0.0"
+    port: int = 0
+    announce_host: str = "127.0.0.1"
+    host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    announce_maddrs: list[str] = field(default_factory=list)
+    shard: int | None = None
+    num_shards: int | None = None
+    threads: int | None = None
+    state_dir: str | None = None  # where --resume state is kept (default: next to the identity)
+    resume: bool = False
+    log_every: int = 5
+    connect_timeout_s: float = 10.0
+    attack: str | None = None  # test-only: a Byzantine peer for integration tests
+    attack_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.coordinator and not self.initial_peers:
+            raise ValueError("give --coordinator HOST:PORT or --initial-peers MULTIADDR (the coordinator prints both)")
+        if self.coordinator and (":" not in self.coordinator or not self.coordinator.rsplit(":", 1)[1].isdigit()):
+            raise ValueError(f"--coordinator {self.coordinator!r}: expected HOST:PORT, e.g. 127.0.0.1:31338")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"--device {self.device!r}: use cpu or cuda")
+        if (self.shard is None) != (self.num_shards is None):
+            raise ValueError("--shard needs the form I/N")
+        if self.log_every < 1:
+            raise ValueError("--log-every must be at least 1")
+
+
+class PeerNode:
+    def __init__(self, options: PeerOptions) -> None:
+        self.options = options
+        state_dir = Path(options.state_dir or (Path(options.identity_path).parent if options.identity_path else "."))
+        self.identity = Identity.load_or_create(options.identity_path) if options.identity_path else Identity.generate()
+        self.state_path = state_dir / f"peer-{self.identity.peer_id[:16]}.state"
+        self.counter = ByteCounter(self.identity.peer_id)
+        self.short = self.identity.peer_id[:8]
+        self.dht = None
+        self.server = None
+        self.client: CoordinatorClient | None = None
+        self.stop = threading.Event()
+        self.state = "starting"
+        self.round = 0
+        self.step = 0
+        self.last_loss: float | None = None
+        self.finished = False
+        self.banned_reason = ""
+        self.last_reply = None
+        self.compute_s = 0.0
+        self.started = time.monotonic()
+        self.round_traffic: dict[str, int] = {}
+        self.history: list[dict[str, Any]] = []
+
+    # --- setup ---------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        o = self.options
+        endpoint = o.coordinator
+        if o.initial_peers:
+            # The DHT first: it forks a child process, and gRPC is not fork-safe.
+            self.dht = discovery.start_dht(
+                self.identity,
+                initial_peers=o.initial_peers,
+                host_maddrs=o.host_maddrs,
+                announce_maddrs=o.announce_maddrs,
+                client_mode=o.client_mode,
+                timeout_s=o.connect_timeout_s,
+            )
+            run = discovery.find_run(self.dht, o.run_id, timeout_s=o.connect_timeout_s)
+            endpoint = endpoint or run.endpoint
+            log.info("found run %s: coordinator %s at %s", run.run_id, run.coordinator_id[:8], run.endpoint)
+        assert endpoint is not None
+        self.client = CoordinatorClient(endpoint, self.counter)
+        self.client.wait_ready(timedelta(seconds=o.connect_timeout_s))
+        info = self.client.run_info()
+        if o.run_id and info.run_id != o.run_id:
+            raise PeerExit(f"coordinator at {endpoint} runs {info.run_id!r}, not {o.run_id!r}")
+        self.cfg = RunConfig.from_json(info.config_json)
+        self.coordinator_key = bytes(info.coordinator_public_key)
+        if info.finished:
+            raise PeerExit(f"run {info.run_id} has already finished all its rounds")
+        self._build(info)
+        self._serve()
+        self._join()
+
+    def _build(self, info) -> None:
+        cfg, o = self.cfg, self.options
+        if o.threads:
+            torch.set_num_threads(o.threads)
+        self.model = build_model(cfg.model, cfg.seed).to(o.device)
+        self.layout_hash = layout_hash(self.model)
+        self.params = flat_params(self.model).cpu()  # θ_r on CPU: the round math is CPU float32
+        self.numel = self.params.numel()
+        self.math = RoundMath(cfg, self.numel)
+        data_cfg = cfg.data if o.data is None else dataclasses.replace(cfg.data, path=o.data)
+        corpus = load_corpus(data_cfg, seq_len=cfg.model.seq_len)
+        if o.shard is not None:
+            shard, num_shards = o.shard, o.num_shards
+        else:
+            num_shards = 16
+            shard = shard_for_peer(self.identity.peer_id, num_shards)
+        self.sampler = ShardSampler(
+            corpus.train, shard=shard, num_shards=num_shards, batch_size=cfg.data.batch_size, seq_len=cfg.model.seq_len, seed=cfg.seed
+        )
+        poison = None
+        self.attack = None
+        if o.attack:
+            from optim import attacks
+
+            self.attack = attacks.build(o.attack, **o.attack_options)
+            if self.attack.data_poisoning:
+                poison = attacks.poison_batch
+        self.trainer = InnerTrainer(self.model, cfg.inner, _DeviceSampler(self.sampler, o.device), poison_batch=poison)
+        self.round = info.round
+        self.store = PayloadStore(keep_rounds=2)
+        self.pool = ChannelPool(self.counter)
+        if o.resume and self.state_path.exists():
+            self._load_local_state()
+
+    def _serve(self) -> None:
+        o = self.options
+        if o.client_mode:
+            self.endpoint = ""
+            return
+        self.server, port = create_server(self.counter, host=o.host, port=o.port)
+        servicer = PayloadServicer(self.store, verify_header=lambda s: self._verify_header(s, None), accept_pushes=False)
+        swarm_pb2_grpc.add_PeerServicer_to_server(servicer, self.server)
+        self.server.start()
+        self.endpoint = f"{o.announce_host}:{port}"
+
+    def _join(self) -> None:
+        assert self.client is not None
+        body = {
+            "run_id": self.cfg.run_id,
+            "endpoint": self.endpoint,
+            "client_mode": self.options.client_mode,
+            "version": VERSION,
+            "timestamp": time.time(),
+        }
+        reply = self.client.join(sign_body(self.identity, JOIN_TAG, body))
+        if not reply.accepted:
+            raise PeerExit(f"the coordinator refused to admit this peer: {reply.reason}")
+        if self.dht is not None:
+            discovery.announce_peer(
+                self.dht, self.identity, run_id=self.cfg.run_id, endpoint=self.endpoint,
+                client_mode=self.options.client_mode, version=VERSION,
+            )
+        log.info("peer %s joined run %s at round %d (%d params, codec %s)", self.short, self.cfg.run_id, reply.round, self.numel, self.cfg.compression.codec)
+        threading.Thread(target=self._heartbeat_loop, name="swarmloco-heartbeat", daemon=True).start()
+
+    def _verify_header(self, signed, round_: int | None) -> UpdateHeader:
+        return open_update(
+            signed,
+            run_id=self.cfg.run_id,
+            round_=round_,
+            codec=self.cfg.compression.codec,
+            numel=self.numel,
+            layout_hash=self.layout_hash,
+            max_payload_bytes=self.cfg.max_payload_bytes,
+        )
+
+    # --- heartbeat -----------------------------------------------------------------------
+
+    def _heartbeat_body(self) -> dict[str, Any]:
+        total = self.counter.total()
+        wall = max(1e-9, time.monotonic() - self.started)
+        return {
+            "peer_id": self.identity.peer_id,
+            "round": self.round,
+            "param_hash": self.current_hash,
+            "state": self.state,
+            "step": self.step,
+            "loss": self.last_loss,
+            "bytes_sent": total.sent,
+            "bytes_received": total.received,
+            "round_bytes": self.round_traffic,
+            "utilization": round(self.compute_s / wall, 4),
+            "timestamp": time.time(),
+        }
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stop.wait(2.0):
+            try:
+                reply = self.client.heartbeat(sign_body(self.identity, HEARTBEAT_TAG, self._heartbeat_body()))
+            except Exception as exc:  # transient: the main loop has its own retries
+                log.debug("heartbeat failed: %s", exc)
+                continue
+            self.last_reply = reply
+            if reply.banned:
+                self.banned_reason = reply.reason or "banned"
+            if reply.finished:
+                self.finished = True
+
+    # --- rounds --------------------------------------------------------------------------
+
+    @property
+    def current_hash(self) -> str:
+        return self._hash
+
+    def _set_params(self, flat: torch.Tensor, round_: int) -> None:
+        self.params = flat.clone()
+        self.round = round_
+        self._hash = param_hash(self.params)
+        load_flat_params(self.model, self.params.to(self.options.device))
+
+    def resync(self, why: str) -> None:
+        """Download the coordinator's checkpoint and continue from it (keeps local optimizer state)."""
+        self.state = "syncing"
+        data, round_ = self.client.checkpoint()
+        ckpt = checkpoint.from_bytes(data)
+        if ckpt.config_hash != self.cfg.config_hash():
+            raise PeerExit("the coordinator's checkpoint is for another run config; restart the peer to pick up the new config")
+        self.math.outer.load_global_state_dict(ckpt.outer_state)
+        self._set_params(ckpt.params, ckpt.round)
+        if self._hash != ckpt.param_hash:
+            raise PeerExit("downloaded checkpoint does not match its declared parameter hash; retry later")
+        log.info("peer %s resynchronised to round %d (%s, %s)", self.short, ckpt.round, why, format_bytes(len(data)))
+
+    def run(self, max_rounds: int | None = None) -> dict[str, Any]:
+        info = self.client.run_info()
+        self._hash = param_hash(self.params)
+        if info.param_hash != self._hash or info.round != self.round:
+            self.resync("joining" if not self.options.resume else "resume state is behind the swarm")
+        done = 0
+        while not self.finished and not self.stop.is_set():
+            if self.banned_reason:
+                raise PeerExit(f"banned from the run: {self.banned_reason}")
+            self.one_round()
+            done += 1
+            if max_rounds is not None and done >= max_rounds:
+                break
+        self.state = "finished" if self.finished else "stopped"
+        return {"rounds": done, "round": self.round, "param_hash": self._hash, "history": self.history}
+
+    def one_round(self) -> None:
+        r, base = self.round, self.params.clone()  # θ_r, (d,)
+        started = time.monotonic()
+        before = self.counter.total()
+        self.counter.round = r
+        self.state = "training"
+        cfg = self.cfg
+
+        def on_step(step: int, loss: float) -> None:
+            self.step, self.last_loss = step, loss
+            local_step = step - first_step
+            if local_step % self.options.log_every == 0 or local_step == cfg.inner.steps:
+                elapsed = time.monotonic() - t0
+                print(step_line(self.short, r, cfg.rounds.rounds, local_step, cfg.inner.steps, loss,
+                                local_step * cfg.data.batch_size * cfg.model.seq_len / max(elapsed, 1e-9),
+                                self.counter.total()), flush=True)
+
+        first_step = self.trainer.step
+        t0 = time.monotonic()
+        stats = self.trainer.run(cfg.inner.steps, on_step)
+        compute = time.monotonic() - t0
+        self.compute_s += compute
+
+        t_encode = time.monotonic()
+        delta = base - flat_params(self.model).cpu()  # pseudo-gradient (d,)
+        if self.attack is not None and not self.attack.data_poisoning:
+            gen = torch.Generator().manual_seed(r)
+            delta = self.attack(delta, delta[None, :], round=r, rng=gen, num_byzantine=1, history=None)
+        payload = self.math.encode(delta, r)
+        header = UpdateHeader(
+            run_id=cfg.run_id, round=r, peer_id=self.identity.peer_id, codec=cfg.compression.codec, numel=self.numel,
+            layout_hash=self.layout_hash, base_param_hash=self._hash,
+            payload_sha256=hashlib.sha256(payload).hexdigest(), payload_size=len(payload),
+        )
+        signed = sign_update(self.identity, header)
+        self.store.put(StoredPayload(header, signed, payload))
+        encode_s = time.monotonic() - t_encode
+
+        t_transfer = time.monotonic()
+        self.state = "committing"
+        if self.options.client_mode:
+            self.client.push(push_chunks(signed, payload))
+        reply = self.client.submit(signed, self.endpoint)
+        if not reply.accepted:
+            log.warning("peer %s: round %d update refused: %s", self.short, r, reply.reason)
+            if reply.reason.startswith(("stale-round", "wrong-base")):
+                self.resync(reply.reason.split(":")[0])
+                return
+            if reply.reason.startswith("equivocation") or "banned" in reply.reason:
+                raise PeerExit(reply.reason)
+        self.state = "waiting"
+        manifest_reply = None
+        while not self.stop.is_set():
+            manifest_reply = self.client.manifest(r, wait_s=20.0)
+            if manifest_reply.ready or manifest_reply.current_round > r or manifest_reply.finished:
+                break
+        wait_s = time.monotonic() - t_transfer
+        if manifest_reply is None or not manifest_reply.ready:
+            if manifest_reply is not None and manifest_reply.finished and manifest_reply.current_round <= r:
+                self.finished = True
+                return
+            self.resync(f"missed the manifest of round {r}")
+            return
+        manifest = open_manifest(manifest_reply.manifest, coordinator_key=self.coordinator_key, run_id=cfg.run_id, round_=r)
+
+        self.state = "fetching"
+        t_fetch = time.monotonic()
+        updates = []
+        for entry in manifest.entries:
+            item = self.store.get(entry.payload_sha256)
+            try:
+                if item is None:
+                    entry_header = self._verify_header(signed_from_json(entry.header), r)
+                    if entry_header.payload_sha256 != entry.payload_sha256 or entry_header.peer_id != entry.peer_id:
+                        raise EnvelopeError("forged", "manifest entry does not match its signed header")
+                    holders = [h for h in entry.holders if h and h != self.endpoint]
+                    # Gossip: any holder's copy is as good as the author's; a random order spreads
+                    # the author's upload over the coordinator and peers that already verified it.
+                    data = fetch_payload(self.pool, holders, entry_header, shuffle=True)
+                    item = StoredPayload(entry_header, signed_from_json(entry.header), data)
+                    self.store.put(item)  # re-serve it: any copy is as good as the author's
+                updates.append(self.math.decode(item.payload, r))
+            except (EnvelopeError, UpdateRejected, IOError) as exc:
+                # The coordinator verified every listed update; failing here means we cannot
+                # follow this round identically: resync rather than drift.
+                log.warning("peer %s: cannot use %s's update in round %d (%s)", self.short, entry.peer_id[:8], r, exc)
+                self.resync("could not verify a manifest entry")
+                return
+        fetch_s = time.monotonic() - t_fetch
+
+        t_agg = time.monotonic()
+        new_params = base.clone()
+        self.math.apply(new_params, updates)
+        self._set_params(new_params, r + 1)
+        aggregate_s = time.monotonic() - t_agg
+        after = self.counter.total()
+        self.round_traffic = {"round": r, "sent": after.sent - before.sent, "received": after.received - before.received}
+
+        # The coordinator states the authoritative hash of θ_{r+1}; compare instead of drifting.
+        info = self.client.run_info()
+        in_sync = info.round != r + 1 or info.param_hash == self._hash
+        record = {
+            "round": r, "updates": len(updates), "excluded": manifest.excluded, "train_loss": stats.mean_loss,
+            "bytes_sent": self.round_traffic["sent"], "bytes_received": self.round_traffic["received"],
+            "payload_bytes": len(payload), "compute_s": compute, "encode_s": encode_s,
+            "wait_s": wait_s - 0.0, "fetch_s": fetch_s, "aggregate_s": aggregate_s,
+            "round_s": time.monotonic() - started, "in_sync": in_sync,
+        }
+        self.history.append(record)
+        print(round_line(self.short, r, cfg.rounds.rounds, record, self.compute_s / max(1e-9, time.monotonic() - self.started)), flush=True)
+        if not in_sync:
+            self.resync(f"parameter hash differs from the coordinator's after round {r}")
+        self._save_local_state()
+        if info.finished:
+            self.finished = True
+
+    # --- local state (--resume) ---------------------------------------------------------
+
+    def _save_local_state(self) -> None:
+        if not self.options.identity_path:
+            return  # an ephemeral identity cannot resume anyway
+        ckpt = checkpoint.Checkpoint(
+            round=self.round, params=self.params, param_hash=self._hash, config_hash=self.cfg.config_hash(),
+            outer_state=self.math.outer.global_state_dict(),
+            local_state={
+                "trainer": self.trainer.state_dict(),
+                "outer_local": self.math.outer.local_state_dict(),
+                "error_feedback": self.math.error_feedback.state_dict() if self.math.error_feedback else None,
+            },
+        )
+        checkpoint.save(self.state_path, ckpt)
+
+    def _load_local_state(self) -> None:
+        ckpt = checkpoint.load(self.state_path)
+        if ckpt.config_hash != self.cfg.config_hash():
+            log.warning("resume state %s is for another run config; starting fresh", self.state_path)
+            return
+        self.trainer.load_state_dict(ckpt.local_state["trainer"])
+        self.math.outer.load_local_state_dict(ckpt.local_state.get("outer_local") or {})
+        if self.math.error_feedback and ckpt.local_state.get("error_feedback"):
+            self.math.error_feedback.load_state_dict(ckpt.local_state["error_feedback"])
+        self.math.outer.load_global_state_dict(ckpt.outer_state)
+        self._set_params(ckpt.params, ckpt.round)
+        log.info("peer %s resumed local state at round %d", self.short, ckpt.round)
+
+    # --- teardown ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.server is not None:
+            self.server.stop(grace=1.0).wait(2.0)
+        if self.client is not None:
+            self.client.close()
+        if getattr(self, "pool", None) is not None:
+            self.pool.close()
+        if self.dht is not None:
+            self.dht.shutdown()
+
+
+class _DeviceSampler:
+    """Moves each batch to the training device; state belongs to the wrapped sampler."""
+
+    def __init__(self, sampler: ShardSampler, device: str) -> None:
+        self.sampler, self.device = sampler, device
+
+    def next_batch(self):
+        x, y = self.sampler.next_batch()
+        return x.to(self.device), y.to(self.device)
+
+    def state_dict(self):
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        self.sampler.load_state_dict(state)

@@ -1,0 +1,52 @@
+"""`swarmloco status`: the coordinator's view of the run, as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+
+from peer.progress import format_bytes
+from protocol._generated import swarm_pb2, swarm_pb2_grpc
+from protocol.channels import DEFAULT_DEADLINE, create_channel, wait_ready
+
+
+def fetch_status(endpoint: str) -> dict:
+    channel = create_channel(endpoint)
+    try:
+        wait_ready(channel, endpoint)
+        reply = swarm_pb2_grpc.CoordinatorStub(channel).Status(swarm_pb2.StatusRequest(), timeout=DEFAULT_DEADLINE.total_seconds())
+        return json.loads(reply.json)
+    finally:
+        channel.close()
+
+
+def print_status(endpoint: str, *, as_json: bool) -> int:
+    try:
+        status = fetch_status(endpoint)
+    except grpc.RpcError as exc:
+        print(f"swarmloco status: {endpoint} answered {exc.code().name}: {exc.details()}")
+        return 1
+    if as_json:
+        print(json.dumps(status, indent=2))
+        return 0
+    state = "finished" if status["finished"] else "running"
+    print(f"run {status['run_id']} | {state} | round {status['round']}/{status['rounds']} | hash {status['param_hash'][:12]} | "
+          f"codec {status['codec']} | outer {status['outer']} | aggregator {status['aggregator']} | deadline {status['deadline_s']}s")
+    if status["history"]:
+        last = status["history"][-1]
+        print(f"last round {last['round'] + 1}: {last['updates']} updates, val loss {last['val_loss']:.4f} "
+              f"(initial {status['initial_val_loss']:.4f}), {last['seconds']:.1f}s")
+    print(f"{'peer':10} {'state':11} {'round':>5} {'in sync':>7} {'sent':>10} {'recv':>10} {'util':>5}  note")
+    for p in status["peers"]:
+        in_sync = "yes" if p["param_hash"] == status["param_hash"] else "no"
+        util = f"{100 * p['utilization']:.0f}%" if p["utilization"] is not None else "-"
+        note = p["banned_reason"] or p["excluded_reason"]
+        agg = p.get("aggregation") or {}
+        if agg:
+            note = (note + " " if note else "") + f"weight {agg['weight']:.2f} dist {agg['distance_to_aggregate']:.3g}"
+        print(f"{p['peer_id'][:8]:10} {p['state']:11} {p['last_round'] + 1:>5} {in_sync:>7} "
+              f"{format_bytes(p['bytes_sent']):>10} {format_bytes(p['bytes_received']):>10} {util:>5}  {note}")
+    if status["rejections"]:
+        print("rejections: " + ", ".join(f"{k} {v}" for k, v in sorted(status["rejections"].items())))
+    return 0

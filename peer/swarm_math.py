@@ -1,0 +1,131 @@
+"""The math of one round, shared by the coordinator, every peer and the simulator.
+
+Sender:   pseudo_gradient Δ = θ_r − θ_local  ->  outer.transmit(Δ)  ->  codec (+ error feedback)  -> bytes
+Receiver: bytes -> codec.decode -> finite check -> stack sorted by peer_id (n, d) -> robust aggregate (d,)
+          -> outer.step(θ_r, aggregate) = θ_{r+1}
+
+Receivers run the same deterministic code on the same bytes in the same order, single-threaded,
+on CPU float32, so every honest node computes a bit-identical θ_{r+1} (checked by param hash).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from typing import Iterator
+
+import torch
+
+from optim import aggregate, codecs, outer
+from peer.config import ConfigError, OuterConfig, RunConfig
+
+
+class UpdateRejected(ValueError):
+    """A decoded update that must not be aggregated; `reason` is reported in the manifest."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def outer_options(cfg: OuterConfig) -> dict:
+    if cfg.name == "nesterov":
+        return {"lr": cfg.lr, "momentum": cfg.momentum}
+    if cfg.name == "demo":
+        return {"lr": cfg.demo_lr, "decay": cfg.demo_decay, "chunk": cfg.demo_chunk, "topk": cfg.demo_topk}
+    return {}
+
+
+def codec_seed(cfg: RunConfig, round_: int) -> int:
+    """Seed shared by every peer for round `round_` (random index sets must coincide)."""
+    digest = hashlib.sha256(f"{cfg.run_id}/{cfg.seed}/{round_}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """Reductions must not depend on the thread count: every node must get the same bits."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def build_codec(cfg: RunConfig) -> codecs.Codec:
+    try:
+        return codecs.build(cfg.compression.codec)
+    except ValueError as exc:
+        raise ConfigError(f"compression.codec: {exc}") from None
+
+
+def build_aggregator(cfg: RunConfig) -> aggregate.Aggregator:
+    try:
+        return aggregate.build(cfg.aggregation.name, num_byzantine=cfg.aggregation.num_byzantine, **cfg.aggregation.options)
+    except ValueError as exc:
+        raise ConfigError(f"aggregation: {exc}") from None
+
+
+class RoundMath:
+    """Codec, outer optimizer and aggregator of a run, with the sender's local state."""
+
+    def __init__(self, cfg: RunConfig, numel: int) -> None:
+        self.cfg = cfg
+        self.numel = numel
+        self.codec = build_codec(cfg)
+        self.outer = outer.build(cfg.outer.name, **outer_options(cfg.outer))
+        self.aggregator = build_aggregator(cfg)
+        use_feedback = cfg.compression.error_feedback and not self.codec.lossless
+        self.error_feedback = codecs.ErrorFeedback(self.codec, numel) if use_feedback else None
+
+    # --- sender --------------------------------------------------------------------------
+
+    def encode(self, pseudo_gradient: torch.Tensor, round_: int) -> bytes:
+        """(d,) pseudo-gradient -> the bytes this peer sends for round `round_`."""
+        message = self.outer.transmit(pseudo_gradient.detach().float().contiguous())
+        seed = codec_seed(self.cfg, round_)
+        if self.error_feedback is not None:
+            return self.error_feedback.encode(message, seed=seed)
+        return self.codec.encode(message, seed=seed)
+
+    # --- receiver ------------------------------------------------------------------------
+
+    def decode(self, payload: bytes, round_: int) -> torch.Tensor:
+        """bytes -> (d,) float32; raises UpdateRejected with the reason when it must be excluded."""
+        try:
+            update = self.codec.decode(payload, self.numel, seed=codec_seed(self.cfg, round_))
+        except codecs.CodecError as exc:
+            raise UpdateRejected("undecodable", f"payload does not decode: {exc}") from None
+        if update.shape != (self.numel,):
+            raise UpdateRejected("wrong-shape", f"decoded update has shape {tuple(update.shape)}, expected ({self.numel},)")
+        if not bool(torch.isfinite(update).all()):
+            raise UpdateRejected("non-finite", "decoded update holds NaN or Inf values")
+        return update
+
+    def apply(self, params: torch.Tensor, updates: list[torch.Tensor]) -> aggregate.AggregationReport | None:
+        """Aggregate `updates` (already sorted by peer_id) and step `params` (d,) in place."""
+        if not updates:
+            return None
+        with single_thread():
+            stacked = torch.stack([u.float() for u in updates])  # (n, d)
+            combined = self.aggregator(stacked)  # (d,)
+            self.outer.step(params, combined)
+        return self.aggregator.last_report
+
+
+SPARSE_CODEC_PREFIXES = ("topk:", "chunk-topk:", "dct-topk:")
+COORDINATE_WISE_RULES = ("median", "trimmed-mean")
+
+
+def check_run_config(cfg: RunConfig) -> None:
+    """Refuse codec/optimizer/aggregator combinations that cannot work, with what to use instead."""
+    build_codec(cfg)
+    build_aggregator(cfg)
+    sparse = any(stage.strip().startswith(SPARSE_CODEC_PREFIXES) for stage in cfg.compression.codec.split("+"))
+    if sparse and cfg.aggregation.name in COORDINATE_WISE_RULES:
+        raise ConfigError(
+            f"aggregator {cfg.aggregation.name!r} is coordinate-wise: on {cfg.compression.codec!r} updates whose "
+            "supports differ between peers it zeroes out the signal. Use a shared index set (codec randk:F, same "
+            "indices on every peer each round) or a norm-based rule (centered-clip, krum, geometric-median)"
+        )
