@@ -202,6 +202,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
     try:
         node.connect()
         result = node.run(max_rounds=args.max_rounds)
+        node.quiesce()
         if args.summary_json:
             total = node.counter.total()
             result.update(peer_id=node.identity.peer_id, bytes_sent=total.sent, bytes_received=total.received,

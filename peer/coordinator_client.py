@@ -30,7 +30,7 @@ class CoordinatorClient:
         self.endpoint = endpoint
         self.counter = counter
         self.retry_for = retry_for
-        self.channel = create_channel(endpoint, counter, remote_peer="coordinator")
+        self.channel = create_channel(endpoint, counter)  # counted under the endpoint, like every callee
         self.stub = swarm_pb2_grpc.CoordinatorStub(self.channel)
 
     def wait_ready(self, timeout: timedelta) -> None:

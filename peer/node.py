@@ -205,7 +205,8 @@ class PeerNode:
                 client_mode=self.options.client_mode, version=VERSION,
             )
         log.info("peer %s joined run %s at round %d (%d params, codec %s)", self.short, self.cfg.run_id, reply.round, self.numel, self.cfg.compression.codec)
-        threading.Thread(target=self._heartbeat_loop, name="swarmloco-heartbeat", daemon=True).start()
+        self.heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="swarmloco-heartbeat", daemon=True)
+        self.heartbeat_thread.start()
 
     def _verify_header(self, signed, round_: int | None) -> UpdateHeader:
         return open_update(
@@ -438,8 +439,15 @@ class PeerNode:
 
     # --- teardown ------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def quiesce(self) -> None:
+        """Stop background calls so the byte counters hold still (for a final summary)."""
         self.stop.set()
+        thread = getattr(self, "heartbeat_thread", None)
+        if thread is not None:
+            thread.join(timeout=15)
+
+    def close(self) -> None:
+        self.quiesce()
         if self.server is not None:
             self.server.stop(grace=1.0).wait(2.0)
         if self.client is not None:

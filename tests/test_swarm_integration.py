@@ -42,12 +42,13 @@ def test_three_peers_train_in_lockstep(swarm, tmp_path):
     by_id = {s["peer_id"]: s for s in summaries}
     for record in status["peers"]:
         peer = by_id[record["peer_id"]]
-        sent_to_coordinator = sum(t.get("coordinator", {}).get("bytes_sent", 0) for t in peer["traffic"].values())
+        sent_to_coordinator = sum(t.get(status["endpoint"], {}).get("bytes_sent", 0) for t in peer["traffic"].values())
         assert sent_to_coordinator > 0
     coordinator_view = status["traffic_by_peer"]
     for peer_id, peer in by_id.items():
-        sent = sum(t.get("coordinator", {}).get("bytes_sent", 0) for t in peer["traffic"].values())
-        received = sum(t.get("coordinator", {}).get("bytes_received", 0) for t in peer["traffic"].values())
+        # Callers name themselves (peer_id); callees are named by the endpoint that was dialled.
+        sent = sum(t.get(status["endpoint"], {}).get("bytes_sent", 0) for t in peer["traffic"].values())
+        received = sum(t.get(status["endpoint"], {}).get("bytes_received", 0) for t in peer["traffic"].values())
         assert coordinator_view[peer_id]["bytes_received"] == sent
         assert coordinator_view[peer_id]["bytes_sent"] == received
         # The other direction: the coordinator fetched payloads from each peer's own server.
