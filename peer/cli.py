@@ -143,11 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
-    from peer.coordinator_main import CoordinatorOptions, install_signal_stop, run_coordinator
+    from peer import interrupts
+    from peer.coordinator_main import CoordinatorOptions, run_coordinator
 
     cfg = load_run_config(args)
     stop = threading.Event()
-    install_signal_stop(stop)
+    interrupts.install(stop.set)
     run_coordinator(
         CoordinatorOptions(
             config=cfg,
@@ -196,9 +197,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
         attack_options=attack_options,
     )
     node = PeerNode(options)
-    import signal
+    from peer import interrupts
 
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    interrupts.install()
     try:
         node.connect()
         result = node.run(max_rounds=args.max_rounds)

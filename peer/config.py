@@ -136,7 +136,7 @@ class AggregationConfig:
 class RoundConfig:
     """Round clock: how many rounds, how long to wait, how many peers make a quorum."""
 
-    rounds: int = 12
+    rounds: int = 20
     min_peers: int = 1  # quorum: a round closes only with at least this many valid updates
     expected_peers: int = 0  # wait for this many peers before round 0 starts (0 = no wait)
     start_timeout_s: float = 120.0  # give up waiting for expected_peers after this long

@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from peer import interrupts
 from peer.cli import load_run_config
 from peer.launcher import Swarm
 from peer.progress import format_bytes
@@ -23,6 +24,9 @@ def ddp_bytes_per_peer_per_step(numel: int, peers: int) -> float:
 
 
 def main(args: argparse.Namespace) -> int:
+    # Ctrl+C (or SIGTERM) unwinds through `with Swarm`, which stops every child's process group.
+    # Installed explicitly: a shell may start us with SIGINT ignored.
+    interrupts.install()
     if args.peers < 1:
         raise ValueError("--peers must be at least 1")
     args.expected_peers = args.peers
