@@ -1,0 +1,289 @@
+"""Compression vs quality: every codec / outer optimizer on the same simulated swarm.
+
+Same model, corpus, peers, inner steps and rounds for every row (swarmloco simulate underneath,
+so the bytes are real payload lengths). Writes benchmarks/compression.json (raw results, one per
+row and seed), benchmarks/compression.md (table, machine, exact command) and
+benchmarks/compression.png (validation loss vs cumulative bytes, log x).
+
+    .venv/bin/python scripts/bench_compression.py                 # the full table (~25 min on 2 cores)
+    .venv/bin/python scripts/bench_compression.py --rounds 2 --inner-steps 2 --rows "DDP,DiLoCo fp32"  # smoke
+    .venv/bin/python scripts/bench_compression.py --report-only   # redo md/png from the JSON
+
+Runs go to a pool of --workers processes with one torch thread each (on a small CPU two
+single-threaded runs beat one two-threaded run). --resume skips (row, seed) pairs already in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from peer.config import RunConfig  # noqa: E402
+from peer.simulate import SimulationOptions, run_simulation  # noqa: E402
+
+OUT = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    codec: str = "fp32"
+    outer: str = "nesterov"
+    outer_options: dict[str, Any] = field(default_factory=dict)  # OuterConfig overrides
+    baseline: str = "diloco"
+    seeds: int = 2  # runs with seeds 0..seeds-1; mean and spread reported; 0: only when named in --rows
+    note: str = ""
+
+
+ROWS: list[Row] = [
+    Row("DDP", baseline="ddp", codec="-", outer="-", seeds=1, note="fp32 gradient all-reduce every inner step"),
+    Row("DiLoCo fp32", codec="fp32", note="reference for the loss gap"),
+    Row("fp16", codec="fp16", seeds=1),
+    Row("int8", codec="int8", seeds=1),
+    Row("int4", codec="int4", seeds=1),
+    Row("topk 1% + int8", codec="topk:0.01+int8", note="error feedback"),
+    Row("topk 1% + int4", codec="topk:0.01+int4", seeds=1, note="error feedback"),
+    Row("DeMo (paper lr)", codec="dct-topk:64:4", outer="demo", seeds=1, note="DeMo defaults: decay 0.999, sign step 1e-3"),
+    Row(
+        "DeMo lr 5e-3 + int8", codec="dct-topk:64:4+int8", outer="demo", outer_options={"demo_lr": 5e-3}, seeds=1,
+        note="sign step scaled for H=25 inner steps",
+    ),
+    # Not in the default table (time); run with --rows "LABEL" --resume to add them.
+    Row("int2", codec="int2", seeds=0),
+    Row("chunk-topk 64:1 + int8", codec="chunk-topk:64:1+int8", seeds=0, note="error feedback, 1-byte offsets"),
+    Row("randk 5% + fp16", codec="randk:0.05+fp16", seeds=0, note="error feedback, shared index set, no index bytes"),
+]
+
+
+def run_one(row: Row, seed: int, peers: int, rounds: int, inner_steps: int) -> dict[str, Any]:
+    cfg = RunConfig()
+    cfg = dataclasses.replace(cfg, outer=dataclasses.replace(cfg.outer, **row.outer_options))
+    opts = SimulationOptions(
+        peers=peers, rounds=rounds, inner_steps=inner_steps, seed=seed, threads=1, config=cfg,
+        baseline=row.baseline,  # type: ignore[arg-type]
+        codec=None if row.baseline == "ddp" else row.codec,
+        outer=None if row.baseline == "ddp" else row.outer,
+    )
+    result = run_simulation(opts)
+    result["label"] = row.label
+    return result
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+def machine() -> str:
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+        cpu = f"{fields.get('Model name', '?').strip()}, {fields.get('CPU(s)', '?').strip()} CPU(s)"
+    except (OSError, subprocess.CalledProcessError):
+        cpu = platform.processor() or "unknown CPU"
+    import torch
+
+    return f"{cpu}; Python {platform.python_version()}; torch {torch.__version__}"
+
+
+def summarize(rows: list[Row], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One dict per row that has runs: mean final loss over seeds, spread, bytes, curves."""
+    out = []
+    for row in rows:
+        mine = [r for r in runs if r["label"] == row.label]
+        if not mine:
+            continue
+        finals = [r["final_val_loss"] for r in mine]
+        curves = [r["val_loss_per_round"] for r in mine]
+        out.append({
+            "row": row,
+            "seeds": sorted(r["seed"] for r in mine),
+            "final": statistics.fmean(finals),
+            "spread": (max(finals) - min(finals)) / 2,
+            "per_peer_round": mine[0]["bytes_per_peer_per_round"],
+            "upload": mine[0]["upload_bytes_per_peer_per_round"],
+            "total": mine[0]["total_bytes"],
+            "ddp_bytes": mine[0]["ddp_equivalent_bytes"],
+            "curve": [statistics.fmean(values) for values in zip(*curves)],
+            "cumulative": mine[0]["cumulative_bytes_per_round"],
+            "initial": statistics.fmean(r["initial_val_loss"] for r in mine),
+            "wall_s": statistics.fmean(r["wall_s"] for r in mine),
+        })
+    return out
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError
+
+
+def write_report(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    by_label = {s["row"].label: s for s in summary}
+    ddp, fp32 = by_label.get("DDP"), by_label.get("DiLoCo fp32")
+    lines = [
+        "# Compression vs quality (simulated swarm)",
+        "",
+        f"Machine: {meta['machine']}. Date: {meta['date']}.",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Every row: the default model ({meta['numel']:,} parameters, byte-level GPT), the default corpus "
+        f"(Python stdlib sources), {meta['peers']} peers on distinct shards, {meta['rounds']} rounds x "
+        f"{meta['inner_steps']} inner AdamW steps (lr 1e-3, batch 8x128 per peer), aggregator mean. "
+        "DDP: the same peers and per-peer batch, gradients averaged every step, one AdamW step; its bytes are "
+        "what a ring all-reduce of dense fp32 gradients moves (2 x 2(n-1)/n x 4 bytes x d per peer per step). "
+        "DiLoCo rows: bytes are measured payload lengths; per peer per round = its upload + the n-1 payloads it "
+        "downloads. Final val loss: mean over seeds (± half the range) on the fixed validation batches.",
+        "",
+        "| row | codec | outer | seeds | final val loss | bytes/peer/round | upload/peer/round | total bytes "
+        "| fewer bytes than DDP | fewer bytes than fp32 | gap vs DiLoCo fp32 | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        row = s["row"]
+        vs_ddp = f"{s['ddp_bytes'] / s['total']:.0f}x" if s["total"] else "-"
+        vs_fp32 = f"{fp32['upload'] / s['upload']:.1f}x" if fp32 and row.baseline == "diloco" else "-"
+        gap = f"{100 * (s['final'] / fp32['final'] - 1):+.1f}%" if fp32 else "-"
+        options = ", ".join(f"{k}={v}" for k, v in row.outer_options.items())
+        outer = row.outer + (f" ({options})" if options else "")
+        lines.append(
+            f"| {row.label} | `{row.codec}` | {outer} | {len(s['seeds'])} | {s['final']:.4f} ± {s['spread']:.4f} | "
+            f"{_human(s['per_peer_round'])} | {_human(s['upload'])} | {_human(s['total'])} | {vs_ddp} | {vs_fp32} | "
+            f"{gap} | {row.note} |"
+        )
+    lines += ["", "## Targets", ""]
+    if ddp and fp32:
+        gap = 100 * (fp32["final"] / ddp["final"] - 1)
+        ratio = fp32["ddp_bytes"] / fp32["total"]
+        ok = gap <= 3 and ratio >= 20
+        lines.append(
+            f"- DiLoCo fp32 within 3% of DDP sending >= 20x fewer bytes: **{'reached' if ok else 'not reached'}** "
+            f"(gap {gap:+.1f}%, {ratio:.0f}x fewer bytes)."
+        )
+        for s in summary:
+            if s["row"].baseline == "diloco" and s is not fp32:
+                g = 100 * (s["final"] / ddp["final"] - 1)
+                lines.append(f"  - {s['row'].label}: gap vs DDP {g:+.1f}%, {s['ddp_bytes'] / s['total']:.0f}x fewer bytes.")
+    if fp32:
+        hits = [
+            s for s in summary
+            if s["row"].baseline == "diloco" and fp32["upload"] / s["upload"] >= 100 and s["final"] <= 1.02 * fp32["final"]
+        ]
+        names = ", ".join(f"{s['row'].label} ({fp32['upload'] / s['upload']:.0f}x, {100 * (s['final'] / fp32['final'] - 1):+.1f}%)" for s in hits)
+        lines.append(
+            f"- >= 100x fewer bytes than fp32 pseudo-gradients within 2% of DiLoCo fp32: "
+            f"**{'reached by ' + names if hits else 'not reached'}**."
+        )
+    lines += ["", "![val loss vs cumulative bytes](compression.png)", ""]
+    return "\n".join(lines)
+
+
+def write_plot(summary: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for s in summary:
+        style = "k--" if s["row"].baseline == "ddp" else "-"
+        # Cumulative bytes moved by all peers after each round; the curve starts at the first round.
+        ax.plot(s["cumulative"], s["curve"], style, marker=".", label=f"{s['row'].label} ({s['final']:.3f})")
+    ax.set_xscale("log")
+    ax.set_xlabel("cumulative bytes moved, all peers (log)")
+    ax.set_ylabel("validation loss (nats/byte)")
+    ax.set_title("validation loss vs bytes on the wire (4 simulated peers)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --- main ------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=24)
+    parser.add_argument("--inner-steps", type=int, default=25)
+    parser.add_argument("--seeds", type=int, default=None, help="override every row's number of seeds")
+    parser.add_argument("--rows", default=None, help="comma-separated row labels to run (default: all)")
+    parser.add_argument("--workers", type=int, default=2, help="parallel single-threaded runs")
+    parser.add_argument("--resume", action="store_true", help="keep runs already in the JSON, run the rest")
+    parser.add_argument("--report-only", action="store_true", help="rewrite md/png from the JSON, run nothing")
+    parser.add_argument("--out", type=Path, default=OUT, help="output folder (default: benchmarks/)")
+    args = parser.parse_args()
+
+    rows = ROWS
+    if args.rows:
+        wanted = [label.strip() for label in args.rows.split(",")]
+        unknown = [w for w in wanted if w not in {r.label for r in ROWS}]
+        if unknown:
+            parser.error(f"unknown row(s) {unknown}; rows: {', '.join(r.label for r in ROWS)}")
+        rows = [r for r in ROWS if r.label in wanted]
+    else:
+        rows = [r for r in ROWS if r.seeds > 0]
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / "compression.json"
+    previous = json.loads(json_path.read_text()) if json_path.exists() and (args.resume or args.report_only) else None
+    meta = previous["meta"] if previous and args.report_only else {
+        "command": shlex.join(["python", "scripts/bench_compression.py", *sys.argv[1:]]),
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "peers": args.peers, "rounds": args.rounds, "inner_steps": args.inner_steps,
+    }
+    runs: list[dict[str, Any]] = previous["runs"] if previous else []
+
+    if not args.report_only:
+        done = {(r["label"], r["seed"]) for r in runs}
+        seeds = {row.label: args.seeds or row.seeds or 1 for row in rows}
+        jobs = [  # every row's first seed before any second seed: a cut-short bench still covers every row
+            (row, seed)
+            for seed in range(max(seeds.values(), default=0))
+            for row in rows
+            if seed < seeds[row.label] and (row.label, seed) not in done
+        ]
+        print(f"{len(jobs)} runs on {args.workers} workers", flush=True)
+        context = multiprocessing.get_context("spawn")  # no torch thread pools inherited through fork
+        with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
+            futures = {
+                pool.submit(run_one, row, seed, args.peers, args.rounds, args.inner_steps): (row, seed)
+                for row, seed in jobs
+            }
+            for future in as_completed(futures):
+                result = future.result()
+                runs.append(result)
+                print(
+                    f"{result['label']:<28} seed {result['seed']} | final val {result['final_val_loss']:.4f} | "
+                    f"{_human(result['bytes_per_peer_per_round'])}/peer/round | {result['wall_s']:.0f}s",
+                    flush=True,
+                )
+                meta["numel"] = result["numel"]
+                json_path.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
+
+    meta.setdefault("numel", runs[0]["numel"] if runs else 0)
+    summary = summarize(ROWS, runs)
+    (args.out / "compression.md").write_text(write_report(summary, meta))
+    write_plot(summary, args.out / "compression.png")
+    print(f"wrote {args.out / 'compression.md'}, compression.png, compression.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
