@@ -1,0 +1,352 @@
+"""A swarm over an emulated WAN: coordinator and peers in their own Linux network namespaces.
+
+    sudo .venv/bin/python scripts/wan_emulation.py --rate-mbit 100 --rtt-ms 50 --codec fp32 fp16 --write-md
+    .venv/bin/python scripts/wan_emulation.py --check          # can this machine do it? (exits 0 either way)
+
+Topology (all inside namespaces this script creates and always deletes, also on failure or ^C;
+the host's own network namespace is never touched):
+
+    swl<pid>-hub: bridge br0 -- veth h<i>  <->  eth0 in swl<pid>-n<i>: 10.77.0.<i+1>/24
+    n0 = coordinator, n1..nN = peers
+
+Bandwidth: a `tbf` qdisc on every node's eth0 (its uplink) and on its hub-side veth (its
+downlink), rate --rate-mbit, burst 32 KiB (> the MTU), so each node has a symmetric link of that rate.
+Latency: `tc netem` where the kernel has it; otherwise (these machines: "Specified qdisc kind is
+unknown") a user-space delaying proxy (scripts/delay_proxy.py) in front of every node's gRPC port
+adds rtt/2 in each direction, so every gRPC connection (updates, manifests, checkpoints) sees the
+RTT. The hivemind DHT's libp2p traffic then is NOT delayed (discovery only); the output says which.
+
+Compute utilization = the share of each peer's round wall time spent in inner steps
+(sum compute_s / sum round_s over peers and rounds, from the peers' own records).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for extra in (str(ROOT), str(ROOT / "scripts")):
+    if extra not in sys.path:
+        sys.path.insert(0, extra)
+
+SUBNET = "10.77.0"
+COORD_GRPC, COORD_DHT, PEER_GRPC = 31338, 31337, 31400
+BURST = "32kb"
+
+
+class NetnsError(RuntimeError):
+    pass
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
+    if check and result.returncode != 0:
+        raise NetnsError(f"ip {' '.join(args)}: {result.stderr.strip()}")
+    return result
+
+
+class Testbed:
+    """The namespaces, bridge, veths and qdiscs of one emulation; `close()` deletes all of it."""
+
+    def __init__(self, nodes: int, *, rate_mbit: float, rtt_ms: float) -> None:
+        self.prefix = f"swl{os.getpid()}"
+        self.hub = f"{self.prefix}-hub"
+        self.names = [f"{self.prefix}-n{i}" for i in range(nodes)]
+        self.rate_mbit, self.rtt_ms = rate_mbit, rtt_ms
+        self.created: list[str] = []
+        self.processes: list[subprocess.Popen] = []
+        self.delay_mode = "none"
+
+    def ip_of(self, i: int) -> str:
+        return f"{SUBNET}.{i + 1}"
+
+    def proxy_ip_of(self, i: int) -> str:
+        return f"{SUBNET}.{i + 101}"
+
+    def up(self) -> None:
+        for ns in [self.hub, *self.names]:
+            _ip("netns", "add", ns)
+            self.created.append(ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.hub, "link", "set", "br0", "up")
+        netem = self.rtt_ms > 0 and netem_available(self.names[0])
+        self.delay_mode = "netem" if netem else ("proxy" if self.rtt_ms > 0 else "none")
+        for i, ns in enumerate(self.names):
+            veth = f"h{i}"
+            _ip("-n", self.hub, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("-n", self.hub, "link", "set", veth, "master", "br0")
+            _ip("-n", self.hub, "link", "set", veth, "up")
+            _ip("-n", ns, "addr", "add", f"{self.ip_of(i)}/24", "dev", "eth0")
+            if self.delay_mode == "proxy":
+                _ip("-n", ns, "addr", "add", f"{self.proxy_ip_of(i)}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            if self.rate_mbit > 0:
+                for where, dev in ((ns, "eth0"), (self.hub, veth)):  # uplink, downlink
+                    tbf = ["tbf", "rate", f"{self.rate_mbit}mbit", "burst", BURST, "latency", "200ms"]
+                    if netem:  # netem for delay (half the RTT per direction), tbf below it for rate
+                        self._tc(where, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", f"{self.rtt_ms / 2}ms")
+                        self._tc(where, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *tbf)
+                    else:
+                        self._tc(where, "qdisc", "add", "dev", dev, "root", *tbf)
+
+    def _tc(self, ns: str, *args: str) -> None:
+        result = subprocess.run(["ip", "netns", "exec", ns, "tc", *args], capture_output=True, text=True, timeout=20)
+        if result.returncode != 0:
+            raise NetnsError(f"tc {' '.join(args)} in {ns}: {result.stderr.strip()}")
+
+    def spawn(self, i: int, argv: list[str], log_path: Path) -> subprocess.Popen:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+        log = open(log_path, "w")
+        process = subprocess.Popen(["ip", "netns", "exec", self.names[i], *argv], stdout=log, stderr=subprocess.STDOUT,
+                                   env=env, cwd=ROOT, start_new_session=True)
+        self.processes.append(process)
+        return process
+
+    def close(self) -> None:
+        """Kill every process this testbed started (their whole groups), then delete the namespaces."""
+        for process in self.processes:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 5
+        for process in self.processes:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.processes.clear()
+        for ns in reversed(self.created):
+            _ip("netns", "del", ns, check=False)
+        self.created.clear()
+
+
+def netem_available(ns: str) -> bool:
+    probe = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+                           capture_output=True, text=True, timeout=20)
+    if probe.returncode == 0:
+        subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True, timeout=20)
+    return probe.returncode == 0
+
+
+def namespaces_permitted() -> str:
+    """'' when this process may create network namespaces and tbf qdiscs, else why not."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (run with sudo)"
+    name = f"swl{os.getpid()}-probe"
+    try:
+        _ip("netns", "add", name)
+    except (NetnsError, OSError, subprocess.SubprocessError) as exc:
+        return f"cannot create a network namespace here: {exc}"
+    try:
+        tbf = subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "100mbit",
+                              "burst", BURST, "latency", "50ms"], capture_output=True, text=True, timeout=20)
+        if tbf.returncode != 0:
+            return f"tc tbf is not available: {tbf.stderr.strip()}"
+        return ""
+    finally:
+        _ip("netns", "del", name, check=False)
+
+
+_SINK = """
+import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 31999)); s.listen(1)
+c, _ = s.accept(); n, t0 = 0, None
+while (d := c.recv(1 << 16)):
+    t0 = t0 or time.monotonic(); n += len(d)
+print(n * 8 / (time.monotonic() - t0) / 1e6)
+"""
+_SOURCE = """
+import socket, sys, time
+for _ in range(100):
+    try:
+        c = socket.create_connection((sys.argv[1], 31999)); break
+    except OSError:
+        time.sleep(0.05)
+c.sendall(b"x" * (16 << 20)); c.close()
+"""
+
+
+def measure_link_mbit(bed: Testbed, src: int, dst: int) -> float:
+    """Raw TCP throughput from node src to node dst (16 MiB): checks that the shaping holds."""
+    sink = subprocess.Popen(["ip", "netns", "exec", bed.names[dst], sys.executable, "-c", _SINK], stdout=subprocess.PIPE, text=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", bed.names[src], sys.executable, "-c", _SOURCE, bed.ip_of(dst)], timeout=60, check=True)
+        out, _ = sink.communicate(timeout=60)
+        return float(out.strip())
+    finally:
+        if sink.poll() is None:
+            sink.kill()
+
+
+# --- one swarm run on the testbed ------------------------------------------------------------
+
+
+def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec: str, workdir: Path, timeout_s: float) -> dict:
+    from measure_bandwidth import read_workdir
+    from peer.cli import build_parser, load_run_config
+
+    args = build_parser().parse_args(["demo", "--peers", str(peers), "--rounds", str(rounds), "--inner-steps", str(inner_steps),
+                                      "--codec", codec])
+    args.expected_peers = peers
+    cfg = load_run_config(args)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "run.json").write_text(cfg.to_json())
+    python = sys.executable
+    proxy = bed.delay_mode == "proxy"
+
+    def grpc_args(i: int, port: int) -> list[str]:
+        if proxy:  # serve on loopback; others dial the delaying proxy on the alias address
+            bed.spawn(i, [python, str(ROOT / "scripts/delay_proxy.py"), "--listen", f"{bed.proxy_ip_of(i)}:{port}",
+                          "--target", f"127.0.0.1:{port}", "--delay-ms", str(bed.rtt_ms / 2)], workdir / f"proxy{i}.log")
+            return ["--host", "127.0.0.1", "--port", str(port), "--announce-host", bed.proxy_ip_of(i)]
+        return ["--host", "0.0.0.0", "--port", str(port), "--announce-host", bed.ip_of(i)]
+
+    started = time.monotonic()
+    coordinator = bed.spawn(0, [python, "-m", "peer.cli", "coordinator", "--config", str(workdir / "run.json"), *grpc_args(0, COORD_GRPC),
+                                "--host-maddrs", f"/ip4/0.0.0.0/tcp/{COORD_DHT}", "--announce-maddrs", f"/ip4/{bed.ip_of(0)}/tcp/{COORD_DHT}",
+                                "--identity-path", str(workdir / "coordinator.pem"), "--summary-json", str(workdir / "coordinator.json")],
+                            workdir / "coordinator.log")
+    maddr = _wait_for_maddr(workdir / "coordinator.log", coordinator, bed.ip_of(0), 120)
+    children = [bed.spawn(i, [python, "-m", "peer.cli", "peer", "--initial-peers", maddr, *grpc_args(i, PEER_GRPC),
+                              "--host-maddrs", "/ip4/0.0.0.0/tcp/0", "--identity-path", str(workdir / f"peer{i}.pem"),
+                              "--summary-json", str(workdir / f"peer{i}.json"), "--threads", "1", "--shard", f"{i - 1}/{peers}",
+                              "--log-every", "1000"], workdir / f"peer{i}.log")
+                for i in range(1, peers + 1)]
+    try:
+        coordinator.wait(timeout=max(1.0, timeout_s - (time.monotonic() - started)))
+        for child in children:
+            child.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"the swarm did not finish within {timeout_s:.0f}s; logs in {workdir}") from None
+    return {**read_workdir(workdir), "wall_s": time.monotonic() - started, "workdir": str(workdir)}
+
+
+def _wait_for_maddr(log: Path, process: subprocess.Popen, ip: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        for maddr in re.findall(r"--initial-peers (\S+)", text):
+            if f"/ip4/{ip}/" in maddr:
+                return maddr
+        if process.poll() is not None:
+            raise RuntimeError(f"coordinator exited early:\n{text[-3000:]}")
+        time.sleep(0.2)
+    raise TimeoutError(f"coordinator printed no /ip4/{ip}/ multiaddr within {timeout_s:.0f}s")
+
+
+def shaping_text(bed_rate: float, rtt_ms: float, delay_mode: str) -> str:
+    rate = f"tbf {bed_rate:g} Mbit/s up + down per node (burst {BURST})" if bed_rate > 0 else "no rate limit"
+    delay = {"netem": f"netem +{rtt_ms:g} ms RTT", "proxy": f"+{rtt_ms:g} ms RTT on gRPC via user-space delay proxy (DHT not delayed)",
+             "none": "no added latency"}[delay_mode]
+    return f"{rate}; {delay}"
+
+
+def write_markdown(path: Path, results: list[dict], load_before: str, load_after: str) -> None:
+    from machine_info import command_line, machine_lines
+
+    lines = ["# Compute utilization under an emulated WAN", "",
+             "Written by `scripts/wan_emulation.py`: coordinator and peers each in their own network namespace,",
+             "joined by veth pairs on a bridge; shaping as stated on every row. utilization = sum of inner-step time /",
+             "sum of round wall time over all peers and rounds (the peers' own records); bytes are the transport's counts.", "",
+             *machine_lines(load_before, load_after), f"- command: `{command_line()}`", "",
+             "| codec | shaping | peers | rounds x H | payload (B) | recv/peer/round (B) | compute (s) | wait (s) | fetch (s) "
+             "| aggregate (s) | round (s) | goodput (MB/s) | utilization |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        m = r["median"]
+        lines.append(f"| {r['codec']} | {r['shaping']} | {r['peers']} | {r['rounds']} x {r['inner_steps']} | "
+                     f"{', '.join(f'{p:,}' for p in r['payload_bytes_measured'])} | {m['bytes_received']:,.0f} | {m['compute_s']:.2f} | "
+                     f"{m['wait_s']:.2f} | {m['fetch_s']:.2f} | {m['aggregate_s']:.3f} | {m['round_s']:.2f} | "
+                     f"{(m['goodput_MBps'] or 0):.2f} | **{100 * r['utilization']:.1f}%** |")
+    lines += ["", "Per-peer per-round detail (`scripts/measure_bandwidth.py` format):", ""]
+    from measure_bandwidth import format_table
+
+    for r in results:
+        lines += [f"### {r['codec']}: {r['shaping']}", "", "```", format_table(r), "```", ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--peers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--inner-steps", type=int, default=25)
+    parser.add_argument("--codec", nargs="+", default=["fp32", "fp16"])
+    parser.add_argument("--rate-mbit", type=float, default=100.0, help="per-node up and down rate (0 = unlimited)")
+    parser.add_argument("--rtt-ms", type=float, default=50.0, help="added round-trip time (0 = none)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per swarm run before it is killed")
+    parser.add_argument("--workdir", help="keep logs and summaries here (default: a temporary folder)")
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--write-md", nargs="?", const=str(ROOT / "benchmarks/wan.md"), metavar="PATH")
+    parser.add_argument("--check", action="store_true", help="only say whether namespaces + tbf (+ netem) work here")
+    args = parser.parse_args(argv)
+    reason = namespaces_permitted()
+    if reason:
+        print(f"wan_emulation: cannot emulate a WAN on this machine: {reason}. Nothing was run.")
+        return 0
+    if args.check:
+        bed = Testbed(1, rate_mbit=0, rtt_ms=0)
+        try:
+            _ip("netns", "add", bed.names[0])
+            bed.created.append(bed.names[0])
+            netem = netem_available(bed.names[0])
+        finally:
+            bed.close()
+        print(f"wan_emulation: network namespaces and tbf work; netem {'works' if netem else 'is missing (latency via delay proxy)'}")
+        return 0
+    from machine_info import load_average
+
+    load_before = load_average()
+    base = Path(args.workdir or tempfile.mkdtemp(prefix="swarmloco-wan-"))
+    results = []
+    for codec in args.codec:
+        bed = Testbed(args.peers + 1, rate_mbit=args.rate_mbit, rtt_ms=args.rtt_ms)
+        atexit.register(bed.close)
+        previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+        try:
+            bed.up()
+            link = measure_link_mbit(bed, 1, 0)
+            shaping = shaping_text(args.rate_mbit, args.rtt_ms, bed.delay_mode) + f" (measured TCP {link:.0f} Mbit/s)"
+            print(f"codec {codec}: {args.peers} peers + coordinator in namespaces; {shaping}", flush=True)
+            result = run_swarm(bed, peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, codec=codec,
+                               workdir=base / codec.replace(":", "_").replace("+", "_"), timeout_s=args.timeout)
+            results.append({**result, "shaping": shaping, "measured_link_mbit": link, "delay_mode": bed.delay_mode, "rate_mbit": args.rate_mbit, "rtt_ms": args.rtt_ms})
+            from measure_bandwidth import format_table
+
+            print(format_table(result) + "\n", flush=True)
+        finally:
+            bed.close()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"runs": results, "load_before": load_before}, indent=2))
+    if args.write_md:
+        write_markdown(Path(args.write_md), results, load_before, load_average())
+        print(f"wrote {args.write_md}")
+    return 0
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
