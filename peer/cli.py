@@ -128,12 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     # simulate
     s = sub.add_parser("simulate", help="N virtual peers in one process (same math, no network) for fast experiments")
-    try:
-        from peer import simulate
-    except ImportError:  # TODO(session 1): simulate lands in a parallel change
-        simulate = None
-    if simulate is not None:
-        simulate.add_arguments(s)
+    from peer import simulate
+
+    simulate.add_arguments(s)
 
     # status
     st = sub.add_parser("status", help="ask a coordinator for the round, hashes and every peer's state")
