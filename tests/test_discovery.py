@@ -1,0 +1,68 @@
+"""hivemind DHT discovery with Ed25519-signed records, on loopback with real DHT nodes."""
+
+import pytest
+from hivemind.utils import get_dht_time
+
+from protocol import discovery
+from protocol.identity import Identity
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+@pytest.fixture
+def two_nodes():
+    coordinator, peer = Identity.generate(), Identity.generate()
+    first = discovery.start_dht(coordinator, host_maddrs=LOOPBACK)
+    second = None
+    try:
+        second = discovery.start_dht(peer, initial_peers=discovery.visible_maddrs(first), host_maddrs=LOOPBACK)
+        yield coordinator, peer, first, second
+    finally:
+        if second is not None:
+            second.shutdown()
+        first.shutdown()
+
+
+def test_run_and_peer_records_are_found_and_signed(two_nodes):
+    coordinator, peer, first, second = two_nodes
+    assert discovery.announce_run(first, coordinator, run_id="r1", endpoint="127.0.0.1:5000")
+    record = discovery.find_run(second, timeout_s=10)
+    assert (record.run_id, record.endpoint, record.coordinator_id) == ("r1", "127.0.0.1:5000", coordinator.peer_id)
+    assert record.public_key == coordinator.public_key
+
+    assert discovery.announce_peer(second, peer, run_id="r1", endpoint="127.0.0.1:5001", client_mode=False, version="t")
+    peers = discovery.list_peers(first, "r1")
+    assert list(peers) == [peer.peer_id] and peers[peer.peer_id]["endpoint"] == "127.0.0.1:5001"
+
+
+def test_record_in_another_peers_name_is_refused(two_nodes):
+    coordinator, peer, first, second = two_nodes
+    discovery.announce_peer(first, coordinator, run_id="r1", endpoint="127.0.0.1:5000", client_mode=False, version="t")
+    # The peer tries to overwrite the coordinator's record (subkey = the coordinator's peer_id).
+    stored = second.store(discovery.peers_key("r1"), b'{"endpoint": "evil"}', get_dht_time() + 30, subkey=coordinator.peer_id)
+    assert not stored
+    assert discovery.list_peers(first, "r1")[coordinator.peer_id]["endpoint"] == "127.0.0.1:5000"
+
+
+def test_unsigned_record_is_invalid():
+    validator = discovery.Ed25519RecordValidator(b"\x01" * 32)
+    from hivemind.dht.validation import DHTRecord
+    from hivemind.utils import MSGPackSerializer
+
+    record = DHTRecord(b"k" * 20, MSGPackSerializer.dumps("someone"), MSGPackSerializer.dumps(b"v"), 1e12)
+    assert not validator.validate(record)
+    signed = DHTRecord(record.key, MSGPackSerializer.dumps(validator._me().peer_id), record.value, record.expiration_time)
+    good = DHTRecord(signed.key, signed.subkey, validator.sign_value(signed), signed.expiration_time)
+    assert validator.validate(good)
+    assert validator.strip_value(good) == record.value
+    tampered = DHTRecord(good.key, good.subkey, good.value, good.expiration_time + 1)  # expiry is signed too
+    assert not validator.validate(tampered)
+
+
+def test_several_runs_need_run_id(two_nodes):
+    coordinator, other_coordinator, first, second = two_nodes
+    discovery.announce_run(first, coordinator, run_id="r1", endpoint="127.0.0.1:5000")
+    discovery.announce_run(second, other_coordinator, run_id="r2", endpoint="127.0.0.1:6000")
+    with pytest.raises(discovery.DiscoveryError, match="--run-id"):
+        discovery.find_run(first, timeout_s=5)
+    assert discovery.find_run(first, "r2", timeout_s=5).endpoint == "127.0.0.1:6000"
