@@ -86,72 +86,33 @@ def _worker(rank: int, n: int, numel: int, precision: str, conn, barrier, match_
     )
 
     # gRPC only now: hivemind's DHT and averager have forked their children.
-    import hashlib
+    from exchange_round import ExchangePeer
 
-    from peer.config import RunConfig
-    from peer.swarm_math import RoundMath
-    from protocol._generated import swarm_pb2, swarm_pb2_grpc
-    from protocol.accounting import ByteCounter
-    from protocol.channels import create_server
-    from protocol.envelope import UpdateHeader, open_update, sign_update
-    from protocol.identity import Identity
-    from protocol.payload_fetch import ChannelPool, fetch_payload
-    from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload
-
-    identity = Identity.generate()
-    counter = ByteCounter(identity.peer_id)
-    store = PayloadStore(keep_rounds=1)
-    server, port = create_server(counter, host="127.0.0.1", port=0)
-    servicer = PayloadServicer(store, verify_header=lambda s: None, accept_pushes=False)
-    swarm_pb2_grpc.add_PeerServicer_to_server(servicer, server)
-    server.start()
-    pool = ChannelPool(counter)
-    endpoint = f"127.0.0.1:{port}"
-    maths: dict[str, RoundMath] = {}
+    peer = ExchangePeer(local)
     profiler = None
     if profile_path and rank == 0:
         import cProfile
 
         profiler = cProfile.Profile()
-    conn.send(("ready", identity.peer_id, endpoint))
+    conn.send(("ready", peer.peer_id, peer.endpoint))
 
     def swarm_round(codec: str, round_: int) -> dict:
-        cfg = RunConfig.from_dict({"run_id": "bench", "outer": {"name": "fedavg"}, "compression": {"codec": codec}})
-        math = maths.setdefault(codec, RoundMath(cfg, numel))
-        max_bytes = math.codec.max_encoded_size(numel)
+        peer.math(codec)  # build codec state outside the timing
         barrier.wait()
         t0 = time.perf_counter()
         if profiler:
             profiler.enable()
-        payload = math.encode(local, round_)
-        header = UpdateHeader(run_id="bench", round=round_, peer_id=identity.peer_id, codec=codec, numel=numel,
-                              layout_hash="bench", base_param_hash="bench", payload_sha256=hashlib.sha256(payload).hexdigest(),
-                              payload_size=len(payload))
-        signed = sign_update(identity, header)
-        store.put(StoredPayload(header, signed, payload))
+        conn.send(("header", *peer.commit(codec, round_)))
         t_encoded = time.perf_counter()
-        conn.send(("header", identity.peer_id, signed.SerializeToString(), endpoint))
-        manifest = conn.recv()  # [(peer_id, signed bytes, endpoint)] sorted by peer_id
+        manifest = conn.recv()  # [(peer_id, signed header bytes, endpoint)] sorted by peer_id
         t_manifest = time.perf_counter()
-        updates, fetch_s, decode_s = [], 0.0, 0.0
-        for peer_id, signed_bytes, holder in manifest:
-            t = time.perf_counter()
-            entry = open_update(swarm_pb2.Signed.FromString(signed_bytes), run_id="bench", round_=round_, codec=codec,
-                                numel=numel, layout_hash="bench", max_payload_bytes=max_bytes)
-            data = payload if peer_id == identity.peer_id else fetch_payload(pool, [holder], entry)
-            t_fetched = time.perf_counter()
-            updates.append(math.decode(data, round_))
-            fetch_s += t_fetched - t
-            decode_s += time.perf_counter() - t_fetched
-        t_agg = time.perf_counter()
-        params = torch.zeros(numel)
-        math.apply(params, updates)  # fedavg lr 1: params -= mean(updates)
+        params, split = peer.aggregate(manifest, codec, round_)
         t_end = time.perf_counter()
         if profiler:
             profiler.disable()
         error = float((params + exact_mean).abs().max())  # fedavg lr 1 stepped params to -mean
         return {"round_s": t_end - t0, "max_abs_error": error, "encode_s": t_encoded - t0, "manifest_s": t_manifest - t_encoded,
-                "fetch_s": fetch_s, "decode_s": decode_s, "aggregate_s": t_end - t_agg, "payload_bytes": len(payload)}
+                **split, "payload_bytes": len(peer.payload)}
 
     def hivemind_round() -> dict:
         with averager.get_tensors() as tensors:
@@ -185,8 +146,7 @@ def _worker(rank: int, n: int, numel: int, precision: str, conn, barrier, match_
 
             with open(profile_path, "w") as f:
                 pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(30)
-        pool.close()
-        server.stop(grace=0.5)
+        peer.close()
         averager.shutdown()
         dht.shutdown()
 
@@ -315,18 +275,20 @@ def write_markdown(path: Path, rows: list[dict], load_before: str, load_after: s
         "the repetitions after one warm-up; round time = the slowest peer's. hivemind is timed from the",
         "trigger after matchmaking (its matchmaking excluded); swarmloco from encode to aggregate, header",
         "relay (the coordinator's manifest) included. ratio = swarmloco / hivemind (< 1: swarmloco faster).",
+        "max err = largest |result - exact mean of the N fp32 tensors| over all peers and repetitions (randn data).",
         "",
         *machine_lines(load_before, load_after),
         f"- total wall time: {wall_s:.0f} s",
         f"- command: `{command_line()}`",
         "",
-        "| peers | floats | precision | swarmloco codec | payload (B) | swarmloco (s) | hivemind (s) | ratio | reps |",
-        "|---:|---:|---|---|---:|---:|---:|---:|---:|",
+        "| peers | floats | precision | swarmloco codec | payload (B) | swarmloco (s) | hivemind (s) | ratio | reps "
+        "| max err swarmloco | max err hivemind |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(f"| {r['peers']} | {r['numel']:,} | {r['precision']} ({r['hivemind_compression']}) | {r['codec']} | "
                      f"{r['payload_bytes']:,} | {r['swarmloco_round_s']:.3f} | {r['hivemind_round_s']:.3f} | "
-                     f"{r['ratio']:.2f} | {r['repeats']} |")
+                     f"{r['ratio']:.2f} | {r['repeats']} | {r['swarmloco_max_abs_error']:.2g} | {r['hivemind_max_abs_error']:.2g} |")
     lines += ["", "swarmloco round split (median, slowest peer, seconds): encode+sign | manifest relay | fetch | decode | aggregate", "",
               "| peers | floats | codec | encode | relay | fetch | decode | aggregate |", "|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:

@@ -1,0 +1,155 @@
+"""Smoke tests of the measurement scripts' small modes (no hivemind swarm, no namespaces needed).
+
+- the swarmloco exchange round of bench_vs_hivemind: two real gRPC peers in this process, exact
+  mean for fp32, bounded error for fp16/int8, every payload verified;
+- measure_bandwidth's analysis on hand-written peer summaries (goodput, utilization, the
+  coordinator vs peer split, codec sizes from the codec docstring's examples);
+- delay_proxy carries bytes and EOF unchanged; wan_emulation exits 0 with a message when it
+  may not create namespaces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench_vs_hivemind  # noqa: E402
+import delay_proxy  # noqa: E402
+import measure_bandwidth  # noqa: E402
+import wan_emulation  # noqa: E402
+
+
+@pytest.mark.parametrize("text, value", [("1M", 1_000_000), ("10M", 10_000_000), ("250K", 250_000), ("4096", 4096), ("1e6", 1_000_000)])
+def test_parse_numel(text, value):
+    assert bench_vs_hivemind.parse_numel(text) == value
+
+
+def test_parse_numel_refuses_nonsense():
+    with pytest.raises(Exception, match="use an integer"):
+        bench_vs_hivemind.parse_numel("lots")
+
+
+@pytest.mark.parametrize("codec, tolerance", [("fp32", 1e-6), ("fp16", 2e-3), ("int8", 5e-2), ("topk:0.01+int8", None)])
+def test_exchange_round_two_real_peers(codec, tolerance):
+    from exchange_round import ExchangePeer
+
+    d = 4096
+    updates = [torch.randn(d, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    peers = [ExchangePeer(u) for u in updates]
+    try:
+        manifest = sorted((p.commit(codec, 1) for p in peers), key=lambda e: e[0])
+        results = [p.aggregate(manifest, codec, 1) for p in peers]
+        exact = (updates[0] + updates[1]) / 2
+        # every honest peer computes the same bits from the same bytes in the same order
+        assert torch.equal(results[0][0], results[1][0])
+        if tolerance is not None:
+            assert float((results[0][0] + exact).abs().max()) < tolerance
+        else:  # top 1% of each: the result is -mean of the sparse updates, nonzero on <= 2% of coordinates
+            assert 0 < int((results[0][0] != 0).sum()) <= 2 * round(0.01 * d)
+        # each fetched exactly the other's payload over gRPC: counted bytes exceed the payload
+        payload = len(peers[0].payload)
+        assert peers[0].counter.total().received >= payload
+        assert peers[1].counter.total().sent >= payload
+    finally:
+        for p in peers:
+            p.close()
+
+
+def _summary(peer_id: str, rounds: list[dict], traffic: dict) -> dict:
+    return {"peer_id": peer_id, "history": rounds, "traffic": traffic}
+
+
+def _record(round_: int, **kw) -> dict:
+    base = {"round": round_, "updates": 4, "bytes_sent": 3000, "bytes_received": 5000, "payload_bytes": 1000,
+            "compute_s": 9.0, "encode_s": 0.1, "wait_s": 0.5, "fetch_s": 0.3, "aggregate_s": 0.1, "round_s": 10.0}
+    return base | kw
+
+
+def test_analyze_goodput_utilization_and_split():
+    traffic = {"0": {"10.0.0.1:31338": {"bytes_sent": 1200, "bytes_received": 700, "calls": 5},
+                     "coordid": {"bytes_sent": 1000, "bytes_received": 60, "calls": 1},
+                     "10.0.0.3:31400": {"bytes_sent": 66, "bytes_received": 1004, "calls": 1}}}
+    summaries = [_summary("aaaaaaaaaaaa", [_record(0), _record(1, compute_s=7.0, round_s=10.0, fetch_s=0.0)], traffic)]
+    result = measure_bandwidth.analyze(summaries, codec="fp16", numel=1000, coordinator_keys=("10.0.0.1:31338", "coordid"))
+    first, second = result["rows"]
+    assert first["fetched_payload_bytes"] == 3000  # 3 other peers' payloads of 1000 B
+    assert first["goodput_MBps"] == pytest.approx(3000 / 1e6 / 0.3)
+    assert second["goodput_MBps"] is None  # nothing timed: no rate made up
+    assert (first["coordinator_sent"], first["coordinator_received"]) == (2200, 760)
+    assert (first["peers_sent"], first["peers_received"]) == (66, 1004)
+    assert result["utilization"] == pytest.approx(16.0 / 20.0)
+    assert result["codec_bytes"] == 2004  # optim/codecs.py: fp16 of 1000 values = 4 + 2*1000
+    assert result["fp32_bytes"] == 4000
+    assert result["bytes_per_peer_per_round"] == 8000
+    assert "80.0%" in measure_bandwidth.format_table(result)
+
+
+def test_codec_sizes_int8():
+    assert measure_bandwidth.codec_sizes("int8", 1000)["codec_bytes"] == 4 + 4 * 16 + 1000  # ceil(1000/64) = 16 blocks
+
+
+def test_delay_proxy_carries_bytes_and_eof():
+    echo = socket.socket()
+    echo.bind(("127.0.0.1", 0))
+    echo.listen(1)
+
+    def serve_echo():
+        conn, _ = echo.accept()
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    threading.Thread(target=serve_echo, daemon=True).start()
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    proxy_port = probe.getsockname()[1]
+    probe.close()
+    loop = asyncio.new_event_loop()
+    proxy = loop.create_task(delay_proxy.serve(("127.0.0.1", proxy_port), echo.getsockname(), 0.005))
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        blob = bytes(range(256)) * 4096  # 1 MiB
+        for _ in range(200):
+            try:
+                client = socket.create_connection(("127.0.0.1", proxy_port), timeout=10)
+                break
+            except OSError:
+                threading.Event().wait(0.02)
+        received = bytearray()
+
+        def read_back():
+            while data := client.recv(65536):
+                received.extend(data)
+
+        reader = threading.Thread(target=read_back)
+        reader.start()
+        client.sendall(blob)
+        client.shutdown(socket.SHUT_WR)  # EOF must travel through both directions
+        reader.join(timeout=20)
+        client.close()
+        assert bytes(received) == blob
+    finally:
+        loop.call_soon_threadsafe(proxy.cancel)
+        loop.call_soon_threadsafe(loop.stop)
+        echo.close()
+
+
+def test_wan_emulation_without_permission_exits_cleanly(monkeypatch, capsys):
+    monkeypatch.setattr(wan_emulation.os, "geteuid", lambda: 1000)
+    assert wan_emulation.main(["--codec", "fp16"]) == 0
+    assert "cannot emulate a WAN on this machine: network namespaces need root" in capsys.readouterr().out
+
+
+def test_wan_shaping_is_named_beside_figures():
+    assert wan_emulation.shaping_text(100, 50, "proxy") == (
+        "tbf 100 Mbit/s up + down per node (burst 32kb); +50 ms RTT on gRPC via user-space delay proxy (DHT not delayed)")
+    assert wan_emulation.shaping_text(0, 0, "none") == "no rate limit; no added latency"
