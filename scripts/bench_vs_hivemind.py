@@ -264,7 +264,7 @@ def repeats_for(n: int, numel: int, requested: int | None) -> int:
     return 2 if n * numel >= 40_000_000 else 3 if n * numel >= 10_000_000 else 5
 
 
-def write_markdown(path: Path, rows: list[dict], load_before: str, load_after: str, wall_s: float) -> None:
+def write_markdown(path: Path, rows: list[dict], load_before: str, load_after: str, wall_s: float, command: str | None = None) -> None:
     from machine_info import command_line, machine_lines
 
     lines = [
@@ -279,7 +279,7 @@ def write_markdown(path: Path, rows: list[dict], load_before: str, load_after: s
         "",
         *machine_lines(load_before, load_after),
         f"- total wall time: {wall_s:.0f} s",
-        f"- command: `{command_line()}`",
+        f"- command: `{command or command_line()}`",
         "",
         "| peers | floats | precision | swarmloco codec | payload (B) | swarmloco (s) | hivemind (s) | ratio | reps "
         "| max err swarmloco | max err hivemind |",
@@ -312,7 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write all rows here")
     parser.add_argument("--write-md", nargs="?", const=str(ROOT / "benchmarks/vs_hivemind.md"), metavar="PATH")
     parser.add_argument("--profile", metavar="PATH", help="cProfile worker 0's swarmloco rounds into this text file")
+    parser.add_argument("--report-only", metavar="JSON", help="rewrite --write-md from an earlier --json file; run nothing")
     args = parser.parse_args(argv)
+    if args.report_only:
+        saved = json.loads(Path(args.report_only).read_text())
+        write_markdown(Path(args.write_md or ROOT / "benchmarks/vs_hivemind.md"), saved["rows"], saved.get("load_before", "?"),
+                       saved.get("load_after", "(not recorded)"), saved.get("wall_s", float("nan")), saved.get("command"))
+        return 0
     if any(n < 2 for n in args.peers):
         parser.error("--peers: an all-reduce needs at least 2 peers")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -333,21 +339,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['peers']:>5} {r['numel']:>11,} {r['precision']:>9} {r['codec']:>15} {r['swarmloco_round_s']:>11.3f} "
               f"{r['hivemind_round_s']:>10.3f} {r['ratio']:>6.2f}")
     if args.json:
-        _write_json(Path(args.json), rows, load_before)
+        _write_json(Path(args.json), rows, load_before, load_average(), time.monotonic() - started)
     if args.write_md:
         write_markdown(Path(args.write_md), rows, load_before, load_average(), time.monotonic() - started)
         print(f"wrote {args.write_md}")
     return 0
 
 
-def _write_json(path: Path, rows: list[dict], load_before: str) -> None:
+def _write_json(path: Path, rows: list[dict], load_before: str, load_after: str = "", wall_s: float | None = None) -> None:
     from machine_info import command_line, cpu_model, versions
 
     first = rows[0] if rows else {}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
         "swarmloco_round_s": first.get("swarmloco_round_s"), "hivemind_round_s": first.get("hivemind_round_s"),
-        "rows": rows, "cpu": cpu_model(), "cores": os.cpu_count(), "load_before": load_before,
+        "rows": rows, "cpu": cpu_model(), "cores": os.cpu_count(), "load_before": load_before, "load_after": load_after,
+        "wall_s": wall_s,
         "versions": versions(), "command": command_line(),
     }, indent=2))
 
