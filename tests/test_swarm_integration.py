@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -56,3 +59,47 @@ def test_three_peers_train_in_lockstep(swarm, tmp_path):
         served = sum(t.get(status["coordinator_id"], {}).get("bytes_sent", 0) for t in peer["traffic"].values())
         assert served > 0
         assert coordinator_view[endpoint]["bytes_received"] == served
+
+
+def test_client_mode_and_direct_coordinator_and_status(swarm, tmp_path):
+    """A peer behind NAT (--client-mode, no server) pushes its update; another reaches the
+    coordinator directly without the DHT; `swarmloco status` reports both."""
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 2, "expected_peers": 2})
+    coordinator = swarm.start_coordinator(["--config", str(config)])
+    natted = swarm.start_peer("natted", ["--shard", "0/2", "--client-mode"])
+    direct = swarm.start_peer("direct", ["--shard", "1/2"], via_dht=False)
+    assert swarm.wait(coordinator, 180) == 0
+    for peer in (natted, direct):
+        assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
+    status = json.loads((swarm.workdir / "coordinator.json").read_text())
+    assert [h["updates"] for h in status["history"]] == [2, 2]
+    natted_summary = _peer_summary(swarm, "natted")
+    assert all(h["in_sync"] for h in natted_summary["history"])
+    by_id = {p["peer_id"]: p for p in status["peers"]}
+    assert by_id[natted_summary["peer_id"]]["client_mode"] is True
+    assert by_id[natted_summary["peer_id"]]["endpoint"] == ""
+
+
+def test_status_command_reads_a_live_coordinator(swarm, tmp_path):
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 50, "expected_peers": 1})
+    swarm.start_coordinator(["--config", str(config)])
+    peer = swarm.start_peer("solo", ["--shard", "0/1"])
+    deadline = time.monotonic() + 90
+    status = {}
+    while time.monotonic() < deadline:
+        out = subprocess.run([sys.executable, "-m", "peer.cli", "status", "--coordinator", swarm.coordinator_endpoint, "--json"],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        status = json.loads(out.stdout)
+        if status["round"] >= 2 and status["peers"] and status["peers"][0]["last_round"] >= 1:
+            break
+        time.sleep(1)
+    assert status["round"] >= 2
+    (record,) = status["peers"]
+    for key in ("peer_id", "last_round", "param_hash", "bytes_sent", "bytes_received", "state", "excluded_reason", "banned_reason"):
+        assert key in record
+    assert record["bytes_sent"] > 0 and record["aggregation"]["weight"] == 1.0
+    table = subprocess.run([sys.executable, "-m", "peer.cli", "status", "--coordinator", swarm.coordinator_endpoint],
+                           capture_output=True, text=True, timeout=30)
+    assert table.returncode == 0 and record["peer_id"][:8] in table.stdout
+    assert peer.alive()
