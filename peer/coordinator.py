@@ -14,6 +14,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from peer.swarm_math import RoundMath, UpdateRejected
 from peer.training import evaluate
 from protocol._generated import swarm_pb2
 from protocol.accounting import ByteCounter
+from protocol.channels import TRANSFER_DEADLINE
 from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, check_payload, open_update, sign_manifest, signed_to_json
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool, fetch_payload
@@ -76,6 +78,7 @@ class Coordinator:
         self.params = flat_params(self.model)  # θ_r, (d,) float32
         self.numel = self.params.numel()
         self.math = RoundMath(cfg, self.numel)
+        self.max_payload_bytes = min(cfg.max_payload_bytes, self.math.codec.max_encoded_size(self.numel))
         self.round = 0
         self.finished = False
         corpus = load_corpus(cfg.data, seq_len=cfg.model.seq_len)
@@ -112,6 +115,7 @@ class Coordinator:
         self.round = ckpt.round
         self.book = RoundBook(round=self.round)
         self.history = [RoundResult(**r) for r in ckpt.extra.get("history", [])]
+        self.registry.restore(ckpt.extra.get("peers", []), joined_round=self.round)
         self.start_wait_until = time.monotonic()  # peers that were in the run come back on their own
         log.info("restored round %d from %s", self.round, self.checkpoint_path)
 
@@ -123,7 +127,9 @@ class Coordinator:
             param_hash=self.param_hash,
             config_hash=self.cfg.config_hash(),
             outer_state=self.math.outer.global_state_dict(),
-            extra={"history": [_result_dict(r) for r in self.history]},
+            # Peers, bans and evidence survive a coordinator restart: a banned peer stays banned,
+            # and the peers of the run are awaited again instead of the first one back closing the round.
+            extra={"history": [_result_dict(r) for r in self.history], "peers": self.registry.to_dicts()},
         )
         self.checkpoint_bytes = checkpoint.to_bytes(ckpt)
         if self.checkpoint_path is not None:
@@ -134,15 +140,20 @@ class Coordinator:
         return evaluate(self.model, self.val_batches)
 
     def verify_header(self, signed: swarm_pb2.Signed, round_: int | None = None) -> UpdateHeader:
-        header = open_update(
-            signed,
-            run_id=self.cfg.run_id,
-            round_=round_,
-            codec=self.cfg.compression.codec,
-            numel=self.numel,
-            layout_hash=self.layout_hash,
-            max_payload_bytes=min(self.cfg.max_payload_bytes, self.math.codec.max_encoded_size(self.numel)),
-        )
+        try:
+            header = open_update(
+                signed,
+                run_id=self.cfg.run_id,
+                round_=round_,
+                codec=self.cfg.compression.codec,
+                numel=self.numel,
+                layout_hash=self.layout_hash,
+                max_payload_bytes=self.max_payload_bytes,
+            )
+        except EnvelopeError:
+            raise
+        except (ValueError, RecursionError) as exc:  # signed but pathological JSON (huge ints, deep nesting)
+            raise EnvelopeError("malformed", f"update header is not a valid body: {type(exc).__name__}") from None
         record = self.registry.get(header.peer_id)
         if record is None:
             raise EnvelopeError("unknown-peer", "unknown peer: Join the run before submitting updates")
@@ -151,8 +162,27 @@ class Coordinator:
         return header
 
     def verify_pushed_header(self, signed: swarm_pb2.Signed) -> UpdateHeader:
+        """Admit a client-mode push before a byte of it is read.
+
+        A push is a commitment too: a second, different signed header for the same round (pushed
+        or committed) is equivocation, so one identity cannot make us buffer many payloads per round.
+        """
         with self.lock:
-            return self.verify_header(signed, self.round)
+            try:
+                header = self.verify_header(signed, self.round)
+            except EnvelopeError as exc:
+                if exc.reason == "wrong-round":
+                    raise EnvelopeError("stale-round", str(exc)) from None
+                raise
+            committed = self.book.commitments.get(header.peer_id)
+            first = self.book.pushed.get(header.peer_id)
+            if first is None and committed is not None:
+                first = (committed.header, committed.signed)
+            if first is not None and first[0].payload_sha256 != header.payload_sha256:
+                self._ban_equivocator(header, first[1], signed)
+                raise EnvelopeError("equivocation", "equivocation: two different updates in one round; banned")
+            self.book.pushed.setdefault(header.peer_id, (header, signed))
+            return header
 
     # --- commitments ---------------------------------------------------------------------
 
@@ -172,6 +202,13 @@ class Coordinator:
                     reason=f"stale-round: round {header.round} is not open (current round {self.round}); resynchronise",
                     current_round=self.round,
                 )
+            record = self.registry.get(header.peer_id)
+            if record is not None and endpoint != record.endpoint:
+                # Only the endpoint the peer joined with: a commitment cannot aim our fetcher elsewhere.
+                self.registry.reject("wrong-endpoint")
+                return swarm_pb2.CommitReply(
+                    accepted=False, reason=f"wrong-endpoint: joined with {record.endpoint!r}; Join again to change it", current_round=self.round
+                )
             if header.base_param_hash != self.param_hash:
                 self.registry.reject("wrong-base")
                 return swarm_pb2.CommitReply(
@@ -179,6 +216,11 @@ class Coordinator:
                     reason="wrong-base: the update was computed from other parameters; download the checkpoint",
                     current_round=self.round,
                 )
+            pushed_first = self.book.pushed.get(header.peer_id)
+            if pushed_first is not None and pushed_first[0].payload_sha256 != header.payload_sha256:
+                self.registry.reject("equivocation")
+                self._ban_equivocator(header, pushed_first[1], signed)
+                return swarm_pb2.CommitReply(accepted=False, reason="equivocation: two different updates in one round; banned", current_round=self.round)
             existing = self.book.commitments.get(header.peer_id)
             if existing is not None:
                 if existing.header.payload_sha256 == header.payload_sha256:
@@ -203,21 +245,30 @@ class Coordinator:
         return swarm_pb2.CommitReply(accepted=True, current_round=self.round)
 
     def _equivocation(self, existing: Commitment, header: UpdateHeader, signed: swarm_pb2.Signed) -> None:
+        self.registry.reject("equivocation")
+        self._ban_equivocator(header, existing.signed, signed)
+        existing.status, existing.reason, existing.update = "excluded", "equivocation", None
+
+    def _ban_equivocator(self, header: UpdateHeader, first: swarm_pb2.Signed, second: swarm_pb2.Signed) -> None:
+        """Ban for the run; keep both signed headers: anyone can check the two signatures."""
         evidence = {
             "kind": "equivocation",
             "round": header.round,
-            "first_header": signed_to_json(existing.signed),
-            "second_header": signed_to_json(signed),
+            "first_header": signed_to_json(first),
+            "second_header": signed_to_json(second),
         }
         self.registry.ban(header.peer_id, f"equivocation in round {header.round}", evidence)
-        self.registry.reject("equivocation")
         self.book.excluded[header.peer_id] = "equivocation"
-        existing.status, existing.reason, existing.update = "excluded", "equivocation", None
+        existing = self.book.commitments.get(header.peer_id)
+        if existing is not None:
+            existing.status, existing.reason, existing.update = "excluded", "equivocation", None
         log.warning("peer %s equivocated in round %d: banned, evidence kept", header.peer_id[:8], header.round)
 
     def _fetch(self, commitment: Commitment) -> None:
         try:
-            payload = fetch_payload(self.channels, [commitment.endpoint], commitment.header)
+            # Bounded by the payload's size (at >= 256 KiB/s), so a slow author cannot hold a fetch thread for long.
+            seconds = min(TRANSFER_DEADLINE.total_seconds(), 10.0 + commitment.header.payload_size / (256 << 10))
+            payload = fetch_payload(self.channels, [commitment.endpoint], commitment.header, deadline=timedelta(seconds=seconds))
         except Exception as exc:  # unreachable author, broken stream: excluded, the round goes on
             self._exclude(commitment, "unreachable", f"could not fetch the payload from {commitment.endpoint}: {exc}")
             return

@@ -19,6 +19,7 @@ log = logging.getLogger("swarmloco.peer")
 T = TypeVar("T")
 TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 MAX_CHECKPOINT_BYTES = 8 << 30
+RECONNECT_EVERY_S = 3.0
 
 
 class CoordinatorUnavailable(ConnectionError):
@@ -32,6 +33,19 @@ class CoordinatorClient:
         self.retry_for = retry_for
         self.channel = create_channel(endpoint, counter)  # counted under the endpoint, like every callee
         self.stub = swarm_pb2_grpc.CoordinatorStub(self.channel)
+        self._retired: list[grpc.Channel] = []
+        self._rebuilt_at = time.monotonic()
+
+    def _reconnect(self) -> None:
+        """A fresh channel after the coordinator went away: grpc's own reconnect backoff grows to
+        minutes, while a restarted coordinator is usually back within seconds. The old channel is
+        kept open (another thread may be mid-call on it) and closed with the client."""
+        if time.monotonic() - self._rebuilt_at < RECONNECT_EVERY_S:
+            return
+        self._retired.append(self.channel)
+        self.channel = create_channel(self.endpoint, self.counter)
+        self.stub = swarm_pb2_grpc.CoordinatorStub(self.channel)
+        self._rebuilt_at = time.monotonic()
 
     def wait_ready(self, timeout: timedelta) -> None:
         wait_ready(self.channel, self.endpoint, timeout)
@@ -53,6 +67,8 @@ class CoordinatorClient:
                         ) from None
                     raise
                 log.info("%s: coordinator unavailable (%s), retrying in %.1fs", what, code, delay)
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    self._reconnect()
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 5.0)
 
@@ -77,11 +93,14 @@ class CoordinatorClient:
         stub = swarm_pb2_grpc.PeerStub(self.channel)
         return stub.PushPayload(chunks, timeout=TRANSFER_DEADLINE.total_seconds())
 
-    def checkpoint(self, attempts: int = 5) -> tuple[bytes, int]:
-        """Download the current checkpoint; resume from the byte a broken transfer stopped at."""
+    def checkpoint(self) -> tuple[bytes, int]:
+        """Download the current checkpoint; resume from the byte a broken transfer stopped at, and
+        keep trying (with backoff, over a fresh channel) for up to retry_for: the coordinator may be restarting."""
         received = b""
         sha = None
-        for attempt in range(attempts):
+        deadline = time.monotonic() + self.retry_for.total_seconds()
+        delay = 0.5
+        while True:
             stream = self.stub.StreamCheckpoint(
                 swarm_pb2.CheckpointRequest(offset=len(received)), timeout=TRANSFER_DEADLINE.total_seconds()
             )
@@ -90,14 +109,18 @@ class CoordinatorClient:
                 return data, first.round
             except TransferError as exc:
                 # The same object may continue where it broke; a new round's checkpoint starts over.
-                if "different object" in str(exc):
+                if "different object" in str(exc) or "outside 0.." in str(exc):
                     received, sha = b"", None
                 else:
                     received = exc.received
-                    sha = sha or None
+                if time.monotonic() + delay > deadline:
+                    raise CoordinatorUnavailable(f"could not download the checkpoint from {self.endpoint}: {exc}") from None
                 log.info("checkpoint transfer broke (%s), resuming at byte %d", exc, len(received))
-                time.sleep(min(0.5 * 2**attempt, 5.0))
-        raise CoordinatorUnavailable(f"could not download the checkpoint from {self.endpoint} after {attempts} attempts")
+                if "UNAVAILABLE" in str(exc):
+                    self._reconnect()
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 5.0)
 
     def close(self) -> None:
-        self.channel.close()
+        for channel in [*self._retired, self.channel]:
+            channel.close()

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
+import threading
 import time
 from typing import Any
 
 import grpc
 
 from peer.coordinator import VERSION, Coordinator
-from peer.registry import PeerRecord
+from peer.registry import PeerRecord, RegistryFull
 from protocol import streaming
 from protocol._generated import swarm_pb2, swarm_pb2_grpc
-from protocol.ratelimit import RateLimiter
+from protocol.ratelimit import CallerLimits, RateLimiter
 from protocol.rpc_errors import RpcAbort, guarded
 from protocol.signing import SignatureError, open_signed
 
@@ -28,19 +31,59 @@ HEARTBEAT_TAG = "swarmloco/heartbeat/v1"
 MAX_CLOCK_SKEW_S = 300.0
 
 
-_guarded = guarded(lambda s: s.limiter, lambda s, reason: s.coordinator.registry.reject(reason))
-_guarded_stream = guarded(lambda s: s.limiter, lambda s, reason: s.coordinator.registry.reject(reason), streaming=True)
+ENDPOINT_RE = re.compile(r"^[A-Za-z0-9.\-]{1,253}:[0-9]{1,5}$|^\[[0-9A-Fa-f:.]{2,45}\]:[0-9]{1,5}$")
+MAX_STATUS_JSON = 900_000  # a status reply must fit one gRPC message (channels.MAX_MESSAGE_BYTES)
+
+
+_guarded = guarded(lambda s: s.limits, lambda s, reason: s.coordinator.registry.reject(reason))
+_guarded_stream = guarded(
+    lambda s: s.limits, lambda s, reason: s.coordinator.registry.reject(reason), streaming=True, max_stream_s=lambda s: s.max_stream_s
+)
 
 
 def _fresh(fields: dict[str, Any]) -> bool:
     stamp = fields.get("timestamp")
-    return isinstance(stamp, (int, float)) and abs(time.time() - stamp) < MAX_CLOCK_SKEW_S
+    if not isinstance(stamp, (int, float)) or isinstance(stamp, bool):
+        return False
+    try:
+        return abs(time.time() - float(stamp)) < MAX_CLOCK_SKEW_S  # NaN compares False
+    except OverflowError:  # an int past float range
+        return False
+
+
+def valid_endpoint(endpoint: str) -> bool:
+    """'' (client mode) or HOST:PORT with a port in 1..65535."""
+    return endpoint == "" or (ENDPOINT_RE.match(endpoint) is not None and 0 < int(endpoint.rsplit(":", 1)[1]) < 65536)
+
+
+def _open(request: swarm_pb2.Signed, tag: str) -> tuple[dict[str, Any], str]:
+    """open_signed, with pathological JSON (huge ints, deep nesting) refused like any malformed body."""
+    try:
+        return open_signed(request, tag)
+    except SignatureError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise SignatureError("malformed", f"signed body is not valid JSON ({type(exc).__name__})") from None
 
 
 class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
-    def __init__(self, coordinator: Coordinator) -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        *,
+        limits: CallerLimits | None = None,
+        new_peers_per_s: float = 5.0,
+        new_peers_burst: float = 200.0,
+        max_long_polls: int = 8,
+        max_stream_s: float = 120.0,
+    ) -> None:
         self.coordinator = coordinator
-        self.limiter = RateLimiter(rate_per_s=100.0, burst=400.0)
+        self.limits = limits or CallerLimits(per_peer_rate=100.0, per_peer_burst=400.0)
+        # Admission of *new* identities is one global bucket: keys are free to make (Sybil flood).
+        self.admission = RateLimiter(rate_per_s=new_peers_per_s, burst=new_peers_burst)
+        # Long-polls park a server thread; keep some threads free for every other call.
+        self.long_polls = threading.BoundedSemaphore(max_long_polls)
+        self.max_stream_s = max_stream_s
 
     @_guarded
     def GetRunInfo(self, request, context):
@@ -61,7 +104,7 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
     def Join(self, request, context):
         c = self.coordinator
         try:
-            fields, peer_id = open_signed(request, JOIN_TAG)
+            fields, peer_id = _open(request, JOIN_TAG)
         except SignatureError as exc:
             c.registry.reject(exc.reason)
             raise RpcAbort(grpc.StatusCode.UNAUTHENTICATED, f"join refused: {exc}")
@@ -75,32 +118,43 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
             c.registry.reject("not-allowed")
             raise RpcAbort(grpc.StatusCode.PERMISSION_DENIED, f"peer {peer_id} is not on this run's allow-list; ask the run owner to add its public key {request.public_key.hex()}")
         endpoint = fields.get("endpoint", "")
-        if not isinstance(endpoint, str) or len(endpoint) > 256:
+        if not isinstance(endpoint, str) or not valid_endpoint(endpoint):
             c.registry.reject("malformed")
-            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "endpoint must be a HOST:PORT string")
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "endpoint must be a HOST:PORT string (or empty with --client-mode)")
         with c.lock:
             if c.registry.is_banned(peer_id):
                 return swarm_pb2.JoinReply(accepted=False, reason=f"banned: {c.registry.get(peer_id).banned_reason}")
-            c.registry.upsert(
-                PeerRecord(
-                    peer_id=peer_id,
-                    public_key=bytes(request.public_key),
-                    endpoint=endpoint,
-                    client_mode=bool(fields.get("client_mode", False)),
-                    version=str(fields.get("version", ""))[:32],
-                    # Round 1 is the start phase: everyone who joins during it is awaited. Later, a
-                    # peer joining a round already under way is awaited from the next one.
-                    joined_round=c.round + (1 if c.round > 0 and c.book.commitments else 0),
-                )
-            )
+            if c.registry.get(peer_id) is None and not self.admission.allow("new-peer"):
+                c.registry.reject("admission-limited")
+                raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many new peers are joining right now: retry in a few seconds")
+            try:
+                self._admit(peer_id, request, fields, endpoint)
+            except RegistryFull as exc:
+                c.registry.reject("registry-full")
+                raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             log.info("peer %s joined at round %d (%s)", peer_id[:8], c.round, endpoint or "client mode")
             return swarm_pb2.JoinReply(accepted=True, peer_id=peer_id, round=c.round, param_hash=c.param_hash)
+
+    def _admit(self, peer_id: str, request: swarm_pb2.Signed, fields: dict[str, Any], endpoint: str) -> None:
+        c = self.coordinator
+        c.registry.upsert(
+            PeerRecord(
+                peer_id=peer_id,
+                public_key=bytes(request.public_key),
+                endpoint=endpoint,
+                client_mode=bool(fields.get("client_mode", False)),
+                version=str(fields.get("version", ""))[:32],
+                # Round 1 is the start phase: everyone who joins during it is awaited. Later, a
+                # peer joining a round already under way is awaited from the next one.
+                joined_round=c.round + (1 if c.round > 0 and c.book.commitments else 0),
+            )
+        )
 
     @_guarded
     def Heartbeat(self, request, context):
         c = self.coordinator
         try:
-            fields, peer_id = open_signed(request, HEARTBEAT_TAG)
+            fields, peer_id = _open(request, HEARTBEAT_TAG)
         except SignatureError as exc:
             c.registry.reject(exc.reason)
             raise RpcAbort(grpc.StatusCode.UNAUTHENTICATED, f"heartbeat refused: {exc}")
@@ -118,14 +172,17 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
                     setattr(record, name, value[:80])
             for name in ("step", "bytes_sent", "bytes_received"):
                 value = fields.get(name)
-                if isinstance(value, int) and value >= 0:
+                if isinstance(value, int) and 0 <= value < 1 << 62:
                     setattr(record, name, value)
-            if isinstance(fields.get("loss"), (int, float)):
-                record.loss = float(fields["loss"])
-            if isinstance(fields.get("utilization"), (int, float)):
-                record.utilization = float(fields["utilization"])
+            # Self-reported numbers are display only; keep them finite and small.
+            for name in ("loss", "utilization"):
+                value = fields.get(name)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e12:  # NaN fails too
+                    setattr(record, name, float(value))
             if isinstance(fields.get("round_bytes"), dict):
-                record.round_bytes = {k: int(v) for k, v in list(fields["round_bytes"].items())[:4] if isinstance(v, int)}
+                record.round_bytes = {
+                    str(k)[:16]: v for k, v in list(fields["round_bytes"].items())[:4] if isinstance(v, int) and 0 <= v < 1 << 62
+                }
             reported_round = fields.get("round")
             resync = (
                 reported_round == c.round and isinstance(fields.get("param_hash"), str) and fields["param_hash"] != c.param_hash
@@ -141,18 +198,24 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
 
     @_guarded
     def SubmitCommitment(self, request, context):
-        if len(request.endpoint) > 256:
+        if not valid_endpoint(request.endpoint):
             self.coordinator.registry.reject("malformed")
-            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "endpoint too long")
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "endpoint must be HOST:PORT, or empty for a pushed payload")
         return self.coordinator.submit(request.header, request.endpoint)
 
     @_guarded
     def GetManifest(self, request, context):
-        wait_s = request.wait_s if request.wait_s == request.wait_s else 0.0  # NaN -> 0
+        wait_s = request.wait_s if math.isfinite(request.wait_s) else 0.0  # NaN, ±inf -> answer now
         remaining = context.time_remaining()
         if remaining is not None:
             wait_s = min(wait_s, max(0.0, remaining - 0.5))
-        return self.coordinator.wait_manifest(request.round, wait_s)
+        if wait_s <= 0 or not self.long_polls.acquire(blocking=False):
+            # Every long-poll slot is taken: answer at once rather than starve other calls of threads.
+            return self.coordinator.wait_manifest(request.round, 0.0)
+        try:
+            return self.coordinator.wait_manifest(request.round, wait_s)
+        finally:
+            self.long_polls.release()
 
     @_guarded_stream
     def StreamCheckpoint(self, request, context):
@@ -166,4 +229,12 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
 
     @_guarded
     def Status(self, request, context):
-        return swarm_pb2.StatusReply(json=json.dumps(self.coordinator.status()))
+        status = self.coordinator.status()
+        text = json.dumps(status)
+        if len(text) > MAX_STATUS_JSON:  # many peers: keep the ones that matter, say how many were left out
+            kept = [p for p in status["peers"] if p["state"] != "gone" or p["banned_reason"]]
+            status["peers"], status["peers_omitted"] = kept[:500], len(status["peers"]) - len(kept[:500])
+            for p in status["peers"]:
+                p["evidence"] = p["evidence"][:2]
+            text = json.dumps(status)
+        return swarm_pb2.StatusReply(json=text)

@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import grpc
 import torch
 
 from peer import checkpoint
@@ -43,6 +44,7 @@ log = logging.getLogger("swarmloco.peer")
 VERSION = "0.1.0"
 JOIN_TAG = "swarmloco/join/v1"
 HEARTBEAT_TAG = "swarmloco/heartbeat/v1"
+MANIFEST_POLL_S = 5.0  # long-poll slice; between slices the peer re-checks that its commitment is held
 
 
 class PeerExit(Exception):
@@ -188,6 +190,17 @@ class PeerNode:
         self.endpoint = f"{o.announce_host}:{port}"
 
     def _join(self) -> None:
+        self._send_join()
+        if self.dht is not None:
+            discovery.announce_peer(
+                self.dht, self.identity, run_id=self.cfg.run_id, endpoint=self.endpoint,
+                client_mode=self.options.client_mode, version=VERSION,
+            )
+        self.heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="swarmloco-heartbeat", daemon=True)
+        self.heartbeat_thread.start()
+
+    def _send_join(self) -> None:
+        """Join (or rejoin: a restarted coordinator that lost us, a new endpoint); same identity."""
         assert self.client is not None
         body = {
             "run_id": self.cfg.run_id,
@@ -198,15 +211,10 @@ class PeerNode:
         }
         reply = self.client.join(sign_body(self.identity, JOIN_TAG, body))
         if not reply.accepted:
+            if reply.reason.startswith("banned"):
+                self.banned_reason = reply.reason
             raise PeerExit(f"the coordinator refused to admit this peer: {reply.reason}")
-        if self.dht is not None:
-            discovery.announce_peer(
-                self.dht, self.identity, run_id=self.cfg.run_id, endpoint=self.endpoint,
-                client_mode=self.options.client_mode, version=VERSION,
-            )
         log.info("peer %s joined run %s at round %d (%d params, codec %s)", self.short, self.cfg.run_id, reply.round, self.numel, self.cfg.compression.codec)
-        self.heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="swarmloco-heartbeat", daemon=True)
-        self.heartbeat_thread.start()
 
     def _verify_header(self, signed, round_: int | None) -> UpdateHeader:
         return open_update(
@@ -242,7 +250,16 @@ class PeerNode:
         while not self.stop.wait(2.0):
             try:
                 reply = self.client.heartbeat(sign_body(self.identity, HEARTBEAT_TAG, self._heartbeat_body()))
-            except Exception as exc:  # transient: the main loop has its own retries
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:  # a restarted coordinator that lost us: rejoin
+                    try:
+                        self._send_join()
+                    except Exception as join_exc:  # noqa: BLE001 - the main loop sees a refusal on its next commit
+                        log.info("rejoin after heartbeat failed: %s", join_exc)
+                else:  # transient: the main loop has its own retries
+                    log.debug("heartbeat failed: %s", exc)
+                continue
+            except Exception as exc:  # noqa: BLE001
                 log.debug("heartbeat failed: %s", exc)
                 continue
             self.last_reply = reply
@@ -332,22 +349,18 @@ class PeerNode:
 
         t_transfer = time.monotonic()
         self.state = "committing"
-        if self.options.client_mode:
-            self.client.push(push_chunks(signed, payload))
-        reply = self.client.submit(signed, self.endpoint)
-        if not reply.accepted:
-            log.warning("peer %s: round %d update refused: %s", self.short, r, reply.reason)
-            if reply.reason.startswith(("stale-round", "wrong-base")):
-                self.resync(reply.reason.split(":")[0])
-                return
-            if reply.reason.startswith("equivocation") or "banned" in reply.reason:
-                raise PeerExit(reply.reason)
+        if not self._commit(signed, payload, r):
+            return
         self.state = "waiting"
         manifest_reply = None
         while not self.stop.is_set():
-            manifest_reply = self.client.manifest(r, wait_s=20.0)
+            manifest_reply = self.client.manifest(r, wait_s=MANIFEST_POLL_S)
             if manifest_reply.ready or manifest_reply.current_round > r or manifest_reply.finished:
                 break
+            # Still open: make sure the coordinator holds our commitment; a restarted coordinator
+            # has forgotten it (re-committing the same header is idempotent).
+            if not self._commit(signed, payload, r):
+                return
         wait_s = time.monotonic() - t_transfer
         if manifest_reply is None or not manifest_reply.ready:
             if manifest_reply is not None and manifest_reply.finished and manifest_reply.current_round <= r:
@@ -407,6 +420,36 @@ class PeerNode:
         self._save_local_state()
         if info.finished:
             self.finished = True
+
+    def _commit(self, signed, payload: bytes, r: int) -> bool:
+        """Push (client mode) and commit the round's update; False when we resynchronised instead.
+
+        A coordinator that does not know us (it restarted from a checkpoint without us, or we
+        changed endpoint) gets one fresh Join, then the same signed update again.
+        """
+        for attempt in range(2):
+            try:
+                if self.options.client_mode:
+                    self.client.push(push_chunks(signed, payload))
+                reply = self.client.submit(signed, self.endpoint)
+            except grpc.RpcError as exc:
+                if attempt == 0 and exc.code() == grpc.StatusCode.PERMISSION_DENIED and "unknown peer" in (exc.details() or ""):
+                    self._send_join()
+                    continue
+                raise
+            if reply.accepted:
+                return True
+            if attempt == 0 and reply.reason.startswith(("unknown-peer", "wrong-endpoint")):
+                self._send_join()
+                continue
+            break
+        log.warning("peer %s: round %d update refused: %s", self.short, r, reply.reason)
+        if reply.reason.startswith(("stale-round", "wrong-base")):
+            self.resync(reply.reason.split(":")[0])
+            return False
+        if reply.reason.startswith("equivocation") or "banned" in reply.reason:
+            raise PeerExit(reply.reason)
+        return True  # e.g. the run just finished: the manifest wait tells
 
     # --- local state (--resume) ---------------------------------------------------------
 

@@ -54,9 +54,19 @@ class PeerRecord:
         }
 
 
+class RegistryFull(RuntimeError):
+    pass
+
+
+# What a coordinator checkpoint keeps of each peer (the rest is live state, rebuilt by heartbeats).
+_PERSISTED = ("peer_id", "endpoint", "client_mode", "version", "last_round", "banned_reason", "evidence")
+MAX_PEERS = 1000  # bounds memory and the size of a `status` reply under a flood of fresh identities
+
+
 class PeerRegistry:
-    def __init__(self, peer_timeout_s: float) -> None:
+    def __init__(self, peer_timeout_s: float, max_peers: int = MAX_PEERS) -> None:
         self.peer_timeout_s = peer_timeout_s
+        self.max_peers = max_peers
         self.lock = threading.RLock()
         self.peers: dict[str, PeerRecord] = {}
         self.rejections: Counter[str] = Counter()  # reason -> count, over all RPCs
@@ -73,6 +83,8 @@ class PeerRegistry:
         with self.lock:
             existing = self.peers.get(record.peer_id)
             if existing is None:
+                if len(self.peers) >= self.max_peers:
+                    self._evict_one()
                 self.peers[record.peer_id] = record
                 return record
             # A rejoin (restart, new port) keeps the history, bans and evidence.
@@ -83,6 +95,36 @@ class PeerRegistry:
             existing.last_seen = time.monotonic()
             existing.state = "joined"
             return existing
+
+    def _evict_one(self) -> None:
+        """Forget the longest-silent peer that is gone, never contributed and is not banned."""
+        now = time.monotonic()
+        candidates = [
+            p for p in self.peers.values()
+            if not p.banned_reason and p.last_round < 0 and now - p.last_seen >= self.peer_timeout_s
+        ]
+        if not candidates:
+            raise RegistryFull(f"the run already tracks {self.max_peers} peers; retry later")
+        del self.peers[min(candidates, key=lambda p: p.last_seen).peer_id]
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                {**{k: getattr(p, k) for k in _PERSISTED}, "public_key": p.public_key.hex()}
+                for p in sorted(self.peers.values(), key=lambda p: p.peer_id)
+            ]
+
+    def restore(self, records: list[dict[str, Any]], joined_round: int) -> None:
+        """Peers from a checkpoint: awaited again (from now) in the restored round, bans intact."""
+        with self.lock:
+            for r in records:
+                record = PeerRecord(
+                    peer_id=r["peer_id"], public_key=bytes.fromhex(r["public_key"]), endpoint=r["endpoint"],
+                    client_mode=r["client_mode"], version=r["version"], joined_round=joined_round,
+                    last_round=r["last_round"], banned_reason=r["banned_reason"], evidence=list(r["evidence"]),
+                    state="restored",
+                )
+                self.peers[record.peer_id] = record
 
     def is_banned(self, peer_id: str) -> bool:
         with self.lock:

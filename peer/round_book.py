@@ -37,6 +37,8 @@ class RoundBook:
     first_arrival: float | None = None
     commitments: dict[str, Commitment] = field(default_factory=dict)
     excluded: dict[str, str] = field(default_factory=dict)  # peer_id -> reason
+    # peer_id -> the first header a client-mode peer pushed this round (a second, different one is equivocation)
+    pushed: dict[str, tuple[UpdateHeader, swarm_pb2.Signed]] = field(default_factory=dict)
 
     def verified(self) -> list[str]:
         return sorted(p for p, c in self.commitments.items() if c.status == "verified" and p not in self.excluded)

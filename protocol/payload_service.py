@@ -14,7 +14,7 @@ import grpc
 
 from protocol._generated import swarm_pb2, swarm_pb2_grpc
 from protocol.envelope import EnvelopeError, UpdateHeader, check_payload
-from protocol.ratelimit import RateLimiter
+from protocol.ratelimit import CallerLimits
 from protocol.rpc_errors import RpcAbort, guarded
 from protocol.streaming import TransferError, iter_chunks, receive_chunks
 
@@ -60,16 +60,18 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         on_push: Callable[[StoredPayload], None] | None = None,
         accept_pushes: bool = True,
         on_reject: Callable[[str], None] | None = None,
-        limiter: RateLimiter | None = None,
+        limits: CallerLimits | None = None,
+        max_stream_s: float = 120.0,
     ) -> None:
         self.store = store
         self.verify_header = verify_header
         self.on_push = on_push
         self.accept_pushes = accept_pushes
         self.on_reject = on_reject or (lambda reason: None)
-        self.limiter = limiter or RateLimiter(rate_per_s=50.0, burst=200.0)
+        self.limits = limits or CallerLimits(per_peer_rate=50.0, per_peer_burst=200.0)
+        self.max_stream_s = max_stream_s  # server-side bound on one transfer (slowloris)
 
-    @guarded(lambda s: s.limiter, lambda s, r: s.on_reject(r), streaming=True)
+    @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), streaming=True, max_stream_s=lambda s: s.max_stream_s)
     def FetchPayload(self, request: swarm_pb2.FetchRequest, context: grpc.ServicerContext):
         item = self.store.get(request.sha256)
         if item is None:
@@ -79,7 +81,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
             raise RpcAbort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(item.payload)}")
         yield from iter_chunks(item.payload, offset=request.offset, round_=item.header.round, sha256=request.sha256)
 
-    @guarded(lambda s: s.limiter, lambda s, r: s.on_reject(r), cost=5.0)
+    @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), cost=5.0, max_stream_s=lambda s: s.max_stream_s)
     def PushPayload(self, request_iterator, context: grpc.ServicerContext):
         if not self.accept_pushes:
             raise RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, "this node does not relay payloads; push to the coordinator")
@@ -93,7 +95,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
             header = self.verify_header(first.header)
         except EnvelopeError as exc:
             self.on_reject(exc.reason)
-            denied = exc.reason in ("bad-signature", "forged", "not-allowed", "banned", "unknown-peer")
+            denied = exc.reason in ("bad-signature", "forged", "not-allowed", "banned", "unknown-peer", "equivocation")
             raise RpcAbort(grpc.StatusCode.PERMISSION_DENIED if denied else grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
         def chunks():

@@ -1,0 +1,274 @@
+"""The coordinator's protocol rules, in process on a real gRPC server on 127.0.0.1.
+
+Equivocation (committed or pushed) bans with evidence; replayed and forged updates are refused
+with their reason counted; a commitment cannot redirect the coordinator's fetcher; peers, bans
+and evidence survive a coordinator restart from its checkpoint. `serve_coordinator` and the
+signed-message helpers are shared with tests/test_fuzz_rpc.py and tests/test_fault_tolerance.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pytest
+import torch
+
+from peer.config import RunConfig
+from peer.coordinator import Coordinator
+from peer.coordinator_service import HEARTBEAT_TAG, JOIN_TAG, CoordinatorServicer
+from peer.swarm_math import RoundMath
+from protocol._generated import swarm_pb2, swarm_pb2_grpc
+from protocol.channels import create_server
+from protocol.envelope import UpdateHeader, sign_update
+from protocol.identity import Identity, verify_signature
+from protocol.payload_service import PayloadServicer, push_chunks
+from protocol.ratelimit import CallerLimits
+from protocol.signing import sign_body
+
+
+def tiny_config(**rounds) -> RunConfig:
+    """The integration tests' small, fast run (tests/conftest.write_run_config), as an object."""
+    data = RunConfig().to_dict()
+    data["model"].update(d_model=64, n_layer=1, n_head=2, seq_len=64)
+    data["data"].update(batch_size=4, val_batches=2, max_corpus_bytes=300_000)
+    data["inner"].update(steps=4, warmup_steps=2)
+    data["rounds"].update({"rounds": 3, "min_deadline_s": 2.0, "deadline_s": 30.0, "peer_timeout_s": 6.0, **rounds})
+    return RunConfig.from_dict(data)
+
+
+@dataclass
+class Served:
+    coordinator: Coordinator
+    servicer: CoordinatorServicer
+    payloads: PayloadServicer
+    endpoint: str
+    channel: grpc.Channel
+    stub: swarm_pb2_grpc.CoordinatorStub
+    peer_stub: swarm_pb2_grpc.PeerStub
+
+    def status(self) -> dict:
+        return json.loads(self.stub.Status(swarm_pb2.StatusRequest(), timeout=10).json)
+
+    def rejections(self) -> dict[str, int]:
+        return dict(self.coordinator.registry.rejections)
+
+
+@contextmanager
+def serve_coordinator(
+    cfg: RunConfig,
+    *,
+    checkpoint_path: Path | None = None,
+    generous_limits: bool = False,
+    limits: CallerLimits | None = None,
+    **servicer_options,
+) -> Iterator[Served]:
+    """Coordinator + CoordinatorServicer + PayloadServicer on one server, as coordinator_main wires them."""
+    coordinator = Coordinator(cfg, Identity.generate(), checkpoint_path=checkpoint_path)
+    server, port = create_server(coordinator.counter, host="127.0.0.1", port=0)
+    coordinator.endpoint = f"127.0.0.1:{port}"
+    if generous_limits:  # let hostile calls reach the handlers (rate limiting has its own test)
+        limits = CallerLimits(per_peer_rate=1e6, per_peer_burst=1e6)
+    servicer = CoordinatorServicer(coordinator, limits=limits, **servicer_options)
+    payloads = PayloadServicer(
+        coordinator.store, verify_header=coordinator.verify_pushed_header, on_reject=coordinator.registry.reject, limits=limits,
+        max_stream_s=servicer_options.get("max_stream_s", 120.0),
+    )
+    swarm_pb2_grpc.add_CoordinatorServicer_to_server(servicer, server)
+    swarm_pb2_grpc.add_PeerServicer_to_server(payloads, server)
+    server.start()
+    channel = grpc.insecure_channel(coordinator.endpoint)
+    try:
+        yield Served(
+            coordinator, servicer, payloads, coordinator.endpoint, channel,
+            swarm_pb2_grpc.CoordinatorStub(channel), swarm_pb2_grpc.PeerStub(channel),
+        )
+    finally:
+        channel.close()
+        server.stop(0).wait(5)
+        coordinator.fetchers.shutdown(wait=False, cancel_futures=True)
+        coordinator.channels.close()
+
+
+@contextmanager
+def round_clock(coordinator: Coordinator, period_s: float = 0.05) -> Iterator[None]:
+    """What coordinator_main's loop does: tick the round clock until the block ends."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(period_s):
+            coordinator.tick()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def join_body(served: Served, endpoint: str = "", **extra) -> dict:
+    return {"run_id": served.coordinator.cfg.run_id, "endpoint": endpoint, "client_mode": not endpoint,
+            "version": "test", "timestamp": time.time(), **extra}
+
+
+def join(served: Served, identity: Identity, endpoint: str = "") -> swarm_pb2.JoinReply:
+    return served.stub.Join(sign_body(identity, JOIN_TAG, join_body(served, endpoint)), timeout=10)
+
+
+def heartbeat(served: Served, identity: Identity, **fields) -> swarm_pb2.HeartbeatReply:
+    c = served.coordinator
+    body = {"peer_id": identity.peer_id, "round": c.round, "param_hash": c.param_hash, "state": "training",
+            "timestamp": time.time(), **fields}
+    return served.stub.Heartbeat(sign_body(identity, HEARTBEAT_TAG, body), timeout=10)
+
+
+def make_update(served: Served, identity: Identity, *, seed: int = 0, round_: int | None = None) -> tuple[swarm_pb2.Signed, bytes, UpdateHeader]:
+    """A valid signed update for the open round: a small random pseudo-gradient, encoded with the run's codec."""
+    c = served.coordinator
+    r = c.round if round_ is None else round_
+    math = RoundMath(c.cfg, c.numel)
+    payload = math.encode(torch.randn(c.numel, generator=torch.Generator().manual_seed(seed)) * 1e-3, r)
+    header = UpdateHeader(
+        run_id=c.cfg.run_id, round=r, peer_id=identity.peer_id, codec=c.cfg.compression.codec, numel=c.numel,
+        layout_hash=c.layout_hash, base_param_hash=c.param_hash,
+        payload_sha256=hashlib.sha256(payload).hexdigest(), payload_size=len(payload),
+    )
+    return sign_update(identity, header), payload, header
+
+
+def push_and_commit(served: Served, signed: swarm_pb2.Signed, payload: bytes) -> swarm_pb2.CommitReply:
+    """Client-mode path: push the payload, then commit with no endpoint (verified synchronously)."""
+    reply = served.peer_stub.PushPayload(push_chunks(signed, payload), timeout=10)
+    assert reply.accepted
+    return served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=signed), timeout=10)
+
+
+@pytest.fixture(scope="module")
+def cfg() -> RunConfig:
+    return tiny_config()
+
+
+def _decode_signed(d: dict) -> tuple[bytes, bytes, bytes]:
+    return tuple(base64.b64decode(d[k]) for k in ("body", "signature", "public_key"))  # type: ignore[return-value]
+
+
+def test_equivocation_bans_and_keeps_both_signed_headers(cfg):
+    with serve_coordinator(cfg) as served:
+        cheat, honest = Identity.generate(), Identity.generate()
+        assert join(served, cheat).accepted and join(served, honest).accepted
+        first, payload_a, _ = make_update(served, cheat, seed=1)
+        second, _, _ = make_update(served, cheat, seed=2)
+        assert push_and_commit(served, first, payload_a).accepted
+        reply = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=second), timeout=10)
+        assert not reply.accepted and reply.reason.startswith("equivocation")
+
+        status = served.status()
+        record = next(p for p in status["peers"] if p["peer_id"] == cheat.peer_id)
+        assert record["state"] == "banned" and "equivocation in round 0" in record["banned_reason"]
+        (evidence,) = record["evidence"]
+        headers = [_decode_signed(evidence[k]) for k in ("first_header", "second_header")]
+        assert headers[0][0] != headers[1][0]  # two different bodies ...
+        assert all(verify_signature(pk, sig, body) for body, sig, pk in headers)  # ... both signed by the cheat
+        assert status["rejections"]["equivocation"] == 1
+        assert status["open_round"]["excluded"] == {cheat.peer_id: "equivocation"}
+        # Banned for the run: rejoining is refused, so are its heartbeats' claims.
+        assert not join(served, cheat).accepted
+        assert heartbeat(served, cheat).banned
+        # The honest peer is untouched.
+        signed, payload, _ = make_update(served, honest, seed=3)
+        assert push_and_commit(served, signed, payload).accepted
+
+
+def test_second_different_push_in_a_round_is_equivocation(cfg):
+    with serve_coordinator(cfg) as served:
+        cheat = Identity.generate()
+        assert join(served, cheat).accepted
+        a, payload_a, _ = make_update(served, cheat, seed=1)
+        b, payload_b, _ = make_update(served, cheat, seed=2)
+        assert served.peer_stub.PushPayload(push_chunks(a, payload_a), timeout=10).accepted
+        assert served.peer_stub.PushPayload(push_chunks(a, payload_a), timeout=10).accepted  # a retry is fine
+        with pytest.raises(grpc.RpcError) as info:
+            served.peer_stub.PushPayload(push_chunks(b, payload_b), timeout=10)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED and "equivocation" in info.value.details()
+        assert served.coordinator.registry.is_banned(cheat.peer_id)
+        assert served.rejections()["equivocation"] == 1
+
+
+def test_replayed_and_forged_updates_are_refused_with_their_reason(cfg):
+    with serve_coordinator(cfg) as served:
+        c = served.coordinator
+        alice, mallory = Identity.generate(), Identity.generate()
+        assert join(served, alice).accepted and join(served, mallory).accepted
+        # Replay: a header signed for another round.
+        old, _, _ = make_update(served, alice, round_=c.round + 5)
+        reply = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=old), timeout=10)
+        assert not reply.accepted and reply.reason.startswith("stale-round") and reply.current_round == c.round
+        # Forgery 1: Mallory signs a header that names Alice.
+        _, _, header = make_update(served, alice, seed=4)
+        forged = sign_body(mallory, "swarmloco/update-header/v1", {f: getattr(header, f) for f in header.__slots__})
+        reply = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=forged), timeout=10)
+        assert not reply.accepted and reply.reason.startswith("forged")
+        # Forgery 2: Alice's header with Mallory's signature and key swapped in / a flipped body byte.
+        genuine, _, _ = make_update(served, alice, seed=5)
+        swapped = swarm_pb2.Signed(body=genuine.body, signature=mallory.sign(genuine.body), public_key=alice.public_key)
+        tampered = swarm_pb2.Signed(body=genuine.body.replace(b'"round":0', b'"round":1'), signature=genuine.signature,
+                                    public_key=alice.public_key)
+        for bad in (swapped, tampered):
+            reply = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=bad), timeout=10)
+            assert not reply.accepted and reply.reason.startswith("bad-signature")
+        # A wrong-run header, pushed: refused before a byte of payload is read.
+        counts = served.rejections()
+        assert (counts["stale-round"], counts["forged"], counts["bad-signature"]) == (1, 1, 2)
+        assert c.book.commitments == {}
+
+
+def test_commitment_cannot_redirect_the_fetcher(cfg):
+    with serve_coordinator(cfg) as served:
+        peer = Identity.generate()
+        assert join(served, peer, endpoint="127.0.0.1:40001").accepted
+        signed, _, _ = make_update(served, peer)
+        reply = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=signed, endpoint="10.0.0.1:22"), timeout=10)
+        assert not reply.accepted and reply.reason.startswith("wrong-endpoint")
+        with pytest.raises(grpc.RpcError) as info:
+            served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=signed, endpoint="not an endpoint"), timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_peers_bans_and_history_survive_a_coordinator_restart(cfg, tmp_path):
+    path = tmp_path / "coordinator.ckpt"
+    cheat, honest = Identity.generate(), Identity.generate()
+    with serve_coordinator(cfg, checkpoint_path=path) as served:
+        c = served.coordinator
+        assert join(served, cheat).accepted and join(served, honest).accepted
+        a, payload_a, _ = make_update(served, cheat, seed=1)
+        b, _, _ = make_update(served, cheat, seed=2)
+        assert push_and_commit(served, a, payload_a).accepted
+        assert not served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=b), timeout=10).accepted
+        signed, payload, _ = make_update(served, honest, seed=3)
+        assert push_and_commit(served, signed, payload).accepted
+        result = c.tick()  # every expected (unbanned, alive) peer committed: round 0 closes
+        assert result is not None and result.updates == 1 and result.excluded == {cheat.peer_id: "equivocation"}
+        before = (c.round, c.param_hash, served.status()["peers"])
+
+    with serve_coordinator(cfg, checkpoint_path=path) as served:
+        c = served.coordinator
+        assert (c.round, c.param_hash) == before[:2] == (1, before[1])
+        assert [h.round for h in c.history] == [0]
+        assert not join(served, cheat).accepted  # still banned after the restart
+        restored = {p["peer_id"]: p for p in served.status()["peers"]}
+        old = {p["peer_id"]: p for p in before[2]}
+        assert restored[cheat.peer_id]["evidence"] == old[cheat.peer_id]["evidence"]
+        # The honest peer is awaited in the restored round without having to rejoin first.
+        assert c.registry.active(c.round) == [honest.peer_id]
+        signed, payload, _ = make_update(served, honest, seed=4)
+        assert push_and_commit(served, signed, payload).accepted
