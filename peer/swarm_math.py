@@ -103,6 +103,37 @@ class RoundMath:
             raise UpdateRejected("non-finite", "decoded update holds NaN or Inf values")
         return update
 
+    # --- state ---------------------------------------------------------------------------
+
+    def global_state_dict(self) -> dict:
+        """State every node shares (outer momentum, a stateful aggregator's centre): checkpointed."""
+        previous = self.aggregator.previous
+        return {
+            "outer": self.outer.global_state_dict(),
+            "aggregator_previous": None if previous is None else previous.clone(),
+        }
+
+    def load_global_state_dict(self, state: dict) -> None:
+        if "outer" not in state:  # a bare outer state (older checkpoints)
+            self.outer.load_global_state_dict(state)
+            return
+        self.outer.load_global_state_dict(state["outer"])
+        self.aggregator.previous = state.get("aggregator_previous")
+
+    def local_state_dict(self) -> dict:
+        """This sender's own state (DeMo momentum, error-feedback residual): kept for --resume."""
+        return {
+            "outer": self.outer.local_state_dict(),
+            "error_feedback": self.error_feedback.state_dict() if self.error_feedback is not None else None,
+        }
+
+    def load_local_state_dict(self, state: dict) -> None:
+        self.outer.load_local_state_dict(state.get("outer") or {})
+        if self.error_feedback is not None and state.get("error_feedback"):
+            self.error_feedback.load_state_dict(state["error_feedback"])
+
+    # --- receiver: aggregate + step -------------------------------------------------------
+
     def apply(self, params: torch.Tensor, updates: list[torch.Tensor]) -> aggregate.AggregationReport | None:
         """Aggregate `updates` (already sorted by peer_id) and step `params` (d,) in place."""
         if not updates:
