@@ -1,0 +1,535 @@
+"""Byzantine benchmark: every attack x every aggregator on a simulated swarm of 8 peers.
+
+Each cell is `swarmloco simulate` (peer/simulate.py: the real RoundMath, attackers = the first f
+virtual peers, omniscient, on non-identical shards) with one aggregator, f declared Byzantine and
+f attackers. The gap of a cell is its final validation loss relative to the clean run with `mean`
+(f = 0, no attacker) of the same seed, averaged over seeds. Phases:
+
+    main         f=2, fp16: every attack x every aggregator (+ no attacker: the false-positive column)
+    variants     f=2: centered-clip with bucketing (bucket_size 2), nnm + krum, nnm + centered-clip
+    fvalues      f=1 and f=3: the worst attacks of `main` x every aggregator that accepts that f
+    compression  f=2 with randk:0.05+int8 (one index set shared by all peers) and topk:0.05+int8
+                 (each peer its own support), plus a direct numeric check on real pseudo-gradients
+
+    .venv/bin/python scripts/byzantine_bench.py                      # all phases (resumes from the JSON)
+    .venv/bin/python scripts/byzantine_bench.py --phases main        # one phase
+    .venv/bin/python scripts/byzantine_bench.py --report-only        # redo md/png from the JSON
+
+Writes benchmarks/byzantine.json (one record per run), byzantine.md and byzantine.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from optim import aggregate, attacks  # noqa: E402
+from peer.config import (  # noqa: E402
+    AggregationConfig, CompressionConfig, DataConfig, InnerConfig, ModelConfig, RunConfig,
+)
+from peer.simulate import SimulationOptions, run_simulation  # noqa: E402
+
+OUT = Path(__file__).resolve().parents[1] / "benchmarks"
+PEERS = 8
+DENSE = "fp16"  # the run config's default codec
+# Non-default attack strengths, chosen so the attack can hurt: with f=2 of 8, sign-flip x1 only halves
+# the mean (DiLoCo's outer lr 0.7 tolerates that); x4 makes the mean point uphill.
+ATTACK_OPTIONS: dict[str, dict[str, Any]] = {"sign-flip": {"scale": 4.0}}
+# label -> (aggregator name, options): the rules plus the pre-aggregation variants worth trying.
+AGGREGATORS: dict[str, tuple[str, dict[str, Any]]] = {name: (name, {}) for name in aggregate.NAMES}
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "centered-clip+bucket2": ("centered-clip", {"bucket_size": 2}),
+    "krum+nnm": ("krum", {"nnm": True}),
+    "centered-clip+nnm": ("centered-clip", {"nnm": True}),
+}
+ALL_AGGREGATORS = {**AGGREGATORS, **VARIANTS}
+CLEAN = "none"  # the attack label of runs without attackers
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Model and schedule of every run: small enough for ~10 s per run on a shared core."""
+
+    d_model: int = 64
+    n_layer: int = 1
+    n_head: int = 4
+    seq_len: int = 32
+    batch_size: int = 4
+    val_batches: int = 8
+    inner_steps: int = 8
+    warmup_steps: int = 16
+    rounds: int = 6
+    max_corpus_bytes: int = 8_000_000
+
+    def config(self, seed: int, aggregator: str, f: int, codec: str) -> RunConfig:
+        name, options = ALL_AGGREGATORS[aggregator]
+        return RunConfig(
+            seed=seed,
+            model=ModelConfig(d_model=self.d_model, n_layer=self.n_layer, n_head=self.n_head, seq_len=self.seq_len),
+            data=DataConfig(
+                batch_size=self.batch_size, val_batches=self.val_batches, max_corpus_bytes=self.max_corpus_bytes
+            ),
+            inner=InnerConfig(steps=self.inner_steps, warmup_steps=self.warmup_steps),
+            compression=CompressionConfig(codec=codec),
+            aggregation=AggregationConfig(name=name, num_byzantine=f, options=dict(options)),
+        )
+
+
+PROFILES = {
+    "bench": Profile(),
+    "tiny": Profile(d_model=16, n_head=2, seq_len=16, batch_size=2, val_batches=2, inner_steps=2, warmup_steps=2,
+                    rounds=2, max_corpus_bytes=200_000),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    phase: str
+    aggregator: str  # a key of ALL_AGGREGATORS
+    f: int  # declared Byzantine (the aggregator's num_byzantine)
+    attack: str  # CLEAN or an attack name; attackers = f when an attack is set
+    seed: int
+    codec: str = DENSE
+    attack_options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def key(self) -> str:
+        extra = ",".join(f"{k}={v}" for k, v in self.attack_options)
+        return f"{self.codec}|{self.aggregator}|f{self.f}|{self.attack}{'(' + extra + ')' if extra else ''}|s{self.seed}"
+
+
+def _attack_case(phase: str, aggregator: str, f: int, attack: str, seed: int, codec: str = DENSE) -> Case:
+    options = tuple(sorted(ATTACK_OPTIONS.get(attack, {}).items()))
+    return Case(phase, aggregator, f, attack, seed, codec, options)
+
+
+def refusal(aggregator: str, f: int, n: int = PEERS) -> str | None:
+    """Why `aggregator` cannot tolerate f of n peers at all (None: it can)."""
+    name, options = ALL_AGGREGATORS[aggregator]
+    rows = n // options["bucket_size"] if options.get("bucket_size") else n
+    need = aggregate.minimum_rows(name, min(f, rows))
+    return None if rows >= need else f"needs {need} rows, has {rows}"
+
+
+def plan(phases: list[str], seeds: list[int], results: dict[str, dict]) -> list[Case]:
+    cases: list[Case] = []
+    for s in seeds:
+        cases.append(Case("clean", "mean", 0, CLEAN, s))  # the reference every gap is measured against
+    if "main" in phases:
+        for s in seeds:
+            for agg in AGGREGATORS:
+                if agg != "mean":  # `mean` ignores f: with nobody attacking it IS the clean reference
+                    cases.append(Case("main", agg, 2, CLEAN, s))  # false positive: f declared, nobody attacks
+                cases += [_attack_case("main", agg, 2, a, s) for a in attacks.NAMES]
+            cases.append(Case("main", "mean", 2, "sign-flip", s))  # the literature's x1 sign flip, for the control
+    if "variants" in phases:
+        for s in seeds:
+            for agg in VARIANTS:
+                cases.append(Case("variants", agg, 2, CLEAN, s))
+                cases += [_attack_case("variants", agg, 2, a, s) for a in worst_attacks(results, 2)]
+    if "fvalues" in phases:
+        for f in (1, 3):
+            for agg in AGGREGATORS:
+                if refusal(agg, f) is None:
+                    for s in seeds:
+                        if agg != "mean":
+                            cases.append(Case("fvalues", agg, f, CLEAN, s))
+                        cases += [_attack_case("fvalues", agg, f, a, s) for a in worst_attacks(results, 1)]
+    if "compression" in phases:
+        for codec, aggs in COMPRESSION.items():
+            for s in seeds:
+                cases.append(Case("compression", "mean", 0, CLEAN, s, codec))  # what the codec alone costs
+                for agg in aggs:
+                    cases.append(Case("compression", agg, 2, CLEAN, s, codec))
+                    cases += [_attack_case("compression", agg, 2, a, s, codec) for a in COMPRESSION_ATTACKS]
+    unique = {c.key: c for c in cases}
+    return list(unique.values())
+
+
+COMPRESSION = {
+    "randk:0.05+int8": ["median", "trimmed-mean", "centered-clip"],
+    "topk:0.05+int8": ["median", "trimmed-mean", "centered-clip", "krum"],
+}
+COMPRESSION_ATTACKS = ["alie"]  # the attack aimed at coordinate-wise statistics
+
+
+def run_case(case: Case, profile: Profile) -> dict[str, Any]:
+    record: dict[str, Any] = {"key": case.key, **asdict(case), "attack_options": dict(case.attack_options)}
+    why = refusal(case.aggregator, case.f)
+    if why:
+        return {**record, "status": "refused", "error": why}
+    attacked = case.attack != CLEAN
+    opts = SimulationOptions(
+        peers=PEERS, rounds=profile.rounds, byzantine=case.f if attacked else 0,
+        attack=case.attack if attacked else None, attack_options=dict(case.attack_options),
+        seed=case.seed, threads=1, config=profile.config(case.seed, case.aggregator, case.f, case.codec),
+    )
+    started = time.perf_counter()
+    try:
+        result = run_simulation(opts)
+    except (ValueError, RuntimeError) as exc:  # e.g. too few rows left once excluded updates are dropped
+        return {**record, "status": "error", "error": str(exc), "wall_s": time.perf_counter() - started}
+    return {
+        **record, "status": "ok", "final_val_loss": result["final_val_loss"],
+        "initial_val_loss": result["initial_val_loss"], "val_loss_per_round": result["val_loss_per_round"],
+        "excluded": sum(len(e) for e in result["excluded_per_round"]), "wall_s": result["wall_s"],
+    }
+
+
+# --- results --------------------------------------------------------------------------------
+
+
+def load(path: Path) -> dict[str, dict]:
+    if not path.exists():
+        return {}
+    return {r["key"]: r for r in json.loads(path.read_text())["runs"]}
+
+
+def save(path: Path, results: dict[str, dict], meta: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"meta": meta, "runs": sorted(results.values(), key=lambda r: r["key"])}, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def gap(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DENSE) -> tuple[float | None, str]:
+    """(seed-mean gap vs the clean mean run of the same seed, status) for one cell."""
+    if agg == "mean" and attack == CLEAN:
+        f = 0  # `mean` ignores the declared f: its no-attacker cell is the clean reference
+    gaps, statuses = [], set()
+    for r in results.values():
+        if (r["aggregator"], r["f"], r["codec"]) != (agg, f, codec) or _attack_label(r) != attack:
+            continue
+        statuses.add(r["status"])
+        ref = results.get(Case("clean", "mean", 0, CLEAN, r["seed"]).key)
+        if r["status"] == "ok" and ref and ref["status"] == "ok":
+            loss = r["final_val_loss"]
+            gaps.append((loss - ref["final_val_loss"]) / ref["final_val_loss"] if math.isfinite(loss) else math.inf)
+    if not statuses:
+        return None, "missing"
+    if statuses != {"ok"}:
+        return None, "refused" if "refused" in statuses else "error"
+    return (statistics.fmean(gaps) if gaps else None), "ok"
+
+
+def _attack_label(r: dict) -> str:
+    if r["attack"] != CLEAN and dict(r["attack_options"]) != ATTACK_OPTIONS.get(r["attack"], {}):
+        return r["attack"] + "(" + ",".join(f"{k}={v}" for k, v in r["attack_options"].items()) + ")"
+    return r["attack"]
+
+
+def loss_of(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DENSE) -> float | None:
+    if agg == "mean" and attack == CLEAN:
+        f = 0
+    losses = [r["final_val_loss"] for r in results.values() if r["status"] == "ok" and r["aggregator"] == agg
+              and r["f"] == f and r["codec"] == codec and _attack_label(r) == attack]
+    return statistics.fmean(losses) if losses else None
+
+
+def worst_attacks(results: dict[str, dict], k: int = 3) -> list[str]:
+    """The k attacks that hurt the robust rules most at f=2 (fixed list before `main` has run)."""
+    scores = {}
+    for a in attacks.NAMES:
+        gaps = [gap(results, agg, 2, a)[0] for agg in AGGREGATORS if agg != "mean"]
+        gaps = [g for g in gaps if g is not None]
+        if gaps:
+            scores[a] = max(gaps)
+    if len(scores) < len(attacks.NAMES):
+        return ["alie", "ipm", "mimic"][:k]
+    return sorted(scores, key=lambda a: -scores[a])[:k]
+
+
+def worst_case(results: dict[str, dict], agg: str, f: int, names: list[str], codec: str = DENSE) -> tuple[float | None, str, str]:
+    """(largest gap over `names`, that attack, note on cells that did not run)."""
+    cells = {a: gap(results, agg, f, a, codec) for a in names}
+    bad = sorted(a for a, (_, st) in cells.items() if st in ("error", "refused"))
+    done = {a: g for a, (g, st) in cells.items() if g is not None}
+    if not done:
+        return None, "", ", ".join(bad)
+    a = max(done, key=lambda x: done[x])
+    return done[a], a, ", ".join(bad)
+
+
+# --- the sparse-support trap, measured directly ----------------------------------------------
+
+
+def support_demo(profile: Profile, seed: int = 0) -> list[dict[str, Any]]:
+    """Aggregate the decoded updates of real round-0 pseudo-gradients (8 peers, H inner steps from
+    the same θ_0) with each rule and compare with the same codec's plain mean: how much of the
+    signal each rule keeps. No attacker: this isolates what the codec does to the rule."""
+    import torch
+
+    from optim import codecs
+    from peer.data import ShardSampler, load_corpus
+    from peer.model import build_model, flat_params, load_flat_params
+    from peer.training import InnerTrainer
+
+    torch.set_num_threads(1)
+    cfg = profile.config(seed, "mean", 0, DENSE)
+    corpus = load_corpus(cfg.data, seq_len=cfg.model.seq_len)
+    model = build_model(cfg.model, seed)
+    theta = flat_params(model)  # θ_0, (d,)
+    deltas = []
+    for i in range(PEERS):
+        sampler = ShardSampler(corpus.train, shard=i, num_shards=PEERS, batch_size=cfg.data.batch_size,
+                               seq_len=cfg.model.seq_len, seed=seed)
+        load_flat_params(model, theta)
+        InnerTrainer(model, cfg.inner, sampler).run(cfg.inner.steps)
+        deltas.append(theta - flat_params(model))
+    rows_dense = torch.stack(deltas)  # (n, d)
+    out = []
+    for spec in ("randk:0.05+int8", "topk:0.05+int8"):
+        codec = codecs.build(spec)
+        rows = torch.stack([codec.decode(codec.encode(d, seed=7), theta.numel(), seed=7) for d in rows_dense])
+        reference = rows.mean(dim=0)  # what `mean` aggregates from these payloads, (d,)
+        for agg in ("mean", "median", "trimmed-mean", "centered-clip", "krum", "geometric-median"):
+            got = aggregate.build(agg, num_byzantine=2)(rows)
+            out.append({
+                "codec": spec, "aggregator": agg,
+                "cosine_to_mean": float(torch.nn.functional.cosine_similarity(got, reference, dim=0)),
+                "norm_ratio": float(got.norm() / reference.norm()),
+                "nonzero_fraction": float((got != 0).float().mean() / (reference != 0).float().mean()),
+                "peers_per_kept_coordinate": float((rows != 0).sum(0)[reference != 0].float().mean()),
+            })
+    return out
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+def _cell(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DENSE) -> str:
+    g, status = gap(results, agg, f, attack, codec)
+    if status != "ok":
+        return status
+    loss = loss_of(results, agg, f, attack, codec)
+    if g is None or loss is None:
+        return "?"
+    return "diverged" if not math.isfinite(loss) else f"{loss:.3f} ({100 * g:+.1f}%)"
+
+
+def _worst_text(results: dict[str, dict], agg: str, f: int, names: list[str], codec: str = DENSE) -> str:
+    w, attack, bad = worst_case(results, agg, f, names, codec)
+    text = "-" if w is None else ("diverged" if not math.isfinite(w) else f"{100 * w:+.1f}% ({attack})")
+    return text + (f"; {bad} did not run" if bad else "")
+
+
+def pick_default(results: dict[str, dict]) -> tuple[str | None, list[str]]:
+    """Best worst case over every attack at f=2 among rules within 1% of clean `mean` with no attacker
+    and with no attack that stops the run."""
+    lines, best = [], None
+    for agg in ALL_AGGREGATORS:
+        fp, st = gap(results, agg, 2, CLEAN)
+        w, attack, bad = worst_case(results, agg, 2, list(attacks.NAMES))
+        if st != "ok" or fp is None or w is None:
+            continue
+        ok = fp <= 0.01 and not bad
+        lines.append(f"{agg}: no-attacker gap {100 * fp:+.2f}%, worst {100 * w:+.1f}% ({attack})"
+                     + (f", stops on {bad}" if bad else "") + ("" if ok else " -> not eligible"))
+        if ok and (best is None or w < best[1]):
+            best = (agg, w)
+    return (best[0] if best else None), lines
+
+
+def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict[str, Any]], out: Path) -> None:
+    names = list(attacks.NAMES)
+    md = ["# Byzantine robustness: attacks x aggregators (8 simulated peers)", ""]
+    md += [f"Produced by `scripts/byzantine_bench.py` through `swarmloco simulate` (peer/simulate.py: the real "
+           "round math; attackers are the first f virtual peers, omniscient: they see the round's honest updates; "
+           "every peer trains on its own shard of the corpus).", "", "## Machine and command", ""]
+    md += meta.get("machine", []) + [f"- command: `{meta.get('command', '?')}`",
+                                     f"- wall time of the last invocation: {meta.get('wall_min', 0):.1f} min, "
+                                     f"{meta.get('workers', '?')} worker processes x 1 torch thread", ""]
+    p = meta.get("profile", {})
+    md += [f"Each run: n = {PEERS} peers, model d_model {p.get('d_model')}, {p.get('n_layer')} layer, seq "
+           f"{p.get('seq_len')}, batch {p.get('batch_size')}, H = {p.get('inner_steps')} inner AdamW steps, "
+           f"{p.get('rounds')} rounds, outer Nesterov (lr 0.7, momentum 0.9), codec {DENSE} unless stated; "
+           f"seeds {meta.get('seeds')}. A cell is `final val loss (gap)`, both averaged over seeds; the gap is "
+           "relative to the clean run with `mean` (f = 0, no attacker) of the same seed. Attack options are the "
+           f"defaults of optim/attacks.py except {ATTACK_OPTIONS}. `error`: the run stopped (see notes); "
+           "`refused`: the rule cannot tolerate that f of 8.", ""]
+    clean = [results.get(Case("clean", "mean", 0, CLEAN, s).key) for s in meta.get("seeds", [])]
+    clean_losses = [f"{r['final_val_loss']:.4f}" for r in clean if r and r["status"] == "ok"]
+    md += [f"Clean reference (`mean`, f = 0) final val loss per seed: {', '.join(clean_losses)}.", ""]
+
+    md += ["## f = 2 of 8 attackers, every attack x every aggregator", ""]
+    header = ["aggregator", "no attacker (f=2 declared)", *names, "worst case"]
+    md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for agg in ALL_AGGREGATORS:
+        if gap(results, agg, 2, CLEAN)[1] == "missing":
+            continue
+        cells = [_cell(results, agg, 2, a) for a in [CLEAN, *names]]
+        md.append(f"| {agg} | " + " | ".join(cells) + f" | {_worst_text(results, agg, 2, names)} |")
+    md += ["", "Heatmap: `benchmarks/byzantine.png` (gap %, same cells).", ""]
+
+    md += ["## Negative control: `mean` with f = 2", ""]
+    for label in ["sign-flip", "sign-flip(scale=1.0)", "huge-norm", "gaussian", "nan"]:
+        md.append(f"- {label}: {_cell(results, 'mean', 2, label)}")
+    md += ["- `nan` updates never reach the aggregator: the receiver excludes non-finite updates before "
+           "aggregation (as the round manifest does), so `mean` averages the 6 honest ones.", ""]
+
+    fnames = sorted({_attack_label(r) for r in results.values() if r["phase"] == "fvalues" and r["attack"] != CLEAN})
+    if fnames:
+        md += ["## f = 1 and f = 3 (reduced grid: the attacks that hurt the robust rules most at f = 2)", ""]
+        header = ["f", "aggregator", "no attacker", *fnames, "worst case"]
+        md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for f in (1, 3):
+            for agg in AGGREGATORS:
+                why = refusal(agg, f)
+                if why:
+                    md.append(f"| {f} | {agg} | refused: {why} |" + " |" * (len(fnames) + 1))
+                elif gap(results, agg, f, CLEAN)[1] != "missing":
+                    cells = [_cell(results, agg, f, a) for a in [CLEAN, *fnames]]
+                    md.append(f"| {f} | {agg} | " + " | ".join(cells) + f" | {_worst_text(results, agg, f, fnames)} |")
+        md.append("")
+
+    if any(r["phase"] == "compression" for r in results.values()):
+        md += ["## Compression and robustness together (f = 2)", "",
+               "Gap still vs the dense clean `mean` run. `randk` draws one index set per round from the shared "
+               "codec seed, so every peer sends the same coordinates; `topk` lets each peer keep its own.", ""]
+        header = ["codec", "aggregator", "f=0 mean (codec only)", "no attacker", *COMPRESSION_ATTACKS, "worst case"]
+        md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for codec, aggs in COMPRESSION.items():
+            base = _cell(results, "mean", 0, CLEAN, codec)
+            for agg in aggs:
+                cells = [_cell(results, agg, 2, a, codec) for a in [CLEAN, *COMPRESSION_ATTACKS]]
+                md.append(f"| {codec} | {agg} | {base} | " + " | ".join(cells)
+                          + f" | {_worst_text(results, agg, 2, COMPRESSION_ATTACKS, codec)} |")
+        md.append("")
+    if demo:
+        md += ["### The sparse-support trap, measured directly", "",
+               "Real round-0 pseudo-gradients of the 8 peers, encoded and decoded with the codec, then aggregated "
+               "(f = 2, no attacker) and compared with the plain mean of the same decoded rows.", "",
+               "| codec | aggregator | cosine to mean | norm / mean's norm | nonzero coords / mean's | peers per kept coord |",
+               "|---|---|---|---|---|---|"]
+        for d in demo:
+            md.append(f"| {d['codec']} | {d['aggregator']} | {d['cosine_to_mean']:.3f} | {d['norm_ratio']:.3f} | "
+                      f"{d['nonzero_fraction']:.3f} | {d['peers_per_kept_coordinate']:.2f} |")
+        md.append("")
+
+    default, lines = pick_default(results)
+    md += ["## Default aggregator", "", f"Pick: **{default}** (rule: best worst case over every attack at f = 2 "
+           "among rules within 1% of clean `mean` with no attacker and that no attack stops).", ""]
+    md += [f"- {line}" for line in lines]
+    errors = sorted({f"{r['aggregator']} f={r['f']} {r['attack']}: {r['error']}" for r in results.values()
+                     if r["status"] == "error"})
+    if errors:
+        md += ["", "## Runs that stopped", ""] + [f"- {e}" for e in errors]
+    (out / "byzantine.md").write_text("\n".join(md) + "\n")
+    heatmap(results, out / "byzantine.png")
+
+
+def heatmap(results: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cols = [CLEAN, *attacks.NAMES]
+    rows = [a for a in ALL_AGGREGATORS if gap(results, a, 2, CLEAN)[1] != "missing"]
+    if not rows:
+        return
+    grid = np.full((len(rows), len(cols)), np.nan)
+    labels = [["" for _ in cols] for _ in rows]
+    for i, agg in enumerate(rows):
+        for j, a in enumerate(cols):
+            g, status = gap(results, agg, 2, a)
+            if status != "ok" or g is None:
+                labels[i][j] = status
+            else:
+                grid[i, j] = min(100 * g, 1e4)
+                labels[i][j] = "div" if not math.isfinite(g) else f"{100 * g:+.1f}"
+    fig, ax = plt.subplots(figsize=(1.0 * len(cols) + 3, 0.5 * len(rows) + 2))
+    image = ax.imshow(np.clip(grid, -5, 30), cmap="RdYlGn_r", vmin=-5, vmax=30, aspect="auto")
+    for i in range(len(rows)):
+        for j in range(len(cols)):
+            ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(cols)), ["no attacker" if c == CLEAN else c for c in cols], rotation=40, ha="right")
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_title(f"final val loss gap vs clean mean (%), f=2 of {PEERS}, {DENSE}; colour clipped to [-5, 30]")
+    fig.colorbar(image, ax=ax, label="gap %")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--phases", default="main,variants,fvalues,compression", help="comma-separated phases")
+    parser.add_argument("--seeds", default="0,1", help="comma-separated seeds (default 0,1)")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes, 1 torch thread each (0: in-process)")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="bench", help="run size (tiny: smoke test)")
+    parser.add_argument("--out", default=str(OUT), help="directory for byzantine.{json,md,png}")
+    parser.add_argument("--fresh", action="store_true", help="ignore runs already in the JSON")
+    parser.add_argument("--report-only", action="store_true", help="only redo md/png from the JSON")
+    parser.add_argument("--limit", type=int, default=None, help="run at most this many new cases (for testing)")
+    args = parser.parse_args(argv)
+    from scripts.machine_info import command_line, load_average, machine_lines
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "byzantine.json"
+    profile = PROFILES[args.profile]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = sorted(set(phases) - {"main", "variants", "fvalues", "compression"})
+    if unknown:
+        parser.error(f"unknown phase(s) {unknown}; choose from main, variants, fvalues, compression")
+    results = {} if args.fresh else load(path)
+    previous = json.loads(path.read_text())["meta"] if path.exists() and not args.fresh else {}
+    meta = {**previous, "profile": asdict(profile), "seeds": seeds, "workers": args.workers}
+    load_before, started = load_average(), time.perf_counter()
+    if not args.report_only:
+        # variants and fvalues pick their attacks from main's results: planned once those are in.
+        budget = args.limit
+        for stage in (["main", "compression"], ["fvalues", "variants"]):
+            todo = [c for c in plan([p for p in phases if p in stage], seeds, results) if c.key not in results]
+            todo = todo[:budget] if budget is not None else todo
+            print(f"{len(todo)} runs to do for {stage} ({len(results)} already in {path})", flush=True)
+            _run_all(todo, profile, args.workers, results, lambda: save(path, results, meta))
+            budget = None if budget is None else budget - len(todo)
+        if "compression" in phases:
+            meta["support_demo"] = support_demo(profile)
+        meta.update(machine=machine_lines(load_before, load_average()), command=command_line(),
+                    wall_min=(time.perf_counter() - started) / 60)
+        save(path, results, meta)
+    write_report(results, meta, meta.get("support_demo", []), out)
+    print(f"wrote {out / 'byzantine.md'} and {out / 'byzantine.png'}")
+    return 0
+
+
+def _run_all(todo: list[Case], profile: Profile, workers: int, results: dict[str, dict], checkpoint) -> None:
+    t0 = time.perf_counter()
+
+    def done(i: int, record: dict[str, Any]) -> None:
+        results[record["key"]] = record
+        checkpoint()
+        loss = record.get("final_val_loss")
+        print(f"[{i}/{len(todo)} {time.perf_counter() - t0:.0f}s] {record['key']}: {record['status']}"
+              + (f" val {loss:.4f}" if loss is not None else f" ({record.get('error')})"), flush=True)
+
+    if workers <= 0:
+        for i, case in enumerate(todo, 1):
+            done(i, run_case(case, profile))
+        return
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(run_case, case, profile) for case in todo]
+        for i, future in enumerate(as_completed(futures), 1):
+            done(i, future.result())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""scripts/byzantine_bench.py: the gap arithmetic, the refusals, the default pick, and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from scripts import byzantine_bench as bench
+
+
+def _record(agg: str, f: int, attack: str, seed: int, loss: float | None, status: str = "ok", codec: str = "fp16") -> dict:
+    options = tuple(sorted(bench.ATTACK_OPTIONS.get(attack, {}).items())) if attack != bench.CLEAN else ()
+    case = bench.Case("main", agg, f, attack, seed, codec, options)
+    return {"key": case.key, "phase": "main", "aggregator": agg, "f": f, "attack": attack, "seed": seed,
+            "codec": codec, "attack_options": dict(options), "status": status, "final_val_loss": loss}
+
+
+def _results(*records: dict) -> dict[str, dict]:
+    clean = [_record("mean", 0, bench.CLEAN, 0, 4.0), _record("mean", 0, bench.CLEAN, 1, 2.0)]
+    clean[0]["phase"] = clean[1]["phase"] = "clean"
+    return {r["key"]: r for r in [*clean, *records]}
+
+
+def test_gap_is_relative_to_the_clean_mean_run_of_the_same_seed_then_averaged():
+    # seed 0: (4.2 - 4.0) / 4.0 = +5%; seed 1: (2.0 - 2.0) / 2.0 = 0% -> mean +2.5%
+    results = _results(_record("median", 2, "alie", 0, 4.2), _record("median", 2, "alie", 1, 2.0))
+    g, status = bench.gap(results, "median", 2, "alie")
+    assert status == "ok" and g == pytest.approx(0.025)
+    assert bench.loss_of(results, "median", 2, "alie") == pytest.approx(3.1)
+    assert bench.gap(results, "krum", 2, "alie") == (None, "missing")
+
+
+def test_a_diverged_run_is_an_infinite_gap_and_a_stopped_one_is_reported_not_averaged():
+    results = _results(_record("mean", 2, "huge-norm", 0, math.nan), _record("krum", 2, "nan", 0, None, "error"))
+    assert bench.gap(results, "mean", 2, "huge-norm") == (math.inf, "ok")
+    assert bench.gap(results, "krum", 2, "nan") == (None, "error")
+
+
+def test_refusal_follows_the_rules_minimum_rows_including_bucketing():
+    assert bench.refusal("krum", 2) is None  # 2f+3 = 7 <= 8
+    assert bench.refusal("krum", 3) == "needs 9 rows, has 8"
+    assert bench.refusal("median", 3) is None  # 2f+1 = 7 <= 8
+    # 8 rows in buckets of 2 -> 4 rows; each attacker spoils one bucket, so f=2 needs 2f+1 = 5 rows.
+    assert bench.refusal("centered-clip+bucket2", 1) is None
+    assert bench.refusal("centered-clip+bucket2", 2) == "needs 5 rows, has 4"
+
+
+def test_pick_default_takes_the_best_worst_case_among_rules_quiet_without_attackers():
+    records = []
+    for agg, fp, worst in (("median", 4.2, 4.1), ("centered-clip", 4.02, 4.1), ("geometric-median", 4.0, 4.3)):
+        records.append(_record(agg, 2, bench.CLEAN, 0, fp))  # median: +5% with no attacker -> not eligible
+        records += [_record(agg, 2, a, 0, worst if a == "alie" else 4.0) for a in bench.attacks.NAMES]
+    default, lines = bench.pick_default(_results(*records))
+    assert default == "centered-clip"  # worst +2.5% beats geometric-median's +7.5%
+    assert any(line.startswith("median:") and "not eligible" in line for line in lines)
+
+
+def test_tiny_end_to_end_run_writes_json_markdown_and_heatmap(tmp_path):
+    code = bench.main(["--profile", "tiny", "--workers", "0", "--phases", "main", "--seeds", "0",
+                       "--limit", "3", "--out", str(tmp_path)])
+    assert code == 0
+    runs = json.loads((tmp_path / "byzantine.json").read_text())["runs"]
+    assert [r["key"] for r in runs] == [
+        "fp16|mean|f0|none|s0", "fp16|mean|f2|gaussian|s0", "fp16|mean|f2|sign-flip(scale=4.0)|s0"
+    ]
+    assert all(r["status"] == "ok" for r in runs)
+    clean, noise = runs[0]["final_val_loss"], runs[1]["final_val_loss"]
+    # Two attackers sending N(0, 1) noise (norm ~ sqrt(d)) swamp a plain mean of ~1e-3-sized updates.
+    assert noise > clean + 0.5
+    assert bench.gap({r["key"]: r for r in runs}, "mean", 2, bench.CLEAN) == (0.0, "ok")  # mean's FP = the reference
+    md = (tmp_path / "byzantine.md").read_text()
+    assert "## f = 2 of 8 attackers" in md and "| mean |" in md
+    assert (tmp_path / "byzantine.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
