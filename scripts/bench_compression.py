@@ -236,7 +236,7 @@ def main() -> int:
         unknown = [w for w in wanted if w not in {r.label for r in ROWS}]
         if unknown:
             parser.error(f"unknown row(s) {unknown}; rows: {', '.join(r.label for r in ROWS)}")
-        rows = [r for r in ROWS if r.label in wanted]
+        rows = [next(r for r in ROWS if r.label == w) for w in wanted]  # in the order given: priorities
     else:
         rows = [r for r in ROWS if r.seeds > 0]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -248,6 +248,8 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d"),
         "peers": args.peers, "rounds": args.rounds, "inner_steps": args.inner_steps,
     }
+    if previous and args.resume:  # results come from several invocations: name them all
+        meta["command"] = f"{previous['meta']['command']}` then `{meta['command']}"
     runs: list[dict[str, Any]] = previous["runs"] if previous else []
 
     if not args.report_only:
