@@ -258,6 +258,23 @@ def run_config(n: int, numel: int, precision: str, repeats: int, codecs: list[st
     return rows
 
 
+def worker_bytes(n: int, numel: int) -> int:
+    """Peak memory of one worker, measured at 8 x 10M (2.7 GB RSS): its update, the exact mean,
+    hivemind's tensors, and for swarmloco n payloads + n decoded rows + the stacked (n, d) copy +
+    the aggregator's two (n, d) float64 temporaries, about 4 * d * (6n + 10) bytes."""
+    return 4 * numel * (6 * n + 10)
+
+
+def available_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
 def repeats_for(n: int, numel: int, requested: int | None) -> int:
     if requested is not None:
         return requested
@@ -312,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write all rows here")
     parser.add_argument("--write-md", nargs="?", const=str(ROOT / "benchmarks/vs_hivemind.md"), metavar="PATH")
     parser.add_argument("--profile", metavar="PATH", help="cProfile worker 0's swarmloco rounds into this text file")
+    parser.add_argument("--force", action="store_true", help="run configurations that look too big for the free memory")
     parser.add_argument("--report-only", metavar="JSON", help="rewrite --write-md from an earlier --json file; run nothing")
     args = parser.parse_args(argv)
     if args.report_only:
@@ -330,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     for numel in args.numel:
         for n in args.peers:
             for precision in args.precision:
+                need, free = n * worker_bytes(n, numel), available_bytes()
+                if need > 0.9 * free and not args.force:
+                    print(f"skipping {n} peers x {numel:,} {precision}: needs ~{need / 2**30:.1f} GiB, "
+                          f"{free / 2**30:.1f} GiB available (--force to try anyway)", flush=True)
+                    continue
                 codecs = list(dict.fromkeys([PRECISIONS[precision][0], *args.extra_codecs]))
                 rows += run_config(n, numel, precision, repeats_for(n, numel, args.repeats), codecs, args.match_s, args.profile or "")
                 if args.json:  # keep partial results if a later config fails
