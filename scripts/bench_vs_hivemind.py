@@ -282,7 +282,7 @@ def repeats_for(n: int, numel: int, requested: int | None) -> int:
 
 
 def write_markdown(path: Path, rows: list[dict], load_before: str, load_after: str, wall_s: float, command: str | None = None) -> None:
-    from machine_info import command_line, machine_lines
+    from machine_info import command_line, machine_lines, write_keeping_notes
 
     lines = [
         "# swarmloco exchange round vs hivemind all-reduce",
@@ -312,10 +312,7 @@ def write_markdown(path: Path, rows: list[dict], load_before: str, load_after: s
         s = r["swarmloco_split_s"]
         lines.append(f"| {r['peers']} | {r['numel']:,} | {r['codec']} | {s['encode_s']:.3f} | {s['manifest_s']:.3f} | "
                      f"{s['fetch_s']:.3f} | {s['decode_s']:.3f} | {s['aggregate_s']:.3f} |")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    existing = path.read_text() if path.exists() else ""
-    notes = existing.split("<!-- notes -->", 1)[1] if "<!-- notes -->" in existing else "\n"
-    path.write_text("\n".join(lines) + "\n\n<!-- notes -->" + notes)
+    write_keeping_notes(path, "\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> int:

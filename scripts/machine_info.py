@@ -54,3 +54,17 @@ def machine_lines(load_before: str, load_after: str) -> list[str]:
         f"- {platform.system()} {platform.release()}, Python {v['python']}, torch {v['torch']}, "
         f"hivemind {v['hivemind']}, grpcio {v['grpc']}",
     ]
+
+
+NOTES_MARK = "<!-- notes -->"
+
+
+def write_keeping_notes(path, text: str) -> None:
+    """Write a generated markdown file, keeping whatever a person wrote below NOTES_MARK."""
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    existing = path.read_text() if path.exists() else ""
+    notes = existing.split(NOTES_MARK, 1)[1] if NOTES_MARK in existing else "\n"
+    path.write_text(text.rstrip("\n") + "\n\n" + NOTES_MARK + notes)

@@ -189,7 +189,7 @@ def format_attach(result: dict) -> str:
 
 
 def write_markdown(path: Path, results: list[dict], load_before: str, load_after: str) -> None:
-    from machine_info import command_line, machine_lines
+    from machine_info import command_line, machine_lines, write_keeping_notes
 
     lines = ["# Bandwidth per peer per round (measured)", "",
              "Written by `scripts/measure_bandwidth.py`: a coordinator and peers as processes on loopback; bytes are",
@@ -210,8 +210,7 @@ def write_markdown(path: Path, results: list[dict], load_before: str, load_after
     for r in results:
         lines += [f"### {r['codec']} ({r['peers']} peers, {r['rounds']} rounds x {r['inner_steps']} inner steps, wall {r.get('wall_s', 0):.0f} s)",
                   "", "```", format_table(r), "```", ""]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
+    write_keeping_notes(path, "\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> int:

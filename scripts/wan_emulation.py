@@ -258,14 +258,14 @@ def shaping_text(bed_rate: float, rtt_ms: float, delay_mode: str) -> str:
     return f"{rate}; {delay}"
 
 
-def write_markdown(path: Path, results: list[dict], load_before: str, load_after: str) -> None:
-    from machine_info import command_line, machine_lines
+def write_markdown(path: Path, results: list[dict], load_before: str, load_after: str, commands: list[str] | None = None) -> None:
+    from machine_info import command_line, machine_lines, write_keeping_notes
 
     lines = ["# Compute utilization under an emulated WAN", "",
              "Written by `scripts/wan_emulation.py`: coordinator and peers each in their own network namespace,",
              "joined by veth pairs on a bridge; shaping as stated on every row. utilization = sum of inner-step time /",
              "sum of round wall time over all peers and rounds (the peers' own records); bytes are the transport's counts.", "",
-             *machine_lines(load_before, load_after), f"- command: `{command_line()}`", "",
+             *machine_lines(load_before, load_after), *[f"- command: `{c}`" for c in (commands or [command_line()])], "",
              "| codec | shaping | peers | rounds x H | payload (B) | recv/peer/round (B) | compute (s) | wait (s) | fetch (s) "
              "| aggregate (s) | round (s) | goodput (MB/s) | utilization |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
@@ -279,8 +279,7 @@ def write_markdown(path: Path, results: list[dict], load_before: str, load_after
 
     for r in results:
         lines += [f"### {r['codec']}: {r['shaping']}", "", "```", format_table(r), "```", ""]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
+    write_keeping_notes(path, "\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,8 +294,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", help="keep logs and summaries here (default: a temporary folder)")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--write-md", nargs="?", const=str(ROOT / "benchmarks/wan.md"), metavar="PATH")
+    parser.add_argument("--report-only", nargs="+", metavar="JSON", help="write --write-md from earlier --json files; run nothing")
     parser.add_argument("--check", action="store_true", help="only say whether namespaces + tbf (+ netem) work here")
     args = parser.parse_args(argv)
+    if args.report_only:
+        saved = [json.loads(Path(p).read_text()) for p in args.report_only]
+        write_markdown(Path(args.write_md or ROOT / "benchmarks/wan.md"), [r for s in saved for r in s["runs"]],
+                       saved[0].get("load_before", "?"), saved[-1].get("load_after", "(not recorded)"),
+                       [s.get("command", "?") for s in saved])
+        return 0
     reason = namespaces_permitted()
     if reason:
         print(f"wan_emulation: cannot emulate a WAN on this machine: {reason}. Nothing was run.")
@@ -337,7 +343,10 @@ def main(argv: list[str] | None = None) -> int:
                 signal.signal(s, handler)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"runs": results, "load_before": load_before}, indent=2))
+        from machine_info import command_line
+
+        Path(args.json).write_text(json.dumps({"runs": results, "load_before": load_before, "load_after": load_average(),
+                                               "command": command_line()}, indent=2))
     if args.write_md:
         write_markdown(Path(args.write_md), results, load_before, load_average())
         print(f"wrote {args.write_md}")
