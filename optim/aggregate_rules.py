@@ -37,8 +37,13 @@ def _unclipped(n: int) -> torch.Tensor:
 
 def mean(rows: torch.Tensor) -> RuleResult:
     n = rows.shape[0]
+    # Accumulate row by row in a fixed order: no (n, d) float64 copy (the swarm's hot path on
+    # 10M-float updates) and the same bits whatever the thread count.
+    total = rows[0].clone()  # (d,)
+    for row in rows[1:]:
+        total.add_(row)
     return RuleResult(
-        output=rows.double().mean(dim=0).float(),
+        output=total.div_(n),
         weights=torch.full((n,), 1.0 / n, dtype=torch.float64),
         selected=torch.ones(n, dtype=torch.bool),
         clip_scale=_unclipped(n),
