@@ -114,18 +114,25 @@ def format_table(result: dict) -> str:
 # --- sources: a local swarm, a finished workdir, a running coordinator ---------------------------
 
 
-def run_local_swarm(*, peers: int, rounds: int, inner_steps: int, codec: str, workdir: Path, echo: bool = False,
-                    peer_args: list[str] | None = None) -> dict:
-    """Run a swarm to completion on loopback and return analyze()'s result plus the wall time."""
+def write_run_config(workdir: Path, *, peers: int, rounds: int, inner_steps: int, codec: str) -> Path:
+    """The demo run config with these overrides, validated as `swarmloco demo` does, in workdir/run.json."""
     from peer.cli import build_parser, load_run_config
-    from peer.launcher import Swarm
 
     args = build_parser().parse_args(["demo", "--peers", str(peers), "--rounds", str(rounds), "--inner-steps", str(inner_steps),
                                       "--codec", codec])
     args.expected_peers = peers
-    cfg = load_run_config(args)
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "run.json").write_text(cfg.to_json())
+    path = workdir / "run.json"
+    path.write_text(load_run_config(args).to_json())
+    return path
+
+
+def run_local_swarm(*, peers: int, rounds: int, inner_steps: int, codec: str, workdir: Path, echo: bool = False,
+                    peer_args: list[str] | None = None) -> dict:
+    """Run a swarm to completion on loopback and return analyze()'s result plus the wall time."""
+    from peer.launcher import Swarm
+
+    write_run_config(workdir, peers=peers, rounds=rounds, inner_steps=inner_steps, codec=codec)
     started = time.monotonic()
     with Swarm(workdir, echo=echo) as swarm:
         coordinator = swarm.start_coordinator(["--config", str(workdir / "run.json")])

@@ -199,15 +199,9 @@ def measure_link_mbit(bed: Testbed, src: int, dst: int) -> float:
 
 
 def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec: str, workdir: Path, timeout_s: float) -> dict:
-    from measure_bandwidth import read_workdir
-    from peer.cli import build_parser, load_run_config
+    from measure_bandwidth import read_workdir, write_run_config
 
-    args = build_parser().parse_args(["demo", "--peers", str(peers), "--rounds", str(rounds), "--inner-steps", str(inner_steps),
-                                      "--codec", codec])
-    args.expected_peers = peers
-    cfg = load_run_config(args)
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "run.json").write_text(cfg.to_json())
+    write_run_config(workdir, peers=peers, rounds=rounds, inner_steps=inner_steps, codec=codec)
     python = sys.executable
     proxy = bed.delay_mode == "proxy"
 
