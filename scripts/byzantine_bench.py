@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from optim import aggregate, attacks  # noqa: E402
 from peer.config import (  # noqa: E402
-    AggregationConfig, CompressionConfig, DataConfig, InnerConfig, ModelConfig, RunConfig,
+    AggregationConfig, CompressionConfig, DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig,
 )
 from peer.simulate import SimulationOptions, run_simulation  # noqa: E402
 
@@ -71,6 +71,9 @@ class Profile:
     warmup_steps: int = 16
     rounds: int = 6
     max_corpus_bytes: int = 8_000_000
+    # fedavg (θ -= aggregate): the run's default Nesterov (lr 0.7, momentum 0.9) makes a 6-round val loss
+    # non-monotone (up 9% in the last round on one seed), a noise floor above the 1% and 5% targets.
+    outer: str = "fedavg"
 
     def config(self, seed: int, aggregator: str, f: int, codec: str) -> RunConfig:
         name, options = ALL_AGGREGATORS[aggregator]
@@ -81,6 +84,7 @@ class Profile:
                 batch_size=self.batch_size, val_batches=self.val_batches, max_corpus_bytes=self.max_corpus_bytes
             ),
             inner=InnerConfig(steps=self.inner_steps, warmup_steps=self.warmup_steps),
+            outer=OuterConfig(name=self.outer),
             compression=CompressionConfig(codec=codec),
             aggregation=AggregationConfig(name=name, num_byzantine=f, options=dict(options)),
         )
@@ -314,12 +318,14 @@ def _cell(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = 
     loss = loss_of(results, agg, f, attack, codec)
     if g is None or loss is None:
         return "?"
-    return "diverged" if not math.isfinite(loss) else f"{loss:.3f} ({100 * g:+.1f}%)"
+    if not math.isfinite(loss) or g > 10:
+        return f"diverged (loss {loss:.1e})"
+    return f"{loss:.3f} ({100 * g:+.1f}%)"
 
 
 def _worst_text(results: dict[str, dict], agg: str, f: int, names: list[str], codec: str = DENSE) -> str:
     w, attack, bad = worst_case(results, agg, f, names, codec)
-    text = "-" if w is None else ("diverged" if not math.isfinite(w) else f"{100 * w:+.1f}% ({attack})")
+    text = "-" if w is None else ("diverged" if not math.isfinite(w) or w > 10 else f"{100 * w:+.1f}%") + f" ({attack})"
     return text + (f"; {bad} did not run" if bad else "")
 
 
@@ -332,9 +338,13 @@ def pick_default(results: dict[str, dict]) -> tuple[str | None, list[str]]:
         w, attack, bad = worst_case(results, agg, 2, list(attacks.NAMES))
         if st != "ok" or fp is None or w is None:
             continue
-        ok = fp <= 0.01 and not bad
-        lines.append(f"{agg}: no-attacker gap {100 * fp:+.2f}%, worst {100 * w:+.1f}% ({attack})"
-                     + (f", stops on {bad}" if bad else "") + ("" if ok else " -> not eligible"))
+        missing = [a for a in attacks.NAMES if gap(results, agg, 2, a)[1] == "missing"]
+        ok = fp <= 0.01 and not bad and not missing
+        worst = "diverged" if not math.isfinite(w) or w > 10 else f"{100 * w:+.1f}%"
+        lines.append(f"{agg}: no-attacker gap {100 * fp:+.2f}%, worst {worst} ({attack})"
+                     + (f", stops on {bad}" if bad else "")
+                     + (f", only {len(attacks.NAMES) - len(missing)} attacks run" if missing else "")
+                     + ("" if ok else " -> not eligible"))
         if ok and (best is None or w < best[1]):
             best = (agg, w)
     return (best[0] if best else None), lines
@@ -352,11 +362,16 @@ def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict
     p = meta.get("profile", {})
     md += [f"Each run: n = {PEERS} peers, model d_model {p.get('d_model')}, {p.get('n_layer')} layer, seq "
            f"{p.get('seq_len')}, batch {p.get('batch_size')}, H = {p.get('inner_steps')} inner AdamW steps, "
-           f"{p.get('rounds')} rounds, outer Nesterov (lr 0.7, momentum 0.9), codec {DENSE} unless stated; "
+           f"{p.get('rounds')} rounds, outer {p.get('outer')}, codec {DENSE} unless stated; "
            f"seeds {meta.get('seeds')}. A cell is `final val loss (gap)`, both averaged over seeds; the gap is "
            "relative to the clean run with `mean` (f = 0, no attacker) of the same seed. Attack options are the "
            f"defaults of optim/attacks.py except {ATTACK_OPTIONS}. `error`: the run stopped (see notes); "
            "`refused`: the rule cannot tolerate that f of 8.", ""]
+    md += ["Why fedavg and not the run's default outer Nesterov (lr 0.7, momentum 0.9): in a first pass of this grid "
+           "with Nesterov, 6 rounds, the clean `mean` run's val loss rose 3.34 -> 3.63 in the last round on seed 1 "
+           "and `multi-krum` with no attacker (6 of 8 honest updates) ended 9% above `mean` on seed 0: momentum "
+           "overshoot, a noise floor above the 1% and 5% targets. With fedavg (θ -= aggregate) the curves are "
+           "monotone and the two clean seeds end within 0.5% of each other, so a gap measures the aggregate.", ""]
     clean = [results.get(Case("clean", "mean", 0, CLEAN, s).key) for s in meta.get("seeds", [])]
     clean_losses = [f"{r['final_val_loss']:.4f}" for r in clean if r and r["status"] == "ok"]
     md += [f"Clean reference (`mean`, f = 0) final val loss per seed: {', '.join(clean_losses)}.", ""]
@@ -448,7 +463,7 @@ def heatmap(results: dict[str, dict], path: Path) -> None:
                 labels[i][j] = status
             else:
                 grid[i, j] = min(100 * g, 1e4)
-                labels[i][j] = "div" if not math.isfinite(g) else f"{100 * g:+.1f}"
+                labels[i][j] = "div" if not math.isfinite(g) or g > 10 else f"{100 * g:+.1f}"
     fig, ax = plt.subplots(figsize=(1.0 * len(cols) + 3, 0.5 * len(rows) + 2))
     image = ax.imshow(np.clip(grid, -5, 30), cmap="RdYlGn_r", vmin=-5, vmax=30, aspect="auto")
     for i in range(len(rows)):
