@@ -13,35 +13,89 @@ updates and must reach bit-for-bit the same parameters, but nothing should
 hinge on the order in which a caller happened to stack the rows. So whenever a
 choice depends on *which* row wins (a tie in Krum scores, a tie at the
 k-nearest-neighbour boundary, the bucketing shuffle) we decide it from the
-rows' contents, never from their positions.
+rows' contents, never from their positions. And because such a choice can
+hinge on the last bit of a mixed row or a distance, every sum over rows runs
+in content order (:func:`ordered_mean`) and every distance is computed alone
+(:func:`pairwise_sq_distances`): the same rows in any order give bit-identical
+results, not merely close ones.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
+from functools import cmp_to_key
 
 import torch
 
+# Rows are compared a chunk at a time, doubling the chunk: distinct rows usually
+# differ in the first chunk, and identical rows cost one pass over their values.
+_FIRST_CHUNK = 1024
+
+
+def _compare_bits(a: torch.Tensor, b: torch.Tensor) -> int:
+    """-1, 0 or 1: lexicographic order of two (d,) int32 bit patterns, read
+    only up to their first difference."""
+    start, size, d = 0, _FIRST_CHUNK, a.numel()
+    while start < d:
+        stop = min(start + size, d)
+        differ = torch.ne(a[start:stop], b[start:stop])  # (chunk,)
+        if bool(differ.any()):
+            k = start + int(differ.to(torch.uint8).argmax())  # first difference
+            return -1 if int(a[k]) < int(b[k]) else 1
+        start, size = stop, size * 2
+    return 0
+
+
+def canonical_order(rows: torch.Tensor) -> torch.Tensor:
+    """(n,) int64 input indices of the (n, d) float32 rows sorted by content:
+    lexicographic on their float32 bit patterns (a total order on contents,
+    not a numeric one). Identical rows keep their input order among
+    themselves; being identical, nothing computed from them can tell.
+
+    Cheap (it reads rows only up to where they first differ), so even plain
+    mean can afford it; a hash of every row would cost more than the mean."""
+    bits = rows.view(torch.int32)  # (n, d): same bytes, exact integer comparisons
+    order = sorted(range(rows.shape[0]), key=cmp_to_key(lambda i, j: _compare_bits(bits[i], bits[j])))
+    return torch.tensor(order, dtype=torch.int64)
+
 
 def content_rank(rows: torch.Tensor) -> torch.Tensor:
-    """(n,) int64: each row's rank when rows are sorted by sha256 of their
-    float32 bytes. Identical rows get distinct ranks, but as they are identical
-    it does not matter which comes first."""
-    digests = [hashlib.sha256(row.contiguous().numpy().tobytes()).digest() for row in rows]
-    order = sorted(range(len(digests)), key=lambda i: digests[i])
-    rank = torch.empty(len(digests), dtype=torch.int64)
-    rank[torch.tensor(order, dtype=torch.int64)] = torch.arange(len(digests))
+    """(n,) int64: each row's position in :func:`canonical_order`."""
+    order = canonical_order(rows)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel())
     return rank
 
 
+def ordered_mean(rows: torch.Tensor, ordered: torch.Tensor) -> torch.Tensor:
+    """(d,) float32 mean of ``rows[ordered]``, summed in exactly that order in
+    float64: the same members in the same (content) order give the same bits
+    whatever their positions, and rows near the float32 limit do not overflow.
+    A (d,) float64 accumulator, never an (n, d) copy."""
+    total = rows[ordered[0]].double()  # (d,)
+    for k in ordered[1:].tolist():
+        total.add_(rows[k])
+    return total.div_(ordered.numel()).float()
+
+
 class TieBreaker:
-    """Sorts scores with ties broken by row content; hashes rows only if a tie
-    actually occurs (hashing a large (n, d) tensor is the expensive part)."""
+    """Sorts scores with ties broken by row content; ranks rows by content
+    only if a tie actually occurs."""
 
     def __init__(self, rows: torch.Tensor) -> None:
         self._rows = rows
         self._rank: torch.Tensor | None = None
+
+    @property
+    def rank(self) -> torch.Tensor:
+        """(n,) int64 content rank of each row (see :func:`content_rank`)."""
+        if self._rank is None:
+            self._rank = content_rank(self._rows)
+        return self._rank
+
+    def in_content_order(self, members: torch.Tensor) -> torch.Tensor:
+        """``members`` (row indices) sorted by content."""
+        return members[torch.argsort(self.rank[members], stable=True)]
 
     def argsort(self, scores: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
         """Indices (into the rows) of ``candidates`` (default: all rows) in
@@ -50,25 +104,29 @@ class TieBreaker:
             candidates = torch.arange(scores.numel())
         if torch.unique(scores).numel() == scores.numel():
             return candidates[torch.argsort(scores, stable=True)]
-        if self._rank is None:
-            self._rank = content_rank(self._rows)
-        by_content = torch.argsort(self._rank[candidates], stable=True)
+        by_content = torch.argsort(self.rank[candidates], stable=True)
         by_score = torch.argsort(scores[by_content], stable=True)
         return candidates[by_content[by_score]]
 
 
 def pairwise_sq_distances(rows: torch.Tensor) -> torch.Tensor:
-    """(n, n) float64 squared L2 distances. Computed row by row in float64, as
-    ``sum((x_j - x_i)**2)``: exact symmetry (so scores do not depend on row
-    order) and no overflow for rows with entries near the float32 limit, where
-    the Gram-matrix shortcut ``|x|^2 + |y|^2 - 2 x.y`` would overflow or cancel."""
-    n = rows.shape[0]
+    """(n, n) float64 squared L2 distances, ``sum((x_j - x_i)**2)`` in float64.
+
+    Each pair is computed alone, with the same (d,) shapes and buffer: a
+    batched reduction may split or vectorise differently depending on how
+    many rows share the batch, so a pair's distance (and with it a Krum or
+    NNM decision at a tie) could depend on the pair's position. One
+    computation per pair also makes the matrix exactly symmetric. float64,
+    not the Gram shortcut ``|x|^2 + |y|^2 - 2 x.y``, which would overflow or
+    cancel for rows with entries near the float32 limit."""
+    n, d = rows.shape
     dist = torch.zeros(n, n, dtype=torch.float64)
+    diff = torch.empty(d, dtype=torch.float64)  # (d,), reused
     for i in range(n - 1):
-        diff = rows[i + 1 :].double() - rows[i].double()  # (n - i - 1, d)
-        sq = diff.square().sum(dim=1)
-        dist[i, i + 1 :] = sq
-        dist[i + 1 :, i] = sq
+        anchor = rows[i].double()  # (d,)
+        for j in range(i + 1, n):
+            torch.sub(rows[j], anchor, out=diff)
+            dist[i, j] = dist[j, i] = diff.square_().sum()
     return dist
 
 
@@ -102,13 +160,17 @@ def nearest_neighbour_mixing(rows: torch.Tensor, num_byzantine: int) -> tuple[to
     dist = pairwise_sq_distances(rows)  # (n, n)
     ties = TieBreaker(rows)
     matrix = torch.zeros(n, n, dtype=torch.float64)
+    mixed = torch.empty_like(rows)  # (n, d)
     everyone = torch.arange(n)
     for j in range(n):
         others = everyone[everyone != j]
         nearest = ties.argsort(dist[j, others], others)[: keep - 1]
-        matrix[j, j] = 1.0 / keep
-        matrix[j, nearest] = 1.0 / keep
-    return _apply(matrix, rows), Mixing(matrix=matrix, home=everyone)
+        members = torch.cat([torch.tensor([j]), nearest])
+        matrix[j, members] = 1.0 / keep
+        # Summed in content order: mixed rows are bit-identical whatever the input order,
+        # so rules that break ties by the mixed rows' content decide alike.
+        mixed[j] = ordered_mean(rows, ties.in_content_order(members))
+    return mixed, Mixing(matrix=matrix, home=everyone)
 
 
 def bucketing(rows: torch.Tensor, bucket_size: int, seed: int) -> tuple[torch.Tensor, Mixing]:
@@ -117,24 +179,23 @@ def bucketing(rows: torch.Tensor, bucket_size: int, seed: int) -> tuple[torch.Te
     (ceil(n / s), d) bucket means and the mixing matrix.
 
     The shuffle must not depend on the caller's row order, so rows are first
-    put in a canonical order (sha256 of their bytes) and only then permuted by
+    put in a canonical order (:func:`canonical_order`) and only then permuted by
     a generator seeded with ``seed``. Give a fresh, agreed seed every round
     (e.g. derived from the round manifest hash) so nobody can precompute which
     bucket a crafted update lands in."""
     n = rows.shape[0]
-    canonical = torch.argsort(content_rank(rows))  # canonical position -> input row
+    ties = TieBreaker(rows)
+    canonical = torch.argsort(ties.rank)  # canonical position -> input row
     generator = torch.Generator().manual_seed(seed)
     shuffled = canonical[torch.randperm(n, generator=generator)]
     num_buckets = -(-n // bucket_size)
     matrix = torch.zeros(num_buckets, n, dtype=torch.float64)
     home = torch.empty(n, dtype=torch.int64)
+    means = torch.empty(num_buckets, rows.shape[1], dtype=torch.float32)  # (num_buckets, d)
     for b in range(num_buckets):
         members = shuffled[b * bucket_size : (b + 1) * bucket_size]
         matrix[b, members] = 1.0 / members.numel()
         home[members] = b
-    return _apply(matrix, rows), Mixing(matrix=matrix, home=home)
+        means[b] = ordered_mean(rows, ties.in_content_order(members))
+    return means, Mixing(matrix=matrix, home=home)
 
-
-def _apply(matrix: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    # float64 accumulation: averaging rows near the float32 limit must not overflow.
-    return (matrix @ rows.double()).float()

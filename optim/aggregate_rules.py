@@ -12,15 +12,24 @@ Shares ("weights") are honest attributions, not decoration:
 
 Distances, norms and iterative rules run in float64: Byzantine rows can hold
 entries near the float32 limit, whose squares overflow float32.
+
+Order independence is bit-exact: sums over rows run in content order
+(``canonical_order``), either by summing in that order (mean, Krum) or by
+running the rule on the rows sorted into it and mapping the per-row fields
+back (median, trimmed mean, geometric median, centered clip). Otherwise float
+rounding would differ with the input order and, through a stopping test or a
+tie, so could a decision.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from optim.aggregate_mixing import TieBreaker, pairwise_sq_distances
+from optim.aggregate_mixing import TieBreaker, canonical_order, ordered_mean, pairwise_sq_distances
 
 
 @dataclass(kw_only=True, slots=True)
@@ -35,15 +44,44 @@ def _unclipped(n: int) -> torch.Tensor:
     return torch.ones(n, dtype=torch.float64)
 
 
+def _in_content_order(rows: torch.Tensor, rule: Callable[[torch.Tensor], RuleResult]) -> RuleResult:
+    """``rule`` run on the rows sorted into content order, its per-row fields
+    mapped back to input order. Costs one (n, d) float32 gather, only for rules
+    that already copy or sort all rows."""
+    order = canonical_order(rows)  # (n,) canonical position -> input row
+    if torch.equal(order, torch.arange(order.numel())):
+        return rule(rows)
+    result = rule(rows[order])
+
+    def back(values: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(values)
+        out[order] = values
+        return out
+
+    return RuleResult(
+        output=result.output,
+        weights=back(result.weights),
+        selected=back(result.selected),
+        clip_scale=back(result.clip_scale),
+    )
+
+
 def mean(rows: torch.Tensor) -> RuleResult:
     n = rows.shape[0]
-    # Accumulate row by row in a fixed order: no (n, d) float64 copy (the swarm's hot path on
-    # 10M-float updates) and the same bits whatever the thread count.
-    total = rows[0].clone()  # (d,)
-    for row in rows[1:]:
-        total.add_(row)
+    # Accumulate row by row in content order: no (n, d) float64 copy (the swarm's hot path on
+    # 10M-float updates), the same bits whatever the thread count and whatever the row order.
+    order = canonical_order(rows)
+    total = rows[order[0]].clone()  # (d,)
+    for k in order[1:].tolist():
+        total.add_(rows[k])
+    if not (math.isfinite(total.amax()) and math.isfinite(total.amin())):
+        # The float32 sum overflowed (entries near the float32 limit): redo it in float64,
+        # where the mean itself is representable.
+        output = ordered_mean(rows, order)
+    else:
+        output = total.div_(n)
     return RuleResult(
-        output=total.div_(n),
+        output=output,
         weights=torch.full((n,), 1.0 / n, dtype=torch.float64),
         selected=torch.ones(n, dtype=torch.bool),
         clip_scale=_unclipped(n),
@@ -63,25 +101,30 @@ def _sorted_band_mean(rows: torch.Tensor, lo: int, hi: int) -> RuleResult:
 
 def median(rows: torch.Tensor) -> RuleResult:
     """Coordinate-wise median; for even n the mean of the two middle values
-    (``torch.median`` would return the lower one, a biased choice)."""
+    (``torch.median`` would return the lower one, a biased choice). In content
+    order so equal values' shares go to the same rows whatever the order."""
     n = rows.shape[0]
-    return _sorted_band_mean(rows, (n - 1) // 2, n // 2 + 1)
+    return _in_content_order(rows, lambda r: _sorted_band_mean(r, (n - 1) // 2, n // 2 + 1))
 
 
 def trimmed_mean(rows: torch.Tensor, num_byzantine: int) -> RuleResult:
     """Drop the f largest and f smallest values per coordinate, average the rest."""
     n = rows.shape[0]
-    return _sorted_band_mean(rows, num_byzantine, n - num_byzantine)
+    return _in_content_order(rows, lambda r: _sorted_band_mean(r, num_byzantine, n - num_byzantine))
 
 
 def krum_scores(rows: torch.Tensor, num_byzantine: int) -> torch.Tensor:
     """(n,) float64 Krum scores (Blanchard et al., 2017): the sum of squared
-    distances from each row to its n - f - 2 nearest other rows."""
+    distances from each row to its n - f - 2 nearest other rows. Summed with
+    ``math.fsum`` (correctly rounded): equal multisets of distances give equal
+    scores exactly, so ties are real ties, whatever the summation order."""
     n = rows.shape[0]
     dist = pairwise_sq_distances(rows)  # (n, n)
     dist.fill_diagonal_(float("inf"))
-    nearest, _ = torch.sort(dist, dim=1)
-    return nearest[:, : n - num_byzantine - 2].sum(dim=1)
+    nearest, _ = torch.sort(dist, dim=1)  # (n, n)
+    return torch.tensor(
+        [math.fsum(row) for row in nearest[:, : n - num_byzantine - 2].tolist()], dtype=torch.float64
+    )
 
 
 def multi_krum(rows: torch.Tensor, num_byzantine: int, m: int) -> RuleResult:
@@ -90,12 +133,15 @@ def multi_krum(rows: torch.Tensor, num_byzantine: int, m: int) -> RuleResult:
     content so the choice does not depend on row order."""
     n = rows.shape[0]
     scores = krum_scores(rows, num_byzantine)
-    chosen = TieBreaker(rows).argsort(scores)[:m]
+    ties = TieBreaker(rows)
+    chosen = ties.argsort(scores)[:m]
     selected = torch.zeros(n, dtype=torch.bool)
     selected[chosen] = True
-    weights = selected.double() / m
     return RuleResult(
-        output=(weights @ rows.double()).float(), weights=weights, selected=selected, clip_scale=_unclipped(n)
+        output=ordered_mean(rows, ties.in_content_order(chosen)),
+        weights=selected.double() / m,
+        selected=selected,
+        clip_scale=_unclipped(n),
     )
 
 
@@ -114,6 +160,10 @@ def geometric_median(rows: torch.Tensor, *, iterations: int, eps: float, nu: flo
     ``iterations`` or once a step moves less than ``eps`` times the median
     distance to the rows (a scale-free tolerance). ``nu`` is absolute: the
     result is accurate to about nu, so keep it well below the update norms."""
+    return _in_content_order(rows, lambda r: _weiszfeld(r, iterations=iterations, eps=eps, nu=nu))
+
+
+def _weiszfeld(rows: torch.Tensor, *, iterations: int, eps: float, nu: float) -> RuleResult:
     n = rows.shape[0]
     x = rows.double()  # (n, d)
     z = median(rows).output.double()  # (d,)
@@ -129,7 +179,9 @@ def geometric_median(rows: torch.Tensor, *, iterations: int, eps: float, nu: flo
             break
         eta = int(at.sum())
         pull = torch.linalg.vector_norm(beta @ diff).item()  # |R|: sum of unit vectors to the other rows
-        stay = min(1.0, eta / pull) if pull > 0 else 1.0
+        # Vardi-Zhang: only rows *at* z hold it in place. With none (eta = 0) this is a plain
+        # Weiszfeld step, also where the pull is exactly 0 (z is then the optimum, a fixed point).
+        stay = 0.0 if eta == 0 else (min(1.0, eta / pull) if pull > 0 else 1.0)
         weights = (1.0 - stay) * beta / beta.sum() + (stay / max(eta, 1)) * at.double()
         new_z = weights @ x
         step = torch.linalg.vector_norm(new_z - z).item()
@@ -155,6 +207,12 @@ def centered_clip(
     Shares: v_k = a_k * v_0 + sum_i b_ki * x_i. With a median start, v_0's
     share a_L is spread by the median's own shares; with a previous-aggregate
     start it belongs to no current row, so the weights then sum to 1 - a_L."""
+    return _in_content_order(rows, lambda r: _centered_clip(r, tau=tau, iterations=iterations, center=center))
+
+
+def _centered_clip(
+    rows: torch.Tensor, *, tau: float | None, iterations: int, center: torch.Tensor | None
+) -> RuleResult:
     n = rows.shape[0]
     x = rows.double()  # (n, d)
     if center is None:

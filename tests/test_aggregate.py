@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from optim import aggregate
-from optim.aggregate_mixing import bucketing, nearest_neighbour_mixing
+from optim.aggregate_mixing import bucketing, canonical_order, nearest_neighbour_mixing
 from optim.aggregate_rules import krum_scores
 
 ROBUST = ("median", "trimmed-mean", "krum", "multi-krum", "geometric-median", "centered-clip")
@@ -119,6 +119,20 @@ def test_centered_clip_keeps_previous_aggregate_as_centre():
         cc(t([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0]]))
 
 
+def test_geometric_median_at_an_exact_fixed_point_off_the_rows():
+    # Start (the median) is 0, on no row, and the unit vectors to the rows cancel exactly:
+    # 0 is the optimum. Its shares are the plain Weiszfeld ones, 1/6 each (they used to vanish).
+    gm = aggregate.build("geometric-median", num_byzantine=1)
+    assert gm(t([[1], [1], [1], [-1], [-1], [-1]])).tolist() == pytest.approx([0.0], abs=1e-12)
+    assert gm.last_report.weights == pytest.approx([1 / 6] * 6)
+
+
+def test_mean_near_float32_limit_does_not_overflow():
+    # 3e38 + 3e38 overflows float32; the mean (3e38) does not, so the sum is redone in float64.
+    big = t([3e38]).item()
+    assert aggregate.build("mean")(t([[big, 1.0], [big, 2.0]])).tolist() == [big, 1.5]
+
+
 def test_mean_report_fields():
     agg = aggregate.build("mean")
     assert agg(t([[0, 0], [3, 4]])).tolist() == [1.5, 2.0]
@@ -183,6 +197,43 @@ def test_bucketing_with_rule_and_report():
     assert aggregate.build("median", 0, bucket_size=2)(rows, seed=11).tolist() == first.tolist()
 
 
+# ------------------------------------------------------------- row order
+
+
+def test_krum_after_nnm_regression_tie_between_mixed_rows():
+    # Found by hypothesis. With f = 1 each row is mixed with its 4 nearest; mixed rows
+    # 0, 2 = (2, 1, -1)/5 and 1, 5 = (0, 1, -3)/5 then tie on Krum score (0.64). The tie is
+    # broken by the mixed rows' content, but the mixed rows were summed in input order
+    # (M @ rows), so one order gave 0.0 and the other 5.6e-17 for (1 - 1 + 1 - 2 + 1)/5:
+    # different bits, a different content order, the other winner (0.4 apart).
+    rows = t([[1, 0, 0], [-1, 0, -1], [1, 0, 0], [-2, 0, 0], [0, 0, 2], [1, 1, -2]])
+    perm = torch.tensor([0, 5, 2, 3, 4, 1])
+    mixed, _ = nearest_neighbour_mixing(rows, 1)
+    mixed_permuted, _ = nearest_neighbour_mixing(rows[perm], 1)
+    assert torch.equal(mixed_permuted, mixed[perm])
+    assert krum_scores(mixed, 1).tolist() == pytest.approx([0.64, 0.64, 0.64, 1.12, 1.12, 0.64])
+    expected = t([0.0, 0.2, -0.6])  # (0, 1, -3)/5: first of the two tied contents
+    agg = aggregate.build("krum", 1, nnm=True)
+    assert torch.equal(agg(rows), expected)
+    assert agg.last_report.weights == pytest.approx([0.2, 0.2, 0.2, 0.2, 0.0, 0.2])
+    assert torch.equal(agg(rows[perm]), expected)
+    assert agg.last_report.weights == pytest.approx([0.2, 0.2, 0.2, 0.2, 0.0, 0.2])
+
+
+def test_canonical_order_reads_past_long_equal_prefixes():
+    rows = torch.zeros(4, 5000)
+    rows[0, 4999] = 2.0  # rows differ only in their last entry, past several chunks
+    rows[1, 4999] = 1.0
+    rows[3, 3000] = -1.0  # negative floats: sign bit set, a negative int32 pattern
+    order = canonical_order(rows)
+    assert order.tolist() == [3, 2, 1, 0]
+    for perm in ([1, 0, 3, 2], [3, 2, 1, 0]):
+        permuted = rows[torch.tensor(perm)]
+        assert torch.equal(permuted[canonical_order(permuted)], rows[order])
+    # Identical rows keep their input order among themselves.
+    assert canonical_order(torch.ones(3, 2000)).tolist() == [0, 1, 2]
+
+
 # ------------------------------------------------------------------- validation
 
 
@@ -238,10 +289,28 @@ CONFIGS = [
 def rows_and_permutation(draw):
     n = draw(st.integers(5, 9))
     d = draw(st.integers(1, 4))
-    # Small integers: many exact ties and duplicate rows, the hard case for order independence.
-    values = draw(st.lists(st.integers(-3, 3), min_size=n * d, max_size=n * d))
+    # Small integers: many exact ties and duplicate rows, the hard case for order independence;
+    # mixed with arbitrary floats, whose sums round differently in different orders.
+    value = st.one_of(st.integers(-3, 3).map(float), st.floats(-1e3, 1e3, width=32))
+    rows = torch.tensor(draw(st.lists(value, min_size=n * d, max_size=n * d)), dtype=torch.float32).reshape(n, d)
+    for source, target in draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=3)):
+        rows[target] = rows[source]  # duplicate rows
     perm = draw(st.permutations(list(range(n))))
-    return torch.tensor(values, dtype=torch.float32).reshape(n, d), torch.tensor(perm)
+    return rows, torch.tensor(perm)
+
+
+def _report_by_content(rows, report):
+    """Report fields summed over identical rows: which copy of a duplicated row gets the
+    share may follow input order, but each distinct content must get the same total."""
+    grouped = {}
+    for row, weight, selected, scale in zip(
+        rows.tolist(), report.weights, report.selected, report.clip_scale, strict=True
+    ):
+        total = grouped.setdefault(tuple(row), [0.0, 0, []])
+        total[0] += weight
+        total[1] += selected
+        total[2].append(scale)
+    return {key: (pytest.approx(w, abs=1e-12), s, sorted(c)) for key, (w, s, c) in grouped.items()}
 
 
 @pytest.mark.parametrize(("name", "options"), CONFIGS)
@@ -252,9 +321,14 @@ def test_permutation_invariance(name, options, case):
     f = 1
     if rows.shape[0] < aggregate.minimum_rows(name, f) + (2 if options.get("bucket_size") else 0):
         f = 0
-    out = aggregate.build(name, f, **options)(rows)
-    out_permuted = aggregate.build(name, f, **options)(rows[perm])
-    torch.testing.assert_close(out_permuted, out, atol=1e-5, rtol=1e-5)
+    agg = aggregate.build(name, f, **options)
+    out = agg(rows)
+    report = agg.last_report
+    agg_permuted = aggregate.build(name, f, **options)
+    out_permuted = agg_permuted(rows[perm])
+    # Bit for bit: every honest peer must reach the same parameters.
+    assert torch.equal(out_permuted, out)
+    assert _report_by_content(rows[perm], agg_permuted.last_report) == _report_by_content(rows, report)
 
 
 def _bound(name, n, f, max_honest_norm):
