@@ -79,7 +79,13 @@ class CoordinatorClient:
         return self.call("join", lambda: self.stub.Join(signed, timeout=DEFAULT_DEADLINE.total_seconds()))
 
     def heartbeat(self, signed: swarm_pb2.Signed) -> swarm_pb2.HeartbeatReply:
-        return self.stub.Heartbeat(signed, timeout=DEFAULT_DEADLINE.total_seconds())
+        """One try (the next heartbeat is the retry); a lost coordinator gets a fresh channel."""
+        try:
+            return self.stub.Heartbeat(signed, timeout=DEFAULT_DEADLINE.total_seconds())
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                self._reconnect()
+            raise
 
     def submit(self, signed: swarm_pb2.Signed, endpoint: str) -> swarm_pb2.CommitReply:
         request = swarm_pb2.CommitRequest(header=signed, endpoint=endpoint)

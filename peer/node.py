@@ -405,7 +405,9 @@ class PeerNode:
 
         # The coordinator states the authoritative hash of θ_{r+1}; compare instead of drifting.
         info = self.client.run_info()
-        in_sync = info.round != r + 1 or info.param_hash == self._hash
+        # Behind (the swarm closed later rounds without us, e.g. while the coordinator restarted):
+        # not in sync either; the checkpoint brings us to the current round (also at the run's end).
+        in_sync = info.round == r + 1 and info.param_hash == self._hash
         record = {
             "round": r, "updates": len(updates), "excluded": manifest.excluded, "train_loss": stats.mean_loss,
             "bytes_sent": self.round_traffic["sent"], "bytes_received": self.round_traffic["received"],

@@ -46,7 +46,7 @@ class PeerRecord:
             "state": "banned" if self.banned_reason else self.state,
             "step": self.step,
             "loss": self.loss,
-            "seconds_since_seen": round(now - self.last_seen, 1),
+            "seconds_since_seen": round(max(0.0, now - self.last_seen), 1),
             "excluded_reason": self.excluded_reason,
             "banned_reason": self.banned_reason,
             "evidence": self.evidence,
@@ -123,6 +123,9 @@ class PeerRegistry:
                     client_mode=r["client_mode"], version=r["version"], joined_round=joined_round,
                     last_round=r["last_round"], banned_reason=r["banned_reason"], evidence=list(r["evidence"]),
                     state="restored",
+                    # A grace of one more timeout: the restarted coordinator still has to start
+                    # serving, and peers to notice and reconnect (with backoff).
+                    last_seen=time.monotonic() + self.peer_timeout_s,
                 )
                 self.peers[record.peer_id] = record
 
