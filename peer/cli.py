@@ -8,7 +8,6 @@ RunConfig; nothing here keeps a second copy of a default.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys

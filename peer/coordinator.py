@@ -18,8 +18,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import grpc
-import torch
 
 from peer import checkpoint
 from peer.config import RunConfig
@@ -32,7 +30,7 @@ from peer.training import evaluate
 from protocol._generated import swarm_pb2
 from protocol.accounting import ByteCounter
 from protocol.channels import TRANSFER_DEADLINE
-from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, check_payload, open_update, sign_manifest, signed_to_json
+from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, check_payload, sign_manifest, signed_to_json
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool, fetch_payload
 from protocol.payload_service import PayloadStore, StoredPayload
@@ -111,7 +109,7 @@ class Coordinator:
                 "use the same --config or another --checkpoint path"
             )
         self.params = ckpt.params.clone()
-        self.math.outer.load_global_state_dict(ckpt.outer_state)
+        self.math.load_global_state_dict(ckpt.outer_state)
         self.round = ckpt.round
         self.book = RoundBook(round=self.round)
         self.history = [RoundResult(**r) for r in ckpt.extra.get("history", [])]
@@ -126,7 +124,7 @@ class Coordinator:
             params=self.params,
             param_hash=self.param_hash,
             config_hash=self.cfg.config_hash(),
-            outer_state=self.math.outer.global_state_dict(),
+            outer_state=self.math.global_state_dict(),
             # Peers, bans and evidence survive a coordinator restart: a banned peer stays banned,
             # and the peers of the run are awaited again instead of the first one back closing the round.
             extra={"history": [_result_dict(r) for r in self.history], "peers": self.registry.to_dicts()},
@@ -140,20 +138,7 @@ class Coordinator:
         return evaluate(self.model, self.val_batches)
 
     def verify_header(self, signed: swarm_pb2.Signed, round_: int | None = None) -> UpdateHeader:
-        try:
-            header = open_update(
-                signed,
-                run_id=self.cfg.run_id,
-                round_=round_,
-                codec=self.cfg.compression.codec,
-                numel=self.numel,
-                layout_hash=self.layout_hash,
-                max_payload_bytes=self.max_payload_bytes,
-            )
-        except EnvelopeError:
-            raise
-        except (ValueError, RecursionError) as exc:  # signed but pathological JSON (huge ints, deep nesting)
-            raise EnvelopeError("malformed", f"update header is not a valid body: {type(exc).__name__}") from None
+        header = self.math.open_update(signed, round_=round_, layout_hash=self.layout_hash)
         record = self.registry.get(header.peer_id)
         if record is None:
             raise EnvelopeError("unknown-peer", "unknown peer: Join the run before submitting updates")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -99,13 +98,3 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
             server.stop(grace=1.0).wait(3.0)
         if dht is not None:
             dht.shutdown()
-
-
-def install_signal_stop(stop: threading.Event) -> None:
-    """SIGTERM/SIGINT set `stop` so the process shuts down cleanly (ports released, DHT child reaped)."""
-
-    def handler(signum, frame) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)

@@ -34,7 +34,7 @@ from protocol import discovery
 from protocol._generated import swarm_pb2_grpc
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
-from protocol.envelope import EnvelopeError, UpdateHeader, open_manifest, open_update, sign_update, signed_from_json
+from protocol.envelope import EnvelopeError, UpdateHeader, open_manifest, sign_update, signed_from_json
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool, fetch_payload
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload, push_chunks
@@ -217,15 +217,7 @@ class PeerNode:
         log.info("peer %s joined run %s at round %d (%d params, codec %s)", self.short, self.cfg.run_id, reply.round, self.numel, self.cfg.compression.codec)
 
     def _verify_header(self, signed, round_: int | None) -> UpdateHeader:
-        return open_update(
-            signed,
-            run_id=self.cfg.run_id,
-            round_=round_,
-            codec=self.cfg.compression.codec,
-            numel=self.numel,
-            layout_hash=self.layout_hash,
-            max_payload_bytes=self.cfg.max_payload_bytes,
-        )
+        return self.math.open_update(signed, round_=round_, layout_hash=self.layout_hash)
 
     # --- heartbeat -----------------------------------------------------------------------
 
@@ -287,7 +279,7 @@ class PeerNode:
         ckpt = checkpoint.from_bytes(data)
         if ckpt.config_hash != self.cfg.config_hash():
             raise PeerExit("the coordinator's checkpoint is for another run config; restart the peer to pick up the new config")
-        self.math.outer.load_global_state_dict(ckpt.outer_state)
+        self.math.load_global_state_dict(ckpt.outer_state)
         self._set_params(ckpt.params, ckpt.round)
         if self._hash != ckpt.param_hash:
             raise PeerExit("downloaded checkpoint does not match its declared parameter hash; retry later")
@@ -460,11 +452,10 @@ class PeerNode:
             return  # an ephemeral identity cannot resume anyway
         ckpt = checkpoint.Checkpoint(
             round=self.round, params=self.params, param_hash=self._hash, config_hash=self.cfg.config_hash(),
-            outer_state=self.math.outer.global_state_dict(),
+            outer_state=self.math.global_state_dict(),
             local_state={
                 "trainer": self.trainer.state_dict(),
-                "outer_local": self.math.outer.local_state_dict(),
-                "error_feedback": self.math.error_feedback.state_dict() if self.math.error_feedback else None,
+                "math": self.math.local_state_dict(),
             },
         )
         checkpoint.save(self.state_path, ckpt)
@@ -475,10 +466,8 @@ class PeerNode:
             log.warning("resume state %s is for another run config; starting fresh", self.state_path)
             return
         self.trainer.load_state_dict(ckpt.local_state["trainer"])
-        self.math.outer.load_local_state_dict(ckpt.local_state.get("outer_local") or {})
-        if self.math.error_feedback and ckpt.local_state.get("error_feedback"):
-            self.math.error_feedback.load_state_dict(ckpt.local_state["error_feedback"])
-        self.math.outer.load_global_state_dict(ckpt.outer_state)
+        self.math.load_local_state_dict(ckpt.local_state.get("math") or {})
+        self.math.load_global_state_dict(ckpt.outer_state)
         self._set_params(ckpt.params, ckpt.round)
         log.info("peer %s resumed local state at round %d", self.short, ckpt.round)
 

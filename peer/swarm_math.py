@@ -18,6 +18,8 @@ import torch
 
 from optim import aggregate, codecs, outer
 from peer.config import ConfigError, OuterConfig, RunConfig
+from protocol._generated import swarm_pb2
+from protocol.envelope import UpdateHeader, open_update
 
 
 class UpdateRejected(ValueError):
@@ -90,6 +92,18 @@ class RoundMath:
         return self.codec.encode(message, seed=seed)
 
     # --- receiver ------------------------------------------------------------------------
+
+    def open_update(self, signed: swarm_pb2.Signed, *, round_: int | None, layout_hash: str) -> UpdateHeader:
+        """Verify a signed update header against this run (signature, run, round, codec, layout, size)."""
+        return open_update(
+            signed,
+            run_id=self.cfg.run_id,
+            round_=round_,
+            codec=self.cfg.compression.codec,
+            numel=self.numel,
+            layout_hash=layout_hash,
+            max_payload_bytes=min(self.cfg.max_payload_bytes, self.codec.max_encoded_size(self.numel)),
+        )
 
     def decode(self, payload: bytes, round_: int) -> torch.Tensor:
         """bytes -> (d,) float32; raises UpdateRejected with the reason when it must be excluded."""

@@ -44,8 +44,8 @@ def open_signed(signed: swarm_pb2.Signed, tag: str) -> tuple[dict[str, Any], str
         raise SignatureError("wrong-tag", f"signed body is not a {tag!r}")
     try:
         fields = json.loads(signed.body[len(prefix):])
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise SignatureError("malformed", "signed body is not JSON") from None
+    except (ValueError, RecursionError) as exc:  # bad UTF-8/JSON, ints over 4300 digits, deep nesting
+        raise SignatureError("malformed", f"signed body is not valid JSON ({type(exc).__name__})") from None
     if not isinstance(fields, dict):
         raise SignatureError("malformed", "signed body is not a JSON object")
     try:
