@@ -33,6 +33,8 @@ def add_run_overrides(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-byzantine", type=int, help="Byzantine peers the aggregator must tolerate (f)")
     group.add_argument("--min-peers", type=int, help="quorum: updates needed to close a round")
     group.add_argument("--run-seed", type=int, help="seed of the model init and data order")
+    group.add_argument("--overlap", action="store_true", default=None,
+                       help="overlap the exchange with the next round's inner steps (one-round-delayed outer update)")
 
 
 def load_run_config(args: argparse.Namespace) -> RunConfig:
@@ -48,6 +50,7 @@ def load_run_config(args: argparse.Namespace) -> RunConfig:
         "num_byzantine": ("aggregation", "num_byzantine"),
         "min_peers": ("rounds", "min_peers"),
         "expected_peers": ("rounds", "expected_peers"),
+        "overlap": ("rounds", "overlap_communication"),
     }
     for arg, (section, key) in mapping.items():
         value = getattr(args, arg, None)

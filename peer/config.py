@@ -145,6 +145,10 @@ class RoundConfig:
     max_deadline_s: float = 600.0
     deadline_slack: float = 2.0  # adaptive deadline = slack x the slowest recent arrival gap
     peer_timeout_s: float = 30.0  # a peer silent this long is considered gone
+    # Overlap communication with computation: a peer starts round r+1's inner steps as soon as it
+    # has committed round r, and folds θ_{r+1} in when the exchange finishes (a one-round-delayed
+    # outer update, as in streaming/eager DiLoCo variants). Hides the exchange behind compute.
+    overlap_communication: bool = False
 
     def __post_init__(self) -> None:
         _require(self.rounds > 0, f"rounds.rounds={self.rounds}: use at least 1 round")

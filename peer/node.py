@@ -291,7 +291,9 @@ class PeerNode:
         if info.param_hash != self._hash or info.round != self.round:
             self.resync("joining" if not self.options.resume else "resume state is behind the swarm")
         done = 0
-        while not self.finished and not self.stop.is_set():
+        if self.cfg.rounds.overlap_communication:
+            done = self.run_overlapped(max_rounds)
+        while not self.finished and not self.stop.is_set() and not self.cfg.rounds.overlap_communication:
             if self.banned_reason:
                 raise PeerExit(f"banned from the run: {self.banned_reason}")
             self.one_round()
@@ -302,12 +304,74 @@ class PeerNode:
         return {"rounds": done, "round": self.round, "param_hash": self._hash, "history": self.history}
 
     def one_round(self) -> None:
+        """Train, commit, wait for the manifest, fetch, aggregate: one synchronous round."""
         r, base = self.round, self.params.clone()  # θ_r, (d,)
         started = time.monotonic()
         before = self.counter.total()
+        stats, compute = self._train(r)
+        local = flat_params(self.model).cpu()
+        update = self._make_update(r, base - local)  # pseudo-gradient Δ = θ_r − θ_local
+        if not self._commit(update.signed, update.payload, r):
+            return
+        result = self._exchange(r, base, update)
+        self._finish_round(r, result, update, stats, compute, started, before)
+
+    def run_overlapped(self, max_rounds: int | None = None) -> int:
+        """Rounds with the exchange of round r running in the background while round r+1 trains.
+
+        The inner steps of round r+1 start from the local parameters P at the end of round r,
+        before θ_{r+1} is known. When it is, the local progress is moved onto it:
+        θ_local = θ_{r+1} + (θ_local − P), so Δ_{r+1} = −(progress made in round r+1).
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        done = 0
+        pending = None  # (future, round, update, stats, compute, started, before)
+        anchor = self.params.clone()  # where the current inner phase started, (d,)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-exchange") as background:
+            while not self.finished and not self.stop.is_set():
+                if self.banned_reason:
+                    raise PeerExit(f"banned from the run: {self.banned_reason}")
+                if max_rounds is not None and done >= max_rounds:
+                    break
+                r = self.round + (1 if pending is not None else 0)  # the round this phase's update is for
+                started, before = time.monotonic(), self.counter.total()
+                stats, compute = self._train(r)
+                progress = flat_params(self.model).cpu() - anchor  # (d,)
+                if pending is not None:
+                    future, *context = pending
+                    pending = None
+                    t_join = time.monotonic()
+                    result = future.result()
+                    result.wait_s += time.monotonic() - t_join
+                    self._finish_round(*context[:1], result, *context[1:])
+                    done += 1
+                    if self.round != r or self.finished or (max_rounds is not None and done >= max_rounds):
+                        # Resynchronised or finished: this phase's progress has no valid base.
+                        anchor = self.params.clone()
+                        continue
+                local = self.params + progress  # θ_r + this phase's progress
+                load_flat_params(self.model, local.to(self.options.device))
+                update = self._make_update(r, -progress)
+                if not self._commit(update.signed, update.payload, r):
+                    anchor = self.params.clone()
+                    load_flat_params(self.model, anchor.to(self.options.device))
+                    continue
+                future = background.submit(self._exchange, r, self.params.clone(), update)
+                pending = (future, r, update, stats, compute, started, before)
+                anchor = local
+            if pending is not None:
+                future, *context = pending
+                self._finish_round(*context[:1], future.result(), *context[1:])
+                done += 1
+        return done
+
+    def _train(self, r: int) -> tuple[Any, float]:
         self.counter.round = r
         self.state = "training"
         cfg = self.cfg
+        first_step = self.trainer.step
+        t0 = time.monotonic()
 
         def on_step(step: int, loss: float) -> None:
             self.step, self.last_loss = step, loss
@@ -318,14 +382,15 @@ class PeerNode:
                                 local_step * cfg.data.batch_size * cfg.model.seq_len / max(elapsed, 1e-9),
                                 self.counter.total()), flush=True)
 
-        first_step = self.trainer.step
-        t0 = time.monotonic()
         stats = self.trainer.run(cfg.inner.steps, on_step)
         compute = time.monotonic() - t0
         self.compute_s += compute
+        return stats, compute
 
-        t_encode = time.monotonic()
-        delta = base - flat_params(self.model).cpu()  # pseudo-gradient (d,)
+    def _make_update(self, r: int, delta: torch.Tensor) -> "_Update":
+        """Encode and sign this peer's pseudo-gradient for round r; serve it from our store."""
+        t0 = time.monotonic()
+        cfg = self.cfg
         if self.attack is not None and not self.attack.data_poisoning:
             gen = torch.Generator().manual_seed(r)
             delta = self.attack(delta, delta[None, :], round=r, rng=gen, num_byzantine=1, history=None)
@@ -337,13 +402,18 @@ class PeerNode:
         )
         signed = sign_update(self.identity, header)
         self.store.put(StoredPayload(header, signed, payload))
-        encode_s = time.monotonic() - t_encode
-
-        t_transfer = time.monotonic()
         self.state = "committing"
-        if not self._commit(signed, payload, r):
-            return
-        self.state = "waiting"
+        return _Update(signed=signed, payload=payload, encode_s=time.monotonic() - t0)
+
+    def _exchange(self, r: int, base: torch.Tensor, update: "_Update") -> "_Exchange":
+        """Wait for round r's manifest, fetch and verify its updates, aggregate: θ_{r+1}.
+
+        Touches neither the model nor self.params, so it can run beside the next inner phase.
+        """
+        cfg = self.cfg
+        t_wait = time.monotonic()
+        if self.state != "training":
+            self.state = "waiting"
         manifest_reply = None
         while not self.stop.is_set():
             manifest_reply = self.client.manifest(r, wait_s=MANIFEST_POLL_S)
@@ -351,18 +421,15 @@ class PeerNode:
                 break
             # Still open: make sure the coordinator holds our commitment; a restarted coordinator
             # has forgotten it (re-committing the same header is idempotent).
-            if not self._commit(signed, payload, r):
-                return
-        wait_s = time.monotonic() - t_transfer
+            if not self._commit(update.signed, update.payload, r, resync=False):
+                return _Exchange(resync="our update was refused")
+        wait_s = time.monotonic() - t_wait
         if manifest_reply is None or not manifest_reply.ready:
             if manifest_reply is not None and manifest_reply.finished and manifest_reply.current_round <= r:
-                self.finished = True
-                return
-            self.resync(f"missed the manifest of round {r}")
-            return
+                return _Exchange(finished=True, wait_s=wait_s)
+            return _Exchange(resync=f"missed the manifest of round {r}", wait_s=wait_s)
         manifest = open_manifest(manifest_reply.manifest, coordinator_key=self.coordinator_key, run_id=cfg.run_id, round_=r)
 
-        self.state = "fetching"
         t_fetch = time.monotonic()
         updates = []
         for entry in manifest.entries:
@@ -383,15 +450,27 @@ class PeerNode:
                 # The coordinator verified every listed update; failing here means we cannot
                 # follow this round identically: resync rather than drift.
                 log.warning("peer %s: cannot use %s's update in round %d (%s)", self.short, entry.peer_id[:8], r, exc)
-                self.resync("could not verify a manifest entry")
-                return
+                return _Exchange(resync="could not verify a manifest entry", wait_s=wait_s)
         fetch_s = time.monotonic() - t_fetch
 
         t_agg = time.monotonic()
         new_params = base.clone()
         self.math.apply(new_params, updates)
-        self._set_params(new_params, r + 1)
-        aggregate_s = time.monotonic() - t_agg
+        return _Exchange(
+            params=new_params, updates=len(updates), excluded=manifest.excluded,
+            wait_s=wait_s, fetch_s=fetch_s, aggregate_s=time.monotonic() - t_agg,
+        )
+
+    def _finish_round(self, r: int, result: "_Exchange", update: "_Update", stats: Any, compute: float,
+                      started: float, before: Any) -> None:
+        """Adopt θ_{r+1}, check it against the coordinator's hash, record and print the round."""
+        if result.finished:
+            self.finished = True
+            return
+        if result.params is None:
+            self.resync(result.resync)
+            return
+        self._set_params(result.params, r + 1)
         after = self.counter.total()
         self.round_traffic = {"round": r, "sent": after.sent - before.sent, "received": after.received - before.received}
 
@@ -401,21 +480,21 @@ class PeerNode:
         # not in sync either; the checkpoint brings us to the current round (also at the run's end).
         in_sync = info.round == r + 1 and info.param_hash == self._hash
         record = {
-            "round": r, "updates": len(updates), "excluded": manifest.excluded, "train_loss": stats.mean_loss,
+            "round": r, "updates": result.updates, "excluded": result.excluded, "train_loss": stats.mean_loss,
             "bytes_sent": self.round_traffic["sent"], "bytes_received": self.round_traffic["received"],
-            "payload_bytes": len(payload), "compute_s": compute, "encode_s": encode_s,
-            "wait_s": wait_s - 0.0, "fetch_s": fetch_s, "aggregate_s": aggregate_s,
+            "payload_bytes": len(update.payload), "compute_s": compute, "encode_s": update.encode_s,
+            "wait_s": result.wait_s, "fetch_s": result.fetch_s, "aggregate_s": result.aggregate_s,
             "round_s": time.monotonic() - started, "in_sync": in_sync,
         }
         self.history.append(record)
-        print(round_line(self.short, r, cfg.rounds.rounds, record, self.compute_s / max(1e-9, time.monotonic() - self.started)), flush=True)
+        print(round_line(self.short, r, self.cfg.rounds.rounds, record, self.compute_s / max(1e-9, time.monotonic() - self.started)), flush=True)
         if not in_sync:
             self.resync(f"parameter hash differs from the coordinator's after round {r}")
         self._save_local_state()
         if info.finished:
             self.finished = True
 
-    def _commit(self, signed, payload: bytes, r: int) -> bool:
+    def _commit(self, signed, payload: bytes, r: int, *, resync: bool = True) -> bool:
         """Push (client mode) and commit the round's update; False when we resynchronised instead.
 
         A coordinator that does not know us (it restarted from a checkpoint without us, or we
@@ -439,7 +518,8 @@ class PeerNode:
             break
         log.warning("peer %s: round %d update refused: %s", self.short, r, reply.reason)
         if reply.reason.startswith(("stale-round", "wrong-base")):
-            self.resync(reply.reason.split(":")[0])
+            if resync:
+                self.resync(reply.reason.split(":")[0])
             return False
         if reply.reason.startswith("equivocation") or "banned" in reply.reason:
             raise PeerExit(reply.reason)
@@ -490,6 +570,25 @@ class PeerNode:
             self.pool.close()
         if self.dht is not None:
             self.dht.shutdown()
+
+
+@dataclass(slots=True)
+class _Update:
+    signed: Any
+    payload: bytes
+    encode_s: float
+
+
+@dataclass(slots=True)
+class _Exchange:
+    params: torch.Tensor | None = None  # θ_{r+1}, or None when we must resynchronise
+    updates: int = 0
+    excluded: dict[str, str] = field(default_factory=dict)
+    wait_s: float = 0.0
+    fetch_s: float = 0.0
+    aggregate_s: float = 0.0
+    resync: str = ""
+    finished: bool = False
 
 
 class _DeviceSampler:

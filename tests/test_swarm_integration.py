@@ -18,8 +18,9 @@ def _peer_summary(swarm, name):
     return json.loads((swarm.workdir / f"{name}.json").read_text())
 
 
-def test_three_peers_train_in_lockstep(swarm, tmp_path):
-    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 3, "expected_peers": 3})
+@pytest.mark.parametrize("overlap", [False, True], ids=["synchronous", "overlapped"])
+def test_three_peers_train_in_lockstep(swarm, tmp_path, overlap):
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 3, "expected_peers": 3, "overlap_communication": overlap})
     coordinator = swarm.start_coordinator(["--config", str(config)])
     peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/3"]) for i in range(3)]
     assert swarm.wait(coordinator, 240) == 0
