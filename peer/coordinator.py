@@ -266,7 +266,7 @@ class Coordinator:
         except (EnvelopeError, UpdateRejected) as exc:
             self._exclude(commitment, exc.reason, str(exc))
             return
-        self.store.put(StoredPayload(commitment.header, commitment.signed, payload))
+        self.store.put(StoredPayload(commitment.header, commitment.signed, payload), verified=True)
         with self.lock:
             if commitment.status == "pending" and commitment.header.round == self.book.round:
                 commitment.status, commitment.update = "verified", update

@@ -401,7 +401,7 @@ class PeerNode:
             payload_sha256=hashlib.sha256(payload).hexdigest(), payload_size=len(payload),
         )
         signed = sign_update(self.identity, header)
-        self.store.put(StoredPayload(header, signed, payload))
+        self.store.put(StoredPayload(header, signed, payload), verified=True)  # we just hashed it
         self.state = "committing"
         return _Update(signed=signed, payload=payload, encode_s=time.monotonic() - t0)
 
@@ -444,7 +444,7 @@ class PeerNode:
                     # the author's upload over the coordinator and peers that already verified it.
                     data = fetch_payload(self.pool, holders, entry_header, shuffle=True)
                     item = StoredPayload(entry_header, signed_from_json(entry.header), data)
-                    self.store.put(item)  # re-serve it: any copy is as good as the author's
+                    self.store.put(item, verified=True)  # re-serve it: any copy is as good as the author's
                 updates.append(self.math.decode(item.payload, r))
             except (EnvelopeError, UpdateRejected, IOError) as exc:
                 # The coordinator verified every listed update; failing here means we cannot

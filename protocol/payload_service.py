@@ -34,8 +34,11 @@ class PayloadStore:
         self._lock = threading.Lock()
         self._items: dict[str, StoredPayload] = {}
 
-    def put(self, item: StoredPayload) -> None:
-        check_payload(item.header, item.payload)
+    def put(self, item: StoredPayload, *, verified: bool = False) -> None:
+        """Store a payload. `verified=True` when the caller has just checked size and sha256
+        against the signed header (hashing a 40 MB payload twice more is not free)."""
+        if not verified:
+            check_payload(item.header, item.payload)
         with self._lock:
             self._items[item.header.payload_sha256] = item
             newest = max(i.header.round for i in self._items.values())
@@ -119,7 +122,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                 expected_sha256=header.payload_sha256,
             )
             item = StoredPayload(header=header, signed_header=first.header, payload=payload)
-            self.store.put(item)
+            self.store.put(item, verified=True)  # receive_chunks matched the signed size and sha256
         except (TransferError, EnvelopeError) as exc:
             self.on_reject(getattr(exc, "reason", "bad-transfer"))
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"push refused: {exc}")

@@ -115,7 +115,8 @@ def test_delay_proxy_carries_bytes_and_eof():
     probe.close()
     loop = asyncio.new_event_loop()
     proxy = loop.create_task(delay_proxy.serve(("127.0.0.1", proxy_port), echo.getsockname(), 0.005))
-    threading.Thread(target=loop.run_forever, daemon=True).start()
+    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
+    loop_thread.start()
     try:
         blob = bytes(range(256)) * 4096  # 1 MiB
         for _ in range(200):
@@ -138,8 +139,18 @@ def test_delay_proxy_carries_bytes_and_eof():
         client.close()
         assert bytes(received) == blob
     finally:
-        loop.call_soon_threadsafe(proxy.cancel)
+        # Cancel the proxy and its connection handlers, let them unwind, then close the loop:
+        # a loop left to the garbage collector with live tasks fires callbacks at shutdown.
+        async def shutdown() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=10)
         loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(timeout=10)
+        loop.close()
         echo.close()
 
 
