@@ -332,7 +332,7 @@ class Coordinator:
             del self.manifests[old]
 
         updates = [book.commitments[p].update for p in verified]
-        report = self.math.apply(self.params, updates)  # θ_r -> θ_{r+1}, in place
+        report = self.math.apply(self.params, updates, round_=book.round)  # θ_r -> θ_{r+1}, in place
         self._record_aggregation(verified, report)
         arrivals = [c.arrived for c in book.commitments.values()]
         if len(arrivals) > 1:

@@ -455,7 +455,7 @@ class PeerNode:
 
         t_agg = time.monotonic()
         new_params = base.clone()
-        self.math.apply(new_params, updates)
+        self.math.apply(new_params, updates, round_=r)
         return _Exchange(
             params=new_params, updates=len(updates), excluded=manifest.excluded,
             wait_s=wait_s, fetch_s=fetch_s, aggregate_s=time.monotonic() - t_agg,

@@ -213,7 +213,7 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
                 updates.append(receiver.decode(payload, r))
             except UpdateRejected as exc:
                 excluded[str(peer.index)] = exc.reason
-        receiver.apply(params, updates)  # θ_r -> θ_{r+1} in place (no-op when nothing survived)
+        receiver.apply(params, updates, round_=r)  # θ_r -> θ_{r+1} in place (no-op when nothing survived)
 
         sizes = [0 if p is None else len(p) for p in payloads]
         curve.upload_bytes.append(sizes)

@@ -148,13 +148,20 @@ class RoundMath:
 
     # --- receiver: aggregate + step -------------------------------------------------------
 
-    def apply(self, params: torch.Tensor, updates: list[torch.Tensor]) -> aggregate.AggregationReport | None:
-        """Aggregate `updates` (already sorted by peer_id) and step `params` (d,) in place."""
+    def apply(
+        self, params: torch.Tensor, updates: list[torch.Tensor], *, round_: int | None = None
+    ) -> aggregate.AggregationReport | None:
+        """Aggregate `updates` (already sorted by peer_id) and step `params` (d,) in place.
+
+        `round_` seeds the aggregator's randomness (bucketing's shuffle) with the value every
+        node derives for that round, so the shuffle changes each round and agrees everywhere.
+        """
         if not updates:
             return None
+        seed = None if round_ is None else codec_seed(self.cfg, round_)
         with single_thread():
             stacked = torch.stack([u.float() for u in updates])  # (n, d)
-            combined = self.aggregator(stacked)  # (d,)
+            combined = self.aggregator(stacked, seed=seed)  # (d,)
             self.outer.step(params, combined)
         return self.aggregator.last_report
 
