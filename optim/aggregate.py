@@ -17,8 +17,10 @@ that joins late (or resyncs) must ``reset()`` in step with the others or be
 handed the swarm's previous aggregate (``Aggregator.previous``); the simplest
 agreement is ``reset()`` by everyone at the same round.
 
-Determinism: the same set of rows in any order gives the same output up to
-float rounding; ties and the bucketing shuffle are decided by row content.
+Determinism: the same set of rows in any order gives bit-identical output
+(and the same report, up to which of two identical rows gets a share): ties
+and the bucketing shuffle are decided by row content, and sums over rows run
+in content order, so no decision can hinge on a rounding that the order set.
 Non-finite rows are refused (ValueError): the network layer excludes them, by
 name in the round manifest, before aggregation.
 
