@@ -14,6 +14,7 @@ import hashlib
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -175,6 +176,7 @@ class PeerNode:
         self.round = info.round
         self.store = PayloadStore(keep_rounds=2)
         self.pool = ChannelPool(self.counter)
+        self.fetchers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="swarmloco-fetch")
         if o.resume and self.state_path.exists():
             self._load_local_state()
 
@@ -323,8 +325,6 @@ class PeerNode:
         before θ_{r+1} is known. When it is, the local progress is moved onto it:
         θ_local = θ_{r+1} + (θ_local − P), so Δ_{r+1} = −(progress made in round r+1).
         """
-        from concurrent.futures import ThreadPoolExecutor
-
         done = 0
         pending = None  # (future, round, update, stats, compute, started, before)
         anchor = self.params.clone()  # where the current inner phase started, (d,)
@@ -360,6 +360,8 @@ class PeerNode:
                 future = background.submit(self._exchange, r, self.params.clone(), update)
                 pending = (future, r, update, stats, compute, started, before)
                 anchor = local
+                if r + 1 >= self.cfg.rounds.rounds:
+                    break  # the last round: nothing left to overlap with
             if pending is not None:
                 future, *context = pending
                 self._finish_round(*context[:1], future.result(), *context[1:])
@@ -431,26 +433,16 @@ class PeerNode:
         manifest = open_manifest(manifest_reply.manifest, coordinator_key=self.coordinator_key, run_id=cfg.run_id, round_=r)
 
         t_fetch = time.monotonic()
-        updates = []
-        for entry in manifest.entries:
-            item = self.store.get(entry.payload_sha256)
-            try:
-                if item is None:
-                    entry_header = self._verify_header(signed_from_json(entry.header), r)
-                    if entry_header.payload_sha256 != entry.payload_sha256 or entry_header.peer_id != entry.peer_id:
-                        raise EnvelopeError("forged", "manifest entry does not match its signed header")
-                    holders = [h for h in entry.holders if h and h != self.endpoint]
-                    # Gossip: any holder's copy is as good as the author's; a random order spreads
-                    # the author's upload over the coordinator and peers that already verified it.
-                    data = fetch_payload(self.pool, holders, entry_header, shuffle=True)
-                    item = StoredPayload(entry_header, signed_from_json(entry.header), data)
-                    self.store.put(item, verified=True)  # re-serve it: any copy is as good as the author's
-                updates.append(self.math.decode(item.payload, r))
-            except (EnvelopeError, UpdateRejected, IOError) as exc:
-                # The coordinator verified every listed update; failing here means we cannot
-                # follow this round identically: resync rather than drift.
-                log.warning("peer %s: cannot use %s's update in round %d (%s)", self.short, entry.peer_id[:8], r, exc)
-                return _Exchange(resync="could not verify a manifest entry", wait_s=wait_s)
+        try:
+            # All listed payloads at once: n − 1 sequential streams leave a long-RTT link idle
+            # while each ramps up. Results keep the manifest's (peer_id-sorted) order.
+            payloads = list(self.fetchers.map(lambda entry: self._fetch_entry(entry, r), manifest.entries))
+            updates = [self.math.decode(payload, r) for payload in payloads]
+        except (EnvelopeError, UpdateRejected, IOError) as exc:
+            # The coordinator verified every listed update; failing here means we cannot
+            # follow this round identically: resync rather than drift.
+            log.warning("peer %s: cannot use an update of round %d (%s)", self.short, r, exc)
+            return _Exchange(resync="could not verify a manifest entry", wait_s=wait_s)
         fetch_s = time.monotonic() - t_fetch
 
         t_agg = time.monotonic()
@@ -460,6 +452,21 @@ class PeerNode:
             params=new_params, updates=len(updates), excluded=manifest.excluded,
             wait_s=wait_s, fetch_s=fetch_s, aggregate_s=time.monotonic() - t_agg,
         )
+
+    def _fetch_entry(self, entry, r: int) -> bytes:
+        """One manifest entry's payload, from our store or any holder, checked against its signed header."""
+        item = self.store.get(entry.payload_sha256)
+        if item is not None:
+            return item.payload
+        entry_header = self._verify_header(signed_from_json(entry.header), r)
+        if entry_header.payload_sha256 != entry.payload_sha256 or entry_header.peer_id != entry.peer_id:
+            raise EnvelopeError("forged", f"manifest entry of {entry.peer_id[:8]} does not match its signed header")
+        holders = [h for h in entry.holders if h and h != self.endpoint]
+        # Gossip: any holder's copy is as good as the author's; a random order spreads the
+        # author's upload over the coordinator and the peers that already verified it.
+        data = fetch_payload(self.pool, holders, entry_header, shuffle=True)
+        self.store.put(StoredPayload(entry_header, signed_from_json(entry.header), data), verified=True)
+        return data
 
     def _finish_round(self, r: int, result: "_Exchange", update: "_Update", stats: Any, compute: float,
                       started: float, before: Any) -> None:
@@ -568,6 +575,8 @@ class PeerNode:
             self.client.close()
         if getattr(self, "pool", None) is not None:
             self.pool.close()
+        if getattr(self, "fetchers", None) is not None:
+            self.fetchers.shutdown(wait=False, cancel_futures=True)
         if self.dht is not None:
             self.dht.shutdown()
 
