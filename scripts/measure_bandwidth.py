@@ -114,12 +114,12 @@ def format_table(result: dict) -> str:
 # --- sources: a local swarm, a finished workdir, a running coordinator ---------------------------
 
 
-def write_run_config(workdir: Path, *, peers: int, rounds: int, inner_steps: int, codec: str) -> Path:
+def write_run_config(workdir: Path, *, peers: int, rounds: int, inner_steps: int, codec: str, overlap: bool = False) -> Path:
     """The demo run config with these overrides, validated as `swarmloco demo` does, in workdir/run.json."""
     from peer.cli import build_parser, load_run_config
 
     args = build_parser().parse_args(["demo", "--peers", str(peers), "--rounds", str(rounds), "--inner-steps", str(inner_steps),
-                                      "--codec", codec])
+                                      "--codec", codec, *(["--overlap"] if overlap else [])])
     args.expected_peers = peers
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "run.json"

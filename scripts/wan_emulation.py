@@ -198,10 +198,11 @@ def measure_link_mbit(bed: Testbed, src: int, dst: int) -> float:
 # --- one swarm run on the testbed ------------------------------------------------------------
 
 
-def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec: str, workdir: Path, timeout_s: float) -> dict:
+def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec: str, workdir: Path, timeout_s: float,
+              overlap: bool = False) -> dict:
     from measure_bandwidth import read_workdir, write_run_config
 
-    write_run_config(workdir, peers=peers, rounds=rounds, inner_steps=inner_steps, codec=codec)
+    write_run_config(workdir, peers=peers, rounds=rounds, inner_steps=inner_steps, codec=codec, overlap=overlap)
     python = sys.executable
     proxy = bed.delay_mode == "proxy"
 
@@ -289,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--write-md", nargs="?", const=str(ROOT / "benchmarks/wan.md"), metavar="PATH")
     parser.add_argument("--report-only", nargs="+", metavar="JSON", help="write --write-md from earlier --json files; run nothing")
+    parser.add_argument("--overlap", action="store_true", help="overlapped rounds (rounds.overlap_communication)")
     parser.add_argument("--check", action="store_true", help="only say whether namespaces + tbf (+ netem) work here")
     args = parser.parse_args(argv)
     if args.report_only:
@@ -324,9 +326,12 @@ def main(argv: list[str] | None = None) -> int:
             bed.up()
             link = measure_link_mbit(bed, 1, 0)
             shaping = shaping_text(args.rate_mbit, args.rtt_ms, bed.delay_mode) + f" (measured TCP {link:.0f} Mbit/s)"
+            if args.overlap:
+                shaping += "; overlapped rounds"
             print(f"codec {codec}: {args.peers} peers + coordinator in namespaces; {shaping}", flush=True)
             result = run_swarm(bed, peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, codec=codec,
-                               workdir=base / codec.replace(":", "_").replace("+", "_"), timeout_s=args.timeout)
+                               workdir=base / codec.replace(":", "_").replace("+", "_"), timeout_s=args.timeout,
+                               overlap=args.overlap)
             results.append({**result, "shaping": shaping, "measured_link_mbit": link, "delay_mode": bed.delay_mode, "rate_mbit": args.rate_mbit, "rtt_ms": args.rtt_ms})
             from measure_bandwidth import format_table
 
