@@ -37,7 +37,7 @@ def print_status(endpoint: str, *, as_json: bool) -> int:
         last = status["history"][-1]
         print(f"last round {last['round'] + 1}: {last['updates']} updates, val loss {last['val_loss']:.4f} "
               f"(initial {status['initial_val_loss']:.4f}), {last['seconds']:.1f}s")
-    print(f"{'peer':10} {'state':11} {'round':>5} {'in sync':>7} {'sent':>10} {'recv':>10} {'util':>5}  note")
+    print(f"{'peer':10} {'state':11} {'round':>5} {'in sync':>7} {'sent':>10} {'recv':>10} {'last round sent/recv':>22} {'util':>5}  note")
     for p in status["peers"]:
         in_sync = "yes" if p["param_hash"] == status["param_hash"] else "no"
         util = f"{100 * p['utilization']:.0f}%" if p["utilization"] is not None else "-"
@@ -45,8 +45,10 @@ def print_status(endpoint: str, *, as_json: bool) -> int:
         agg = p.get("aggregation") or {}
         if agg:
             note = (note + " " if note else "") + f"weight {agg['weight']:.2f} dist {agg['distance_to_aggregate']:.3g}"
+        last = p.get("last_round_bytes") or {}
+        per_round = f"{format_bytes(last['sent'])}/{format_bytes(last['received'])}" if "sent" in last else "-"
         print(f"{p['peer_id'][:8]:10} {p['state']:11} {p['last_round'] + 1:>5} {in_sync:>7} "
-              f"{format_bytes(p['bytes_sent']):>10} {format_bytes(p['bytes_received']):>10} {util:>5}  {note}")
+              f"{format_bytes(p['bytes_sent']):>10} {format_bytes(p['bytes_received']):>10} {per_round:>22} {util:>5}  {note}")
     if status["rejections"]:
         print("rejections: " + ", ".join(f"{k} {v}" for k, v in sorted(status["rejections"].items())))
     return 0
