@@ -113,11 +113,15 @@ class Aggregator:
         """Forget state kept between calls (centered-clip's previous aggregate)."""
         self._previous = None
 
-    def __call__(self, updates: torch.Tensor, *, seed: int | None = None) -> torch.Tensor:
+    def __call__(
+        self, updates: torch.Tensor, *, seed: int | None = None, num_byzantine: int | None = None
+    ) -> torch.Tensor:
         """(n, d) decoded updates -> (d,) float32 aggregate. ``seed`` overrides
-        the bucketing seed for this call (pass one agreed per round)."""
+        the bucketing seed for this call (pass one agreed per round); ``num_byzantine``
+        overrides f for this call (e.g. lowered by the updates already excluded)."""
         rows = _checked_rows(updates)
-        n, f = rows.shape[0], self.num_byzantine
+        n = rows.shape[0]
+        f = self.num_byzantine if num_byzantine is None else num_byzantine
         _require_enough_rows(self.name, n, f, "")
         mixing = Mixing.identity(n)
         mixed = rows

@@ -25,7 +25,7 @@ from peer.data import load_corpus, validation_batches
 from peer.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
 from peer.registry import PeerRegistry
 from peer.round_book import AdaptiveDeadline, Commitment, RoundBook, should_close
-from peer.swarm_math import RoundMath, UpdateRejected
+from peer.swarm_math import RoundMath, UpdateRejected, count_for_cause
 from peer.training import evaluate
 from protocol._generated import swarm_pb2
 from protocol.accounting import ByteCounter
@@ -332,7 +332,7 @@ class Coordinator:
             del self.manifests[old]
 
         updates = [book.commitments[p].update for p in verified]
-        report = self.math.apply(self.params, updates, round_=book.round)  # θ_r -> θ_{r+1}, in place
+        report = self.math.apply(self.params, updates, round_=book.round, excluded_for_cause=count_for_cause(book.excluded))  # θ_r -> θ_{r+1}, in place
         self._record_aggregation(verified, report)
         arrivals = [c.arrived for c in book.commitments.values()]
         if len(arrivals) > 1:

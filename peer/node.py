@@ -29,7 +29,7 @@ from peer.coordinator_client import CoordinatorClient
 from peer.data import ShardSampler, load_corpus, shard_for_peer
 from peer.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
 from peer.progress import format_bytes, round_line, step_line
-from peer.swarm_math import RoundMath, UpdateRejected
+from peer.swarm_math import RoundMath, UpdateRejected, count_for_cause
 from peer.training import InnerTrainer
 from protocol import discovery
 from protocol._generated import swarm_pb2_grpc
@@ -447,7 +447,7 @@ class PeerNode:
 
         t_agg = time.monotonic()
         new_params = base.clone()
-        self.math.apply(new_params, updates, round_=r)
+        self.math.apply(new_params, updates, round_=r, excluded_for_cause=count_for_cause(manifest.excluded))
         return _Exchange(
             params=new_params, updates=len(updates), excluded=manifest.excluded,
             wait_s=wait_s, fetch_s=fetch_s, aggregate_s=time.monotonic() - t_agg,

@@ -39,7 +39,7 @@ from peer.config import RunConfig
 from peer.data import ShardSampler, load_corpus, validation_batches
 from peer.model import build_model, flat_params, load_flat_params, num_params
 from peer.simulate_ddp import ConcatenatedSampler, ring_allreduce_bytes
-from peer.swarm_math import RoundMath, UpdateRejected, build_codec
+from peer.swarm_math import RoundMath, UpdateRejected, build_codec, count_for_cause
 from peer.training import InnerTrainer, evaluate
 
 Baseline = Literal["diloco", "ddp"]
@@ -213,7 +213,7 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
                 updates.append(receiver.decode(payload, r))
             except UpdateRejected as exc:
                 excluded[str(peer.index)] = exc.reason
-        receiver.apply(params, updates, round_=r)  # θ_r -> θ_{r+1} in place (no-op when nothing survived)
+        receiver.apply(params, updates, round_=r, excluded_for_cause=count_for_cause(excluded))  # θ_r -> θ_{r+1} in place (no-op when nothing survived)
 
         sizes = [0 if p is None else len(p) for p in payloads]
         curve.upload_bytes.append(sizes)

@@ -22,6 +22,17 @@ from protocol._generated import swarm_pb2
 from protocol.envelope import UpdateHeader, open_update
 
 
+# Exclusion reasons that prove the author faulty (as opposed to late or unreachable): each one is
+# a declared Byzantine peer already out of the round.
+EXCLUDED_FOR_CAUSE = frozenset(
+    {"non-finite", "undecodable", "wrong-shape", "equivocation", "hash-mismatch", "size-mismatch"}
+)
+
+
+def count_for_cause(excluded: dict[str, str]) -> int:
+    return sum(reason in EXCLUDED_FOR_CAUSE for reason in excluded.values())
+
+
 class UpdateRejected(ValueError):
     """A decoded update that must not be aggregated; `reason` is reported in the manifest."""
 
@@ -78,6 +89,7 @@ class RoundMath:
         self.codec = build_codec(cfg)
         self.outer = outer.build(cfg.outer.name, **outer_options(cfg.outer))
         self.aggregator = build_aggregator(cfg)
+        self._small_round = aggregate.build("median")
         use_feedback = cfg.compression.error_feedback and not self.codec.lossless
         self.error_feedback = codecs.ErrorFeedback(self.codec, numel) if use_feedback else None
 
@@ -118,6 +130,19 @@ class RoundMath:
             raise UpdateRejected("non-finite", "decoded update holds NaN or Inf values")
         return update
 
+    def effective_byzantine(self, n: int, excluded_for_cause: int = 0) -> int:
+        """f for a round with n surviving updates.
+
+        Each update already excluded for cause (non-finite, undecodable, equivocation) is one
+        declared Byzantine peer out of the way, so f drops by that many. If the round is still
+        too small for the rule at that f, f is lowered to what n allows rather than stalling the
+        swarm (the rule then tolerates fewer faults; the coordinator logs it).
+        """
+        f = max(0, self.cfg.aggregation.num_byzantine - excluded_for_cause)
+        while f > 0 and aggregate.minimum_rows(self.aggregator.name, f) > n:
+            f -= 1
+        return f
+
     # --- state ---------------------------------------------------------------------------
 
     def global_state_dict(self) -> dict:
@@ -150,7 +175,7 @@ class RoundMath:
     # --- receiver: aggregate + step -------------------------------------------------------
 
     def apply(
-        self, params: torch.Tensor, updates: list[torch.Tensor], *, round_: int | None = None
+        self, params: torch.Tensor, updates: list[torch.Tensor], *, round_: int | None = None, excluded_for_cause: int = 0
     ) -> aggregate.AggregationReport | None:
         """Aggregate `updates` (already sorted by peer_id) and step `params` (d,) in place.
 
@@ -160,11 +185,15 @@ class RoundMath:
         if not updates:
             return None
         seed = None if round_ is None else codec_seed(self.cfg, round_)
+        f = self.effective_byzantine(len(updates), excluded_for_cause)
+        # A round smaller than the rule's minimum even at f = 0 (krum needs 3) falls back to the
+        # coordinate median (the mean of 1 or 2 rows), the same on every node.
+        rule = self.aggregator if aggregate.minimum_rows(self.aggregator.name, 0) <= len(updates) else self._small_round
         with single_thread():
             stacked = torch.stack([u.float() for u in updates])  # (n, d)
-            combined = self.aggregator(stacked, seed=seed)  # (d,)
+            combined = rule(stacked, seed=seed, num_byzantine=f)  # (d,)
             self.outer.step(params, combined)
-        return self.aggregator.last_report
+        return rule.last_report
 
 
 SPARSE_CODEC_PREFIXES = ("topk:", "chunk-topk:", "dct-topk:")

@@ -65,3 +65,21 @@ def test_coordinate_wise_rules_refused_on_sparse_codecs():
         check_run_config(config(compression={"codec": "topk:0.01+int8"}, aggregation={"name": "median"}))
     check_run_config(config(compression={"codec": "randk:0.01+int8"}, aggregation={"name": "median"}))
     check_run_config(config(compression={"codec": "topk:0.01+int8"}, aggregation={"name": "centered-clip"}))
+
+
+def test_excluded_byzantine_updates_lower_f_instead_of_stalling():
+    cfg = config(aggregation={"name": "krum", "num_byzantine": 2})
+    math = RoundMath(cfg, 4)
+    assert math.effective_byzantine(8) == 2  # 8 >= 2f+3 = 7
+    # Two NaN updates were excluded for cause: 6 remain, and the 2 attackers are already out.
+    assert math.effective_byzantine(6, excluded_for_cause=2) == 0
+    # Two honest peers were late instead: f stays as high as 6 rows allow (2f+3 <= 6 -> f = 1).
+    assert math.effective_byzantine(6, excluded_for_cause=0) == 1
+    params = torch.zeros(4)
+    rows = [torch.full((4,), v) for v in (0.1, 0.11, 0.12, 0.09, 0.1, 0.1)]
+    report = math.apply(params, rows, round_=0, excluded_for_cause=2)
+    assert report is not None and sum(report.selected) == 1
+    # Fewer rows than krum needs at all: the coordinate median of what is there.
+    params = torch.zeros(4)
+    math.apply(params, [torch.full((4,), 0.2), torch.full((4,), 0.4)], round_=1)
+    assert torch.isfinite(params).all() and not torch.equal(params, torch.zeros(4))
