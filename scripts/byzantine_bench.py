@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -227,9 +227,13 @@ def gap(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DE
 
 
 def _attack_label(r: dict) -> str:
-    if r["attack"] != CLEAN and dict(r["attack_options"]) != ATTACK_OPTIONS.get(r["attack"], {}):
-        return r["attack"] + "(" + ",".join(f"{k}={v}" for k, v in r["attack_options"].items()) + ")"
-    return r["attack"]
+    """The attack's name, plus its resolved options where they differ from the grid's."""
+    if r["attack"] == CLEAN:
+        return CLEAN
+    ran = attacks.build(r["attack"], **r["attack_options"]).options
+    grid = attacks.build(r["attack"], **ATTACK_OPTIONS.get(r["attack"], {})).options
+    differ = {k: v for k, v in ran.items() if grid.get(k) != v}
+    return r["attack"] + ("(" + ",".join(f"{k}={v}" for k, v in differ.items()) + ")" if differ else "")
 
 
 def loss_of(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DENSE) -> float | None:
@@ -314,7 +318,7 @@ def support_demo(profile: Profile, seed: int = 0) -> list[dict[str, Any]]:
 def _cell(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DENSE) -> str:
     g, status = gap(results, agg, f, attack, codec)
     if status != "ok":
-        return status
+        return "not run" if status == "missing" else status
     loss = loss_of(results, agg, f, attack, codec)
     if g is None or loss is None:
         return "?"
@@ -353,7 +357,7 @@ def pick_default(results: dict[str, dict]) -> tuple[str | None, list[str]]:
 def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict[str, Any]], out: Path) -> None:
     names = list(attacks.NAMES)
     md = ["# Byzantine robustness: attacks x aggregators (8 simulated peers)", ""]
-    md += [f"Produced by `scripts/byzantine_bench.py` through `swarmloco simulate` (peer/simulate.py: the real "
+    md += ["Produced by `scripts/byzantine_bench.py` through `swarmloco simulate` (peer/simulate.py: the real "
            "round math; attackers are the first f virtual peers, omniscient: they see the round's honest updates; "
            "every peer trains on its own shard of the corpus).", "", "## Machine and command", ""]
     md += meta.get("machine", []) + [f"- command: `{meta.get('command', '?')}`",
@@ -411,14 +415,19 @@ def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict
         md += ["## Compression and robustness together (f = 2)", "",
                "Gap still vs the dense clean `mean` run. `randk` draws one index set per round from the shared "
                "codec seed, so every peer sends the same coordinates; `topk` lets each peer keep its own.", ""]
-        header = ["codec", "aggregator", "f=0 mean (codec only)", "no attacker", *COMPRESSION_ATTACKS, "worst case"]
+        header = ["codec", "aggregator", "f=0 mean (codec only)", "no attacker", *COMPRESSION_ATTACKS,
+                  "worst vs dense mean", "worst vs this codec's f=0 mean"]
         md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for codec, aggs in COMPRESSION.items():
             base = _cell(results, "mean", 0, CLEAN, codec)
+            base_loss = loss_of(results, "mean", 0, CLEAN, codec)
             for agg in aggs:
-                cells = [_cell(results, agg, 2, a, codec) for a in [CLEAN, *COMPRESSION_ATTACKS]]
+                names = [CLEAN, *COMPRESSION_ATTACKS]
+                cells = [_cell(results, agg, 2, a, codec) for a in names]
+                losses = [x for x in (loss_of(results, agg, 2, a, codec) for a in names) if x is not None]
+                own = f"{100 * (max(losses) - base_loss) / base_loss:+.1f}%" if losses and base_loss else "-"
                 md.append(f"| {codec} | {agg} | {base} | " + " | ".join(cells)
-                          + f" | {_worst_text(results, agg, 2, COMPRESSION_ATTACKS, codec)} |")
+                          + f" | {_worst_text(results, agg, 2, names, codec)} | {own} |")
         md.append("")
     if demo:
         md += ["### The sparse-support trap, measured directly", "",
@@ -435,6 +444,16 @@ def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict
     md += ["## Default aggregator", "", f"Pick: **{default}** (rule: best worst case over every attack at f = 2 "
            "among rules within 1% of clean `mean` with no attacker and that no attack stops).", ""]
     md += [f"- {line}" for line in lines]
+    if default:
+        w, attack, _ = worst_case(results, default, 2, list(attacks.NAMES))
+        fp = gap(results, default, 2, CLEAN)[0]
+        flip = gap(results, "mean", 2, "sign-flip")[0]
+        md += ["", "Targets (f = 2 of 8): default's worst case over attacks "
+               f"{100 * w:+.1f}% ({attack}; target within 5%); with no attacker {100 * (fp or 0):+.2f}% vs `mean` "
+               f"(target within 1%); `mean` under sign-flip {100 * (flip or 0):+.1f}% (target at least 10% worse)."]
+    md += ["", "Variants (nnm, bucketing) ran on the two attacks that hurt the robust rules most at f = 2 "
+           "(`not run` elsewhere), so they are not eligible for the default; `centered-clip+bucket2` is refused "
+           "at f = 2 of 8 (4 buckets, 2f + 1 = 5 needed)."]
     errors = sorted({f"{r['aggregator']} f={r['f']} {r['attack']}: {r['error']}" for r in results.values()
                      if r["status"] == "error"})
     if errors:
@@ -460,7 +479,7 @@ def heatmap(results: dict[str, dict], path: Path) -> None:
         for j, a in enumerate(cols):
             g, status = gap(results, agg, 2, a)
             if status != "ok" or g is None:
-                labels[i][j] = status
+                labels[i][j] = "not run" if status == "missing" else status
             else:
                 grid[i, j] = min(100 * g, 1e4)
                 labels[i][j] = "div" if not math.isfinite(g) or g > 10 else f"{100 * g:+.1f}"
