@@ -362,7 +362,8 @@ def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict
            "every peer trains on its own shard of the corpus).", "", "## Machine and command", ""]
     md += meta.get("machine", []) + [f"- command: `{meta.get('command', '?')}`",
                                      f"- wall time of the last invocation: {meta.get('wall_min', 0):.1f} min, "
-                                     f"{meta.get('workers', '?')} worker processes x 1 torch thread", ""]
+                                     f"{meta.get('workers', '?')} worker processes x 1 torch thread"]
+    md += [f"- later re-run: {note}" for note in meta.get("reruns", [])] + [""]
     p = meta.get("profile", {})
     md += [f"Each run: n = {PEERS} peers, model d_model {p.get('d_model')}, {p.get('n_layer')} layer, seq "
            f"{p.get('seq_len')}, batch {p.get('batch_size')}, H = {p.get('inner_steps')} inner AdamW steps, "
