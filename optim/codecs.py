@@ -5,6 +5,7 @@ encodes the VALUES kept by the earlier one:
 
     fp32  fp16  bf16                 dtype cast (fp32 is lossless)
     int8  int4  int2  [:BLOCK]       blockwise absmax quantization, float32 scale per BLOCK (64)
+    sign[:BLOCK]                     1 bit per value, float32 scale (mean |x|) per BLOCK (64)
     topk:FRACTION                    global top-k by magnitude, k = round(FRACTION * d)
     chunk-topk:CHUNK:K               top-K by magnitude per chunk of CHUNK
     randk:FRACTION                   k coordinates drawn from the shared seed (no index bytes)
@@ -29,7 +30,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from optim.quantize import CAST_FORMATS, BlockQuantFormat, CastFormat, CodecError, ValueFormat
+from optim.quantize import CAST_FORMATS, BlockQuantFormat, CastFormat, CodecError, SignFormat, ValueFormat
 from optim.sparsify import ChunkTopK, DctTopK, RandK, Sparsifier, TopK
 
 __all__ = ["Codec", "CodecError", "ErrorFeedback", "build", "HEADER_SIZE", "FORMAT_VERSION"]
@@ -39,7 +40,7 @@ FORMAT_VERSION = 1
 HEADER_SIZE = 4
 
 VALID_FORMS = (
-    "fp32, fp16, bf16, int8[:BLOCK], int4[:BLOCK], int2[:BLOCK], topk:FRACTION, randk:FRACTION, "
+    "fp32, fp16, bf16, int8[:BLOCK], int4[:BLOCK], int2[:BLOCK], sign[:BLOCK], topk:FRACTION, randk:FRACTION, "
     "chunk-topk:CHUNK:K, dct-topk:CHUNK:K; at most one sparsifier then one value format, "
     "joined with '+' (e.g. topk:0.01+int8, dct-topk:64:4+int8)"
 )
@@ -129,7 +130,7 @@ def build(spec: str) -> Codec:
         raise ValueError(f"codec spec {spec!r} is empty; valid forms: {VALID_FORMS}")
     parts = [part.strip().lower() for part in spec.split("+")]
     stages = [_parse_stage(spec, part) for part in parts]
-    sparsifiers = [stage for stage in stages if not isinstance(stage, (BlockQuantFormat, CastFormat))]
+    sparsifiers = [stage for stage in stages if not isinstance(stage, (BlockQuantFormat, CastFormat, SignFormat))]
     if len(stages) > 2 or len(sparsifiers) > 1:
         raise ValueError(f"codec spec {spec!r}: use at most one sparsifier and one value format; valid forms: {VALID_FORMS}")
     if len(stages) == 2 and (stages[0] not in sparsifiers or stages[1] in sparsifiers):
@@ -163,6 +164,8 @@ def _parse_stage(spec: str, part: str) -> ValueFormat | Sparsifier:
             return CAST_FORMATS[name]
         if name in ("int8", "int4", "int2") and len(args) <= 1:
             return BlockQuantFormat(int(name[3:]), *(number(a, int) for a in args))
+        if name == "sign" and len(args) <= 1:
+            return SignFormat(*(number(a, int) for a in args))
         if name in ("topk", "randk") and len(args) == 1:
             fraction = number(args[0], float)
             if not 0 < fraction <= 1:

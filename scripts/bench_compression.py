@@ -10,7 +10,14 @@ benchmarks/compression.png (validation loss vs cumulative bytes, log x).
     .venv/bin/python scripts/bench_compression.py --report-only   # redo md/png from the JSON
 
 Runs go to a pool of --workers processes with one torch thread each (on a small CPU two
-single-threaded runs beat one two-threaded run). --resume skips (row, seed) pairs already in the JSON.
+single-threaded runs beat one two-threaded run). --resume skips (row, seed, total steps) already in
+the JSON.
+
+Screening: `--rounds 12 --resume --rows ...` adds shorter runs to the same JSON; the report puts
+them in a separate table, each compared with the full-length DDP and DiLoCo fp32 runs at the same
+number of inner steps (the inner lr is constant after its warm-up, so the first 12 rounds of a
+24-round run ARE a 12-round run). A row may use its own H (`inner_steps`); it then runs
+total_steps / H rounds, so every row trains the same number of inner steps per peer.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import multiprocessing
+import os
 import platform
 import shlex
 import statistics
@@ -45,6 +53,7 @@ class Row:
     outer: str = "nesterov"
     outer_options: dict[str, Any] = field(default_factory=dict)  # OuterConfig overrides
     baseline: str = "diloco"
+    inner_steps: int | None = None  # H; None: the bench's --inner-steps. Rounds = total steps / H.
     seeds: int = 2  # runs with seeds 0..seeds-1; mean and spread reported; 0: only when named in --rows
     note: str = ""
 
@@ -66,7 +75,38 @@ ROWS: list[Row] = [
     Row("int2", codec="int2", seeds=0),
     Row("chunk-topk 64:1 + int8", codec="chunk-topk:64:1+int8", seeds=0, note="error feedback, 1-byte offsets"),
     Row("randk 5% + fp16", codec="randk:0.05+fp16", seeds=0, note="error feedback, shared index set, no index bytes"),
+    # Closing the DiLoCo-vs-DDP gap: outer lr/momentum, and a smaller H paid for by a cheaper codec.
+    Row("fp16 outer 1.0/0.9", codec="fp16", outer_options={"lr": 1.0}, seeds=0),
+    Row("fp16 outer 0.5/0.9", codec="fp16", outer_options={"lr": 0.5}, seeds=0),
+    Row("fp16 outer 0.7/0.8", codec="fp16", outer_options={"momentum": 0.8}, seeds=0),
+    Row("int8 H=12", codec="int8", inner_steps=12, seeds=0, note="twice the rounds, same inner steps"),
+    Row("int4 H=12", codec="int4", inner_steps=12, seeds=0, note="twice the rounds, same inner steps"),
+    # >= 100x fewer bytes than fp32: error feedback as the momentum (SparseLoCo): outer SGD, no momentum.
+    Row("topk 1% + int8 SGD lr1", codec="topk:0.01+int8", outer_options={"momentum": 0.0, "lr": 1.0}, seeds=0,
+        note="error feedback, outer SGD lr 1 momentum 0"),
+    Row("topk 1% + sign SGD lr1", codec="topk:0.01+sign", outer_options={"momentum": 0.0, "lr": 1.0}, seeds=0,
+        note="error feedback, outer SGD lr 1 momentum 0"),
+    Row("chunk-topk 32:1 + sign SGD lr1", codec="chunk-topk:32:1+sign", outer_options={"momentum": 0.0, "lr": 1.0},
+        seeds=0, note="error feedback, 1-byte offsets, outer SGD lr 1"),
+    Row("randk 20% + sign", codec="randk:0.2+sign", seeds=0, note="error feedback, shared index set"),
+    Row("randk 20% + sign SGD lr1", codec="randk:0.2+sign", outer_options={"momentum": 0.0, "lr": 1.0}, seeds=0,
+        note="error feedback, shared index set, outer SGD lr 1"),
+    Row("chunk-topk 32:1 + sign", codec="chunk-topk:32:1+sign", seeds=0, note="error feedback, 1-byte offsets"),
+    Row("DeMo dct 64:1 lr 5e-3 + int8", codec="dct-topk:64:1+int8", outer="demo",
+        outer_options={"demo_lr": 5e-3, "demo_topk": 1}, seeds=0, note="1 DCT coefficient per chunk of 64"),
 ]
+
+
+def row_schedule(row: Row, total_steps: int, default_h: int) -> tuple[int, int]:
+    """(rounds, H) for `row` so that it trains total_steps inner steps per peer."""
+    h = row.inner_steps or default_h
+    if total_steps % h:
+        raise ValueError(f"row {row.label!r}: H={h} does not divide {total_steps} inner steps; change --rounds")
+    return total_steps // h, h
+
+
+def total_steps(run: dict[str, Any]) -> int:
+    return run["rounds"] * run["inner_steps"]
 
 
 def run_one(row: Row, seed: int, peers: int, rounds: int, inner_steps: int) -> dict[str, Any]:
@@ -98,11 +138,12 @@ def machine() -> str:
     return f"{cpu}; Python {platform.python_version()}; torch {torch.__version__}"
 
 
-def summarize(rows: list[Row], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One dict per row that has runs: mean final loss over seeds, spread, bytes, curves."""
+def summarize(rows: list[Row], runs: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
+    """One dict per row that has runs of `steps` inner steps per peer: mean final loss over seeds,
+    spread, bytes, curves."""
     out = []
     for row in rows:
-        mine = [r for r in runs if r["label"] == row.label]
+        mine = [r for r in runs if r["label"] == row.label and total_steps(r) == steps]
         if not mine:
             continue
         finals = [r["final_val_loss"] for r in mine]
@@ -120,8 +161,19 @@ def summarize(rows: list[Row], runs: list[dict[str, Any]]) -> list[dict[str, Any
             "cumulative": mine[0]["cumulative_bytes_per_round"],
             "initial": statistics.fmean(r["initial_val_loss"] for r in mine),
             "wall_s": statistics.fmean(r["wall_s"] for r in mine),
+            "h": mine[0]["inner_steps"],
         })
     return out
+
+
+def loss_at_steps(runs: list[dict[str, Any]], label: str, steps: int) -> float | None:
+    """Mean over seeds of `label`'s val loss after `steps` inner steps, read off longer runs' curves."""
+    values = [
+        r["val_loss_per_round"][steps // r["inner_steps"] - 1]
+        for r in runs
+        if r["label"] == label and steps % r["inner_steps"] == 0 and total_steps(r) >= steps
+    ]
+    return statistics.fmean(values) if values else None
 
 
 def _human(n: float) -> str:
@@ -132,52 +184,76 @@ def _human(n: float) -> str:
     raise AssertionError
 
 
-def write_report(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    by_label = {s["row"].label: s for s in summary}
-    ddp, fp32 = by_label.get("DDP"), by_label.get("DiLoCo fp32")
+def _table(summary: list[dict[str, Any]], fp32_final: float | None, fp32_upload: float | None) -> list[str]:
     lines = [
-        "# Compression vs quality (simulated swarm)",
-        "",
-        f"Machine: {meta['machine']}. Date: {meta['date']}.",
-        f"Command: `{meta['command']}`",
-        "",
-        f"Every row: the default model ({meta['numel']:,} parameters, byte-level GPT), the default corpus "
-        f"(Python stdlib sources), {meta['peers']} peers on distinct shards, {meta['rounds']} rounds x "
-        f"{meta['inner_steps']} inner AdamW steps (lr 1e-3, batch 8x128 per peer), aggregator mean. "
-        "DDP: the same peers and per-peer batch, gradients averaged every step, one AdamW step; its bytes are "
-        "what a ring all-reduce of dense fp32 gradients moves (2 x 2(n-1)/n x 4 bytes x d per peer per step). "
-        "DiLoCo rows: bytes are measured payload lengths; per peer per round = its upload + the n-1 payloads it "
-        "downloads. Final val loss: mean over seeds (± half the range) on the fixed validation batches.",
-        "",
-        "| row | codec | outer | seeds | final val loss | bytes/peer/round | upload/peer/round | total bytes "
+        "| row | codec | outer | H x rounds | seeds | final val loss | bytes/peer/round | upload/peer/round | total bytes "
         "| fewer bytes than DDP | fewer bytes than fp32 | gap vs DiLoCo fp32 | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
         row = s["row"]
         vs_ddp = f"{s['ddp_bytes'] / s['total']:.0f}x" if s["total"] else "-"
-        vs_fp32 = f"{fp32['upload'] / s['upload']:.1f}x" if fp32 and row.baseline == "diloco" else "-"
-        gap = f"{100 * (s['final'] / fp32['final'] - 1):+.1f}%" if fp32 else "-"
+        vs_fp32 = f"{fp32_upload / s['upload']:.1f}x" if fp32_upload and row.baseline == "diloco" else "-"
+        gap = f"{100 * (s['final'] / fp32_final - 1):+.1f}%" if fp32_final else "-"
         options = ", ".join(f"{k}={v}" for k, v in row.outer_options.items())
         outer = row.outer + (f" ({options})" if options else "")
         lines.append(
-            f"| {row.label} | `{row.codec}` | {outer} | {len(s['seeds'])} | {s['final']:.4f} ± {s['spread']:.4f} | "
-            f"{_human(s['per_peer_round'])} | {_human(s['upload'])} | {_human(s['total'])} | {vs_ddp} | {vs_fp32} | "
-            f"{gap} | {row.note} |"
+            f"| {row.label} | `{row.codec}` | {outer} | {s['h']} x {len(s['curve'])} | {len(s['seeds'])} | "
+            f"{s['final']:.4f} ± {s['spread']:.4f} | {_human(s['per_peer_round'])} | {_human(s['upload'])} | "
+            f"{_human(s['total'])} | {vs_ddp} | {vs_fp32} | {gap} | {row.note} |"
         )
-    lines += ["", "## Targets", ""]
+    return lines
+
+
+def write_report(runs: list[dict[str, Any]], meta: dict[str, Any], notes: str = "") -> str:
+    steps = meta["rounds"] * meta["inner_steps"]
+    summary = summarize(ROWS, runs, steps)
+    by_label = {s["row"].label: s for s in summary}
+    ddp, fp32 = by_label.get("DDP"), by_label.get("DiLoCo fp32")
+    loads = [r["loadavg_1m"] for r in runs if "loadavg_1m" in r]
+    lines = [
+        "# Compression vs quality (simulated swarm)",
+        "",
+        f"Machine: {meta['machine']}. Date: {meta['date']}."
+        + (f" Load average (1 min) when runs finished: {min(loads):.1f}-{max(loads):.1f} on the 2 cores "
+           "(other benchmarks shared the machine; wall times are not comparable, losses and bytes are exact)."
+           if loads else ""),
+        f"Command: `{meta['command']}`",
+        "",
+        f"Every row: the default model ({meta['numel']:,} parameters, byte-level GPT), the default corpus "
+        f"(Python stdlib sources), {meta['peers']} peers on distinct shards, {steps} inner AdamW steps per peer "
+        f"({meta['rounds']} rounds x H={meta['inner_steps']} unless the row says otherwise; lr 1e-3, batch 8x128 "
+        "per peer), aggregator mean, error feedback on for every lossy codec. "
+        "DDP: the same peers and per-peer batch, gradients averaged every step, one AdamW step; its bytes are "
+        "what a ring all-reduce of dense fp32 gradients moves (2 x 2(n-1)/n x 4 bytes x d per peer per step). "
+        "DiLoCo rows: bytes are measured payload lengths; per peer per round = its upload + the n-1 payloads it "
+        "downloads. 'fewer bytes than fp32' compares upload payloads (fp32: 4 B/param + 4 B header). "
+        "Final val loss: mean over seeds (± half the range) on the fixed validation batches.",
+        "",
+        *_table(summary, fp32 and fp32["final"], fp32 and fp32["upload"]),
+        "",
+        "## Targets",
+        "",
+    ]
     if ddp and fp32:
-        gap = 100 * (fp32["final"] / ddp["final"] - 1)
-        ratio = fp32["ddp_bytes"] / fp32["total"]
-        ok = gap <= 3 and ratio >= 20
-        lines.append(
-            f"- DiLoCo fp32 within 3% of DDP sending >= 20x fewer bytes: **{'reached' if ok else 'not reached'}** "
-            f"(gap {gap:+.1f}%, {ratio:.0f}x fewer bytes)."
-        )
         for s in summary:
-            if s["row"].baseline == "diloco" and s is not fp32:
-                g = 100 * (s["final"] / ddp["final"] - 1)
-                lines.append(f"  - {s['row'].label}: gap vs DDP {g:+.1f}%, {s['ddp_bytes'] / s['total']:.0f}x fewer bytes.")
+            if s["row"].baseline != "diloco":
+                continue
+            gap = 100 * (s["final"] / ddp["final"] - 1)
+            ratio = s["ddp_bytes"] / s["total"]
+            ok = gap <= 3 and ratio >= 20
+            lines.append(
+                f"- {s['row'].label}: gap vs DDP {gap:+.1f}%, {ratio:.0f}x fewer bytes than DDP"
+                + (" -> **meets 'within 3% of DDP with >= 20x fewer bytes'**" if ok else "") + "."
+            )
+        hits = [
+            s for s in summary
+            if s["row"].baseline == "diloco" and s["ddp_bytes"] / s["total"] >= 20 and s["final"] <= 1.03 * ddp["final"]
+        ]
+        lines.append(
+            "- DiLoCo within 3% of DDP at equal inner steps sending >= 20x fewer bytes: "
+            + (f"**reached by {', '.join(s['row'].label for s in hits)}**." if hits else "**not reached**.")
+        )
     if fp32:
         hits = [
             s for s in summary
@@ -189,6 +265,22 @@ def write_report(summary: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"**{'reached by ' + names if hits else 'not reached'}**."
         )
     lines += ["", "![val loss vs cumulative bytes](compression.png)", ""]
+    screening = sorted({total_steps(r) for r in runs} - {steps})
+    for short in screening:
+        ref_fp32, ref_ddp = loss_at_steps(runs, "DiLoCo fp32", short), loss_at_steps(runs, "DDP", short)
+        lines += [
+            f"## Screening at {short} inner steps per peer (1 seed)",
+            "",
+            f"Short runs to pick what gets a full run. References read off the full runs' curves at {short} steps: "
+            + (f"DiLoCo fp32 {ref_fp32:.4f}" if ref_fp32 else "DiLoCo fp32 -")
+            + (f", DDP {ref_ddp:.4f}." if ref_ddp else ", DDP -."),
+            "The gap column is against that DiLoCo fp32 value.",
+            "",
+            *_table(summarize(ROWS, runs, short), ref_fp32, fp32 and fp32["upload"]),
+            "",
+        ]
+    if notes:
+        lines += [notes.rstrip(), ""]
     return "\n".join(lines)
 
 
@@ -228,6 +320,7 @@ def main() -> int:
     parser.add_argument("--resume", action="store_true", help="keep runs already in the JSON, run the rest")
     parser.add_argument("--report-only", action="store_true", help="rewrite md/png from the JSON, run nothing")
     parser.add_argument("--out", type=Path, default=OUT, help="output folder (default: benchmarks/)")
+    parser.add_argument("--notes", type=Path, default=None, help="markdown file of findings kept in the JSON and appended to the md")
     args = parser.parse_args()
 
     rows = ROWS
@@ -242,37 +335,44 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / "compression.json"
     previous = json.loads(json_path.read_text()) if json_path.exists() and (args.resume or args.report_only) else None
-    meta = previous["meta"] if previous and args.report_only else {
-        "command": shlex.join(["python", "scripts/bench_compression.py", *sys.argv[1:]]),
-        "machine": machine(),
-        "date": time.strftime("%Y-%m-%d"),
-        "peers": args.peers, "rounds": args.rounds, "inner_steps": args.inner_steps,
-    }
-    if previous and args.resume:  # results come from several invocations: name them all
-        meta["command"] = f"{previous['meta']['command']}` then `{meta['command']}"
+    command = shlex.join(["python", "scripts/bench_compression.py", *sys.argv[1:]])
+    if previous:  # the main table keeps the first invocation's setup; results come from several: name them all
+        meta = previous["meta"]
+        if not args.report_only:
+            meta["command"] = f"{meta['command']}` then `{command}"
+    else:
+        meta = {
+            "command": command, "machine": machine(), "date": time.strftime("%Y-%m-%d"),
+            "peers": args.peers, "rounds": args.rounds, "inner_steps": args.inner_steps,
+        }
+    if args.notes:
+        meta["notes"] = args.notes.read_text()
     runs: list[dict[str, Any]] = previous["runs"] if previous else []
+    steps = args.rounds * args.inner_steps
 
     if not args.report_only:
-        done = {(r["label"], r["seed"]) for r in runs}
+        done = {(r["label"], r["seed"], total_steps(r)) for r in runs}
         seeds = {row.label: args.seeds or row.seeds or 1 for row in rows}
         jobs = [  # every row's first seed before any second seed: a cut-short bench still covers every row
             (row, seed)
             for seed in range(max(seeds.values(), default=0))
             for row in rows
-            if seed < seeds[row.label] and (row.label, seed) not in done
+            if seed < seeds[row.label] and (row.label, seed, steps) not in done
         ]
-        print(f"{len(jobs)} runs on {args.workers} workers", flush=True)
+        schedules = {row.label: row_schedule(row, steps, args.inner_steps) for row in rows}  # refuse bad H early
+        print(f"{len(jobs)} runs of {steps} inner steps on {args.workers} workers", flush=True)
         context = multiprocessing.get_context("spawn")  # no torch thread pools inherited through fork
         with ProcessPoolExecutor(args.workers, mp_context=context) as pool:
             futures = {
-                pool.submit(run_one, row, seed, args.peers, args.rounds, args.inner_steps): (row, seed)
-                for row, seed in jobs
+                pool.submit(run_one, row, seed, args.peers, *schedules[row.label]): (row, seed) for row, seed in jobs
             }
             for future in as_completed(futures):
                 result = future.result()
+                result["loadavg_1m"] = os.getloadavg()[0]  # the machine is shared: say how busy it was
                 runs.append(result)
                 print(
-                    f"{result['label']:<28} seed {result['seed']} | final val {result['final_val_loss']:.4f} | "
+                    f"{result['label']:<34} seed {result['seed']} | {result['rounds']}x{result['inner_steps']} | "
+                    f"final val {result['final_val_loss']:.4f} | "
                     f"{_human(result['bytes_per_peer_per_round'])}/peer/round | {result['wall_s']:.0f}s",
                     flush=True,
                 )
@@ -280,9 +380,9 @@ def main() -> int:
                 json_path.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
 
     meta.setdefault("numel", runs[0]["numel"] if runs else 0)
-    summary = summarize(ROWS, runs)
-    (args.out / "compression.md").write_text(write_report(summary, meta))
-    write_plot(summary, args.out / "compression.png")
+    json_path.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1) + "\n")
+    (args.out / "compression.md").write_text(write_report(runs, meta, meta.get("notes", "")))
+    write_plot(summarize(ROWS, runs, meta["rounds"] * meta["inner_steps"]), args.out / "compression.png")
     print(f"wrote {args.out / 'compression.md'}, compression.png, compression.json")
     return 0
 

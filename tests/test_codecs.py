@@ -16,6 +16,7 @@ ALL_SPECS = [
     "fp32", "fp16", "bf16", "int8", "int4", "int2", "int8:128",
     "topk:0.01", "topk:0.3", "topk:0.01+int8", "chunk-topk:64:4", "chunk-topk:300:20+int4",
     "randk:0.1", "randk:0.1+fp16", "dct-topk:64:4", "dct-topk:64:4+int8", "dct-topk:512:16+int2",
+    "sign", "sign:7", "topk:0.01+sign", "chunk-topk:32:1+sign", "randk:0.2+sign",
 ]
 
 
@@ -66,6 +67,9 @@ def ceil_div(a: int, b: int) -> int:
         ("chunk-topk:300:20", 1000, 4 + (3 * 20 + 20) * (2 + 4)),  # CHUNK > 256: uint16 offsets
         ("dct-topk:64:4+int8", 1000, 4 + 16 * 4 + (4 + 64)),  # 16 chunks x 4 coefficients
         ("dct-topk:512:16", 1000, 4 + 2 * 16 * (2 + 4)),
+        ("sign", 1001, 4 + 4 * ceil_div(1001, 64) + ceil_div(1001, 8)),  # 1 bit + a scale per 64
+        ("chunk-topk:32:1+sign", 1000, 4 + 32 * 1 + (4 * 1 + 4)),  # 31 full chunks + 8 left: 32 kept
+        ("randk:0.2+sign", 1000, 4 + 0 + (4 * ceil_div(200, 64) + 25)),
     ],
 )
 def test_encoded_size_is_exact(spec: str, d: int, expected: int) -> None:
@@ -117,6 +121,24 @@ def test_int2_is_ternary_and_zero_blocks_stay_zero() -> None:
     y = round_trip("int2:4", x)
     assert y[:4].tolist() == [3.0, 0.0, 0.0, -3.0]  # scale 3: |-1|/3 and 0.5/3 round to 0
     assert torch.equal(y[4:], torch.zeros(64))
+
+
+def test_sign_is_mean_magnitude_times_sign_per_block() -> None:
+    # blocks of 4: [3, -1, 0.5, -3] -> mean |x| 1.875; short last block [1, -2] -> 1.5 (its own mean)
+    x = torch.tensor([3.0, -1.0, 0.5, -3.0, 1.0, -2.0])
+    y = round_trip("sign:4", x)
+    assert y.tolist() == [1.875, -1.875, 1.875, -1.875, 1.5, -1.5]
+    assert torch.equal(round_trip("sign:4", torch.zeros(8)), torch.zeros(8))  # zero blocks stay zero
+
+
+def test_sign_scale_is_the_l2_best_for_the_signs() -> None:
+    x = vector(640, seed=5)
+    y = round_trip("sign", x)
+    assert torch.equal(torch.sign(y), torch.sign(x))
+    # mean |x| minimises ||s*sign(x) - x|| over s: scaling it either way adds error, block by block
+    err = (y - x).view(-1, 64).norm(dim=1)
+    for factor in (0.9, 1.1):
+        assert ((y * factor - x).view(-1, 64).norm(dim=1) > err).all()
 
 
 # --- sparsifiers ----------------------------------------------------------------------------------
@@ -218,7 +240,8 @@ def test_spec_is_normalised() -> None:
         ("chunk-topk:64", "'chunk-topk:64'"), ("dct-topk:64:65", "K <= CHUNK"),
         ("dct-topk:8192:4", "4096"), ("chunk-topk:64:x", "not an integer"), ("int8:0", "block size"),
         ("int8+topk:0.1", "sparsifier comes first"), ("topk:0.1+randk:0.1", "at most one"),
-        ("fp16+int8", "at most one"), ("topk:0.1+int8+fp16", "at most one"),
+        ("fp16+int8", "at most one"), ("topk:0.1+int8+fp16", "at most one"), ("sign:0", "block size"),
+        ("sign:4:4", "'sign:4:4'"), ("sign+topk:0.1", "sparsifier comes first"),
     ],
 )
 def test_bad_specs_raise_value_error_naming_the_problem(spec: str, named: str) -> None:
@@ -285,6 +308,8 @@ def corrupt(spec: str, d: int, edit) -> bytes:  # noqa: ANN001 - edit(bytearray)
         ("int4", 1000, lambda p: p.__setitem__(-1, 0xF0), "code"),  # nibble 15 -> q = 8 > 7
         ("int2", 1000, lambda p: p.__setitem__(-1, 0x03), "code"),  # 3 -> q = 2 > 1
         ("int4", 1001, lambda p: p.__setitem__(-1, p[-1] | 0x10), "padding bits"),
+        ("sign", 1001, lambda p: p.__setitem__(-1, p[-1] | 0x02), "padding bits"),  # bit of value 1001
+        ("sign", 1000, lambda p: struct.pack_into("<f", p, 4, float("inf")), "scale"),
     ],
 )
 def test_malformed_bodies_raise_codec_error(spec: str, d: int, edit, message: str) -> None:  # noqa: ANN001
@@ -319,7 +344,7 @@ def test_nan_passes_through_float_formats(spec: str) -> None:
     assert not torch.isfinite(y).all() or not (kept[0] or kept[1])
 
 
-@pytest.mark.parametrize("spec", ["int8", "int4", "int2", "topk:0.1+int8", "dct-topk:64:4+int8", "dct-topk:64:4"])
+@pytest.mark.parametrize("spec", ["int8", "int4", "int2", "sign", "topk:0.1+int8", "dct-topk:64:4+int8", "dct-topk:64:4"])
 def test_non_finite_input_to_int_or_dct_formats_encodes_then_is_refused_or_non_finite(spec: str) -> None:
     x = vector(200)
     x[5] = float("nan")
@@ -335,7 +360,7 @@ def test_non_finite_input_to_int_or_dct_formats_encodes_then_is_refused_or_non_f
 
 # --- error feedback -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec", ["topk:0.05+int8", "randk:0.1", "dct-topk:64:4+int4", "int2"])
+@pytest.mark.parametrize("spec", ["topk:0.05+int8", "randk:0.1", "dct-topk:64:4+int4", "int2", "randk:0.2+sign"])
 def test_error_feedback_decoded_sum_tracks_input_sum(spec: str) -> None:
     codec, d = build(spec), 640
     feedback = ErrorFeedback(codec, d)
