@@ -110,6 +110,7 @@ class PeerNode:
         self.last_reply = None
         self.compute_s = 0.0
         self.started = time.monotonic()
+        self.training_started: float | None = None  # first inner step: utilization excludes start-up
         self.round_traffic: dict[str, int] = {}
         self.history: list[dict[str, Any]] = []
 
@@ -225,7 +226,6 @@ class PeerNode:
 
     def _heartbeat_body(self) -> dict[str, Any]:
         total = self.counter.total()
-        wall = max(1e-9, time.monotonic() - self.started)
         return {
             "peer_id": self.identity.peer_id,
             "round": self.round,
@@ -236,7 +236,7 @@ class PeerNode:
             "bytes_sent": total.sent,
             "bytes_received": total.received,
             "round_bytes": self.round_traffic,
-            "utilization": round(self.compute_s / wall, 4),
+            "utilization": round(self.utilization(), 4),
             "timestamp": time.time(),
         }
 
@@ -343,8 +343,10 @@ class PeerNode:
                     pending = None
                     t_join = time.monotonic()
                     result = future.result()
-                    result.wait_s += time.monotonic() - t_join
-                    self._finish_round(*context[:1], result, *context[1:])
+                    # Idle time is only what the join costs; the exchange itself ran beside training.
+                    result.exchange_s, result.wait_s = result.wait_s + result.fetch_s + result.aggregate_s, time.monotonic() - t_join
+                    previous_started = context[4]
+                    self._finish_round(*context[:1], result, *context[1:], round_s=started - previous_started)
                     done += 1
                     if self.round != r or self.finished or (max_rounds is not None and done >= max_rounds):
                         # Resynchronised or finished: this phase's progress has no valid base.
@@ -368,7 +370,15 @@ class PeerNode:
                 done += 1
         return done
 
+    def utilization(self) -> float:
+        """Share of wall time spent in inner steps since the first one (start-up excluded)."""
+        if self.training_started is None:
+            return 0.0
+        return self.compute_s / max(1e-9, time.monotonic() - self.training_started)
+
     def _train(self, r: int) -> tuple[Any, float]:
+        if self.training_started is None:
+            self.training_started = time.monotonic()
         self.counter.round = r
         self.state = "training"
         cfg = self.cfg
@@ -469,7 +479,8 @@ class PeerNode:
         return data
 
     def _finish_round(self, r: int, result: "_Exchange", update: "_Update", stats: Any, compute: float,
-                      started: float, before: Any) -> None:
+                      started: float, before: Any, round_s: float | None = None) -> None:
+        """`round_s`: this round's own wall time when it is not now − started (overlapped phases)."""
         """Adopt θ_{r+1}, check it against the coordinator's hash, record and print the round."""
         if result.finished:
             self.finished = True
@@ -491,10 +502,11 @@ class PeerNode:
             "bytes_sent": self.round_traffic["sent"], "bytes_received": self.round_traffic["received"],
             "payload_bytes": len(update.payload), "compute_s": compute, "encode_s": update.encode_s,
             "wait_s": result.wait_s, "fetch_s": result.fetch_s, "aggregate_s": result.aggregate_s,
-            "round_s": time.monotonic() - started, "in_sync": in_sync,
+            "round_s": round_s if round_s is not None else time.monotonic() - started, "in_sync": in_sync,
+            "exchange_s": result.exchange_s, "utilization": self.utilization(),
         }
         self.history.append(record)
-        print(round_line(self.short, r, self.cfg.rounds.rounds, record, self.compute_s / max(1e-9, time.monotonic() - self.started)), flush=True)
+        print(round_line(self.short, r, self.cfg.rounds.rounds, record, self.utilization()), flush=True)
         if not in_sync:
             self.resync(f"parameter hash differs from the coordinator's after round {r}")
         self._save_local_state()
@@ -593,7 +605,8 @@ class _Exchange:
     params: torch.Tensor | None = None  # θ_{r+1}, or None when we must resynchronise
     updates: int = 0
     excluded: dict[str, str] = field(default_factory=dict)
-    wait_s: float = 0.0
+    wait_s: float = 0.0  # idle: waiting for the manifest (overlapped: for the background exchange)
+    exchange_s: float = 0.0  # overlapped: time the background exchange took beside training
     fetch_s: float = 0.0
     aggregate_s: float = 0.0
     resync: str = ""
