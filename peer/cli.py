@@ -59,8 +59,9 @@ def load_run_config(args: argparse.Namespace) -> RunConfig:
     if getattr(args, "run_seed", None) is not None:
         data["seed"] = args.run_seed
     cfg = RunConfig.from_dict(data)
-    from peer.swarm_math import check_run_config
+    from peer.swarm_math import check_run_config, with_suitable_aggregator
 
+    cfg = with_suitable_aggregator(cfg, explicit=getattr(args, "aggregator", None) is not None)
     check_run_config(cfg)
     return cfg
 

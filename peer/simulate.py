@@ -39,7 +39,7 @@ from peer.config import RunConfig
 from peer.data import ShardSampler, load_corpus, validation_batches
 from peer.model import build_model, flat_params, load_flat_params, num_params
 from peer.simulate_ddp import ConcatenatedSampler, ring_allreduce_bytes
-from peer.swarm_math import RoundMath, UpdateRejected, build_codec, count_for_cause
+from peer.swarm_math import RoundMath, UpdateRejected, build_codec, count_for_cause, with_suitable_aggregator
 from peer.training import InnerTrainer, evaluate
 
 Baseline = Literal["diloco", "ddp"]
@@ -104,6 +104,7 @@ class SimulationOptions:
             aggregation=dataclasses.replace(agg, name=self.aggregator or agg.name, num_byzantine=f),
             rounds=dataclasses.replace(cfg.rounds, rounds=self.rounds),
         )
+        resolved = with_suitable_aggregator(resolved, explicit=self.aggregator is not None)
         build_codec(resolved)  # bad codec spec -> ConfigError naming the valid forms
         if resolved.aggregation.name not in aggregate.NAMES:
             raise ValueError(

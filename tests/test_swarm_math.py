@@ -15,7 +15,7 @@ def config(**sections) -> RunConfig:
 
 
 def test_two_receivers_compute_bit_identical_parameters():
-    cfg = config(compression={"codec": "int8"})
+    cfg = config(compression={"codec": "int8"}, aggregation={"name": "mean"})
     torch.manual_seed(0)
     deltas = [torch.randn(5000) * 0.01 for _ in range(3)]
     senders = [RoundMath(cfg, 5000) for _ in deltas]
@@ -58,6 +58,17 @@ def test_global_state_roundtrip_includes_stateful_aggregator():
     a.apply(pa, updates)
     b.apply(pb, updates)
     assert torch.equal(pa, pb)
+
+
+def test_default_median_becomes_centered_clip_on_sparse_codecs_unless_asked():
+    from peer.swarm_math import with_suitable_aggregator
+
+    sparse = config(compression={"codec": "topk:0.01+int8"})
+    assert sparse.aggregation.name == "median"
+    assert with_suitable_aggregator(sparse, explicit=False).aggregation.name == "centered-clip"
+    assert with_suitable_aggregator(sparse, explicit=True).aggregation.name == "median"
+    dense = config(compression={"codec": "fp16"})
+    assert with_suitable_aggregator(dense, explicit=False).aggregation.name == "median"
 
 
 def test_coordinate_wise_rules_refused_on_sparse_codecs():
