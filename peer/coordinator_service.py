@@ -90,14 +90,18 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
                 finished=c.finished,
             )
 
+    def _open(self, request: swarm_pb2.Signed, tag: str, what: str) -> tuple[dict[str, Any], str]:
+        """Verify a signed body or refuse the call as UNAUTHENTICATED, counting the reason."""
+        try:
+            return open_signed(request, tag)
+        except SignatureError as exc:
+            self.coordinator.registry.reject(exc.reason)
+            raise RpcAbort(grpc.StatusCode.UNAUTHENTICATED, f"{what} refused: {exc}") from None
+
     @_guarded
     def Join(self, request, context):
         c = self.coordinator
-        try:
-            fields, peer_id = open_signed(request, JOIN_TAG)
-        except SignatureError as exc:
-            c.registry.reject(exc.reason)
-            raise RpcAbort(grpc.StatusCode.UNAUTHENTICATED, f"join refused: {exc}")
+        fields, peer_id = self._open(request, JOIN_TAG, "join")
         if fields.get("run_id") != c.cfg.run_id:
             c.registry.reject("wrong-run")
             return swarm_pb2.JoinReply(accepted=False, reason=f"this coordinator runs {c.cfg.run_id!r}, not {fields.get('run_id')!r}")
@@ -143,11 +147,7 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
     @_guarded
     def Heartbeat(self, request, context):
         c = self.coordinator
-        try:
-            fields, peer_id = open_signed(request, HEARTBEAT_TAG)
-        except SignatureError as exc:
-            c.registry.reject(exc.reason)
-            raise RpcAbort(grpc.StatusCode.UNAUTHENTICATED, f"heartbeat refused: {exc}")
+        fields, peer_id = self._open(request, HEARTBEAT_TAG, "heartbeat")
         if not _fresh(fields):
             c.registry.reject("stale-heartbeat")
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "heartbeat timestamp is stale: check the clock")
