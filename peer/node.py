@@ -9,6 +9,7 @@ Round r, as DESIGN.md fixes it:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import logging
@@ -178,6 +179,7 @@ class PeerNode:
         self.store = PayloadStore(keep_rounds=2)
         self.pool = ChannelPool(self.counter)
         self.fetchers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="swarmloco-fetch")
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-state")  # one write at a time, in order
         if o.resume and self.state_path.exists():
             self._load_local_state()
 
@@ -346,7 +348,8 @@ class PeerNode:
                     # Idle time is only what the join costs; the exchange itself ran beside training.
                     result.exchange_s, result.wait_s = result.wait_s + result.fetch_s + result.aggregate_s, time.monotonic() - t_join
                     previous_started = context[4]
-                    self._finish_round(*context[:1], result, *context[1:], round_s=started - previous_started)
+                    # The round's own share of time and traffic: from its phase's start to this one's.
+                    self._finish_round(*context[:1], result, *context[1:], round_s=started - previous_started, after=before)
                     done += 1
                     if self.round != r or self.finished or (max_rounds is not None and done >= max_rounds):
                         # Resynchronised or finished: this phase's progress has no valid base.
@@ -458,9 +461,11 @@ class PeerNode:
         t_agg = time.monotonic()
         new_params = base.clone()
         self.math.apply(new_params, updates, round_=r, excluded_for_cause=count_for_cause(manifest.excluded))
+        aggregate_s = time.monotonic() - t_agg
         return _Exchange(
             params=new_params, updates=len(updates), excluded=manifest.excluded,
-            wait_s=wait_s, fetch_s=fetch_s, aggregate_s=time.monotonic() - t_agg,
+            wait_s=wait_s, fetch_s=fetch_s, aggregate_s=aggregate_s,
+            info=self.client.run_info(),  # the coordinator's hash of θ_{r+1}, to compare with ours
         )
 
     def _fetch_entry(self, entry, r: int) -> bytes:
@@ -479,7 +484,7 @@ class PeerNode:
         return data
 
     def _finish_round(self, r: int, result: "_Exchange", update: "_Update", stats: Any, compute: float,
-                      started: float, before: Any, round_s: float | None = None) -> None:
+                      started: float, before: Any, round_s: float | None = None, after: Any = None) -> None:
         """`round_s`: this round's own wall time when it is not now − started (overlapped phases)."""
         """Adopt θ_{r+1}, check it against the coordinator's hash, record and print the round."""
         if result.finished:
@@ -489,11 +494,11 @@ class PeerNode:
             self.resync(result.resync)
             return
         self._set_params(result.params, r + 1)
-        after = self.counter.total()
+        after = after or self.counter.total()
         self.round_traffic = {"round": r, "sent": after.sent - before.sent, "received": after.received - before.received}
 
         # The coordinator states the authoritative hash of θ_{r+1}; compare instead of drifting.
-        info = self.client.run_info()
+        info = result.info or self.client.run_info()
         # Behind (the swarm closed later rounds without us, e.g. while the coordinator restarted):
         # not in sync either; the checkpoint brings us to the current round (also at the run's end).
         in_sync = info.round == r + 1 and info.param_hash == self._hash
@@ -557,7 +562,11 @@ class PeerNode:
                 "math": self.math.local_state_dict(),
             },
         )
-        checkpoint.save(self.state_path, ckpt)
+        if self.cfg.rounds.overlap_communication:
+            # Written beside the next inner phase; the snapshot above is already a copy.
+            self.writer.submit(checkpoint.save, self.state_path, copy.deepcopy(ckpt))
+        else:
+            checkpoint.save(self.state_path, ckpt)
 
     def _load_local_state(self) -> None:
         ckpt = checkpoint.load(self.state_path)
@@ -589,6 +598,8 @@ class PeerNode:
             self.pool.close()
         if getattr(self, "fetchers", None) is not None:
             self.fetchers.shutdown(wait=False, cancel_futures=True)
+        if getattr(self, "writer", None) is not None:
+            self.writer.shutdown(wait=True)  # a state write in flight must land whole
         if self.dht is not None:
             self.dht.shutdown()
 
@@ -611,6 +622,7 @@ class _Exchange:
     aggregate_s: float = 0.0
     resync: str = ""
     finished: bool = False
+    info: Any = None  # the coordinator's RunInfo, read right after aggregating
 
 
 class _DeviceSampler:
