@@ -104,3 +104,35 @@ def test_status_command_reads_a_live_coordinator(swarm, tmp_path):
                            capture_output=True, text=True, timeout=30)
     assert table.returncode == 0 and record["peer_id"][:8] in table.stdout
     assert peer.alive()
+
+
+def test_byzantine_peers_in_a_real_swarm_are_excluded_or_outvoted(swarm, tmp_path):
+    """Two real peers attack (test-only option): one sends NaN, one a sign-flipped update x4.
+    The NaN update never reaches aggregation (the manifest names why, identically for all);
+    the median outvotes the flipped one; status shows each peer's share and exclusion."""
+    config = write_run_config(
+        tmp_path / "run.json",
+        rounds={"rounds": 3, "expected_peers": 4},
+        aggregation={"name": "median", "num_byzantine": 1},
+    )
+    coordinator = swarm.start_coordinator(["--config", str(config)])
+    honest = [swarm.start_peer(f"honest{i}", ["--shard", f"{i}/4"]) for i in range(2)]
+    nan_peer = swarm.start_peer("nan", ["--shard", "2/4", "--test-attack", "nan"])
+    flipper = swarm.start_peer("flip", ["--shard", "3/4", "--test-attack", 'sign-flip:{"scale": 4.0}'])
+    assert swarm.wait(coordinator, 240) == 0
+    for peer in (*honest, nan_peer, flipper):
+        assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
+
+    status = json.loads((swarm.workdir / "coordinator.json").read_text())
+    ids = {name: _peer_summary(swarm, name)["peer_id"] for name in ("honest0", "honest1", "nan", "flip")}
+    for h in status["history"]:
+        assert h["excluded"] == {ids["nan"]: "non-finite"}
+        assert h["updates"] == 3
+    assert status["history"][-1]["val_loss"] < status["initial_val_loss"] - 0.05
+    assert status["rejections"].get("non-finite", 0) == 3
+    peers = {p["peer_id"]: p for p in status["peers"]}
+    assert "NaN" in peers[ids["nan"]]["excluded_reason"] or "non-finite" in peers[ids["nan"]]["excluded_reason"]
+    weights = {name: peers[ids[name]]["aggregation"]["weight"] for name in ("honest0", "honest1", "flip")}
+    assert weights["flip"] < min(weights["honest0"], weights["honest1"]), weights
+    distances = {name: peers[ids[name]]["aggregation"]["distance_to_aggregate"] for name in ("honest0", "honest1", "flip")}
+    assert distances["flip"] > 2 * max(distances["honest0"], distances["honest1"]), distances
