@@ -26,7 +26,7 @@ def add_run_overrides(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--config", metavar="RUN.toml", help="run config file (see docs/run.example.toml)")
     group.add_argument("--rounds", type=int, help="number of outer rounds")
     group.add_argument("--inner-steps", type=int, help="inner AdamW steps per round (DiLoCo's H)")
-    group.add_argument("--codec", help="pseudo-gradient codec: fp32, fp16, bf16, int8, int4, int2, topk:F, randk:F, dct-topk:C:K, chained with +")
+    group.add_argument("--codec", help="pseudo-gradient codec: fp32, fp16, bf16, int8, int4, int2, sign, topk:F, randk:F, chunk-topk:C:K, dct-topk:C:K, chained with +")
     group.add_argument("--outer", choices=["nesterov", "demo", "fedavg"], help="outer optimizer")
     group.add_argument("--outer-lr", type=float, help="outer learning rate")
     group.add_argument("--aggregator", help="mean, median, trimmed-mean, krum, multi-krum, geometric-median, centered-clip")
