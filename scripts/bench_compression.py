@@ -81,6 +81,8 @@ ROWS: list[Row] = [
     Row("fp16 outer 0.7/0.8", codec="fp16", outer_options={"momentum": 0.8}, seeds=0),
     Row("int8 H=12", codec="int8", inner_steps=12, seeds=0, note="twice the rounds, same inner steps"),
     Row("int4 H=12", codec="int4", inner_steps=12, seeds=0, note="twice the rounds, same inner steps"),
+    Row("int4 H=10", codec="int4", inner_steps=10, seeds=0, note="2.5x the rounds, same inner steps"),
+    Row("int4 H=5", codec="int4", inner_steps=5, seeds=0, note="5x the rounds, same inner steps"),
     # >= 100x fewer bytes than fp32: error feedback as the momentum (SparseLoCo): outer SGD, no momentum.
     Row("topk 1% + int8 SGD lr1", codec="topk:0.01+int8", outer_options={"momentum": 0.0, "lr": 1.0}, seeds=0,
         note="error feedback, outer SGD lr 1 momentum 0"),
@@ -100,6 +102,8 @@ ROWS: list[Row] = [
         seeds=0, note="error feedback, 1-byte offsets, outer SGD lr 8"),
     Row("randk 20% + sign SGD lr4", codec="randk:0.2+sign", outer_options={"momentum": 0.0, "lr": 4.0}, seeds=0,
         note="error feedback, shared index set, outer SGD lr 4"),
+    Row("topk 1% + sign SGD lr4", codec="topk:0.01+sign", outer_options={"momentum": 0.0, "lr": 4.0}, seeds=0,
+        note="error feedback, outer SGD lr 4"),
     Row("fp16 SGD lr1", codec="fp16", outer_options={"momentum": 0.0, "lr": 1.0}, seeds=0,
         note="dense reference for the SGD-lr-1 rows (= FedAvg)"),
     Row("DeMo dct 64:1 lr 5e-3 + int8", codec="dct-topk:64:1+int8", outer="demo",
