@@ -79,6 +79,7 @@ ROWS: list[Row] = [
     Row("fp16 outer 1.0/0.9", codec="fp16", outer_options={"lr": 1.0}, seeds=0),
     Row("fp16 outer 0.5/0.9", codec="fp16", outer_options={"lr": 0.5}, seeds=0),
     Row("fp16 outer 0.7/0.8", codec="fp16", outer_options={"momentum": 0.8}, seeds=0),
+    Row("fp16 outer 0.7/0.7", codec="fp16", outer_options={"momentum": 0.7}, seeds=0),
     Row("int8 H=12", codec="int8", inner_steps=12, seeds=0, note="twice the rounds, same inner steps"),
     Row("int4 H=12", codec="int4", inner_steps=12, seeds=0, note="twice the rounds, same inner steps"),
     Row("int4 H=10", codec="int4", inner_steps=10, seeds=0, note="2.5x the rounds, same inner steps"),
