@@ -60,7 +60,10 @@ class SimulationOptions:
     attack_options: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None  # None: config.seed (model init, shards' sampling streams, codec seeds)
     baseline: Baseline = "diloco"
-    threads: int | None = None  # torch intra-op threads; None: leave torch's setting
+    # torch intra-op threads. 1 by default: the model's 128-wide matmuls gain ~25% from a second
+    # thread on an idle machine, but with any other process on the cores OpenMP's spinning threads
+    # slowed an 8-round run from 47 s to over 10 minutes here. None: leave torch's setting.
+    threads: int | None = 1
     config: RunConfig = field(default_factory=RunConfig)
     log: Callable[[str], None] | None = None  # receives one dense line per round
 
@@ -359,7 +362,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="run seed (default: config)")
     parser.add_argument("--baseline", choices=("diloco", "ddp"), default="diloco", help="diloco (default) or ddp")
     parser.add_argument("--config", default=None, metavar="run.toml", help="run config file (default: demo defaults)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: robust when other processes share the cores)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results here as JSON")
 
 
