@@ -327,10 +327,14 @@ def write_plot(summary: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    for s in summary:
-        style = "k--" if s["row"].baseline == "ddp" else "-"
+    colors = plt.cm.tab20.colors  # (20, 3): more rows than the default 10-colour cycle
+    for i, s in enumerate(summary):
+        ddp = s["row"].baseline == "ddp"
         # Cumulative bytes moved by all peers after each round; the curve starts at the first round.
-        ax.plot(s["cumulative"], s["curve"], style, marker=".", label=f"{s['row'].label} ({s['final']:.3f})")
+        ax.plot(
+            s["cumulative"], s["curve"], "--" if ddp else ("-" if i % 2 else "-."), color="k" if ddp else colors[i % 20],
+            marker=".", markersize=3, label=f"{s['row'].label} ({s['final']:.3f})",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("cumulative bytes moved, all peers (log)")
     ax.set_ylabel("validation loss (nats/byte)")
