@@ -75,6 +75,17 @@ class CastFormat:
         return tensor_from_bytes(payload, self.dtype).to(torch.float32)
 
 
+def _checked_scales(fmt: "BlockQuantFormat | SignFormat", payload: memoryview, n: int) -> tuple[torch.Tensor, int]:
+    """Check a blockwise payload's exact length and read its float32 block scales (finite, >= 0)."""
+    if len(payload) != fmt.size(n):
+        raise CodecError(f"{fmt.name}: expected {fmt.size(n)} bytes for {n} values, got {len(payload)}")
+    num_scale_bytes = 4 * fmt.num_blocks(n)
+    scales = tensor_from_bytes(payload[:num_scale_bytes], torch.float32)
+    if not bool(torch.isfinite(scales).all()) or bool((scales < 0).any()):
+        raise CodecError(f"{fmt.name}: a block scale is negative or not finite")
+    return scales, num_scale_bytes
+
+
 @dataclass(frozen=True, slots=True)
 class BlockQuantFormat:
     """intB[:BLOCK]: blockwise absmax quantization, see the module docstring for the layout."""
@@ -123,12 +134,7 @@ class BlockQuantFormat:
         return tensor_to_bytes(scales) + tensor_to_bytes(self._pack(codes))
 
     def decode(self, payload: memoryview, n: int) -> torch.Tensor:
-        if len(payload) != self.size(n):
-            raise CodecError(f"{self.name}: expected {self.size(n)} bytes for {n} values, got {len(payload)}")
-        num_scale_bytes = 4 * self.num_blocks(n)
-        scales = tensor_from_bytes(payload[:num_scale_bytes], torch.float32)
-        if not bool(torch.isfinite(scales).all()) or bool((scales < 0).any()):
-            raise CodecError(f"{self.name}: a block scale is negative or not finite")
+        scales, num_scale_bytes = _checked_scales(self, payload, n)
         codes = self._unpack(tensor_from_bytes(payload[num_scale_bytes:], torch.uint8), n)  # (n,)
         if bool((codes > 2 * self.qmax).any()):
             raise CodecError(f"{self.name}: a code is outside [-{self.qmax}, {self.qmax}]")
@@ -201,12 +207,7 @@ class SignFormat:
         return tensor_to_bytes(self.scales(x)) + tensor_to_bytes((negative * weights).sum(dim=1, dtype=torch.uint8))
 
     def decode(self, payload: memoryview, n: int) -> torch.Tensor:
-        if len(payload) != self.size(n):
-            raise CodecError(f"{self.name}: expected {self.size(n)} bytes for {n} values, got {len(payload)}")
-        num_scale_bytes = 4 * self.num_blocks(n)
-        scales = tensor_from_bytes(payload[:num_scale_bytes], torch.float32)
-        if not bool(torch.isfinite(scales).all()) or bool((scales < 0).any()):
-            raise CodecError(f"{self.name}: a block scale is negative or not finite")
+        scales, num_scale_bytes = _checked_scales(self, payload, n)
         packed = tensor_from_bytes(payload[num_scale_bytes:], torch.uint8)
         bits = ((packed[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1).reshape(-1)  # (ceil(n/8)*8,)
         if bool(bits[n:].any()):
