@@ -102,6 +102,7 @@ class PeerNode:
         self.server = None
         self.client: CoordinatorClient | None = None
         self.stop = threading.Event()
+        self.heartbeat_now = threading.Event()
         self.state = "starting"
         self.round = 0
         self.step = 0
@@ -243,7 +244,12 @@ class PeerNode:
         }
 
     def _heartbeat_loop(self) -> None:
-        while not self.stop.wait(2.0):
+        while not self.stop.is_set():
+            # Every 2 s, and at once when a round ends, so status shows that round's bytes.
+            self.heartbeat_now.wait(2.0)
+            self.heartbeat_now.clear()
+            if self.stop.is_set():
+                break
             try:
                 reply = self.client.heartbeat(sign_body(self.identity, HEARTBEAT_TAG, self._heartbeat_body()))
             except grpc.RpcError as exc:
@@ -511,6 +517,7 @@ class PeerNode:
             "exchange_s": result.exchange_s, "utilization": self.utilization(),
         }
         self.history.append(record)
+        self.heartbeat_now.set()
         print(round_line(self.short, r, self.cfg.rounds.rounds, record, self.utilization()), flush=True)
         if not in_sync:
             self.resync(f"parameter hash differs from the coordinator's after round {r}")
@@ -584,6 +591,7 @@ class PeerNode:
     def quiesce(self) -> None:
         """Stop background calls so the byte counters hold still (for a final summary)."""
         self.stop.set()
+        self.heartbeat_now.set()
         thread = getattr(self, "heartbeat_thread", None)
         if thread is not None:
             thread.join(timeout=15)

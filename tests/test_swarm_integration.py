@@ -92,7 +92,9 @@ def test_status_command_reads_a_live_coordinator(swarm, tmp_path):
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         status = json.loads(out.stdout)
-        if status["round"] >= 2 and status["peers"] and status["peers"][0]["last_round"] >= 1:
+        # Heartbeats carry the peer's own counters: wait for one sent after a round ended.
+        if status["round"] >= 2 and status["peers"] and status["peers"][0]["last_round"] >= 1 \
+                and status["peers"][0]["bytes_sent"] > 0:
             break
         time.sleep(1)
     assert status["round"] >= 2
