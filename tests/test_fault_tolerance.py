@@ -45,8 +45,10 @@ def _free_port() -> int:
 def test_sigkilled_peer_does_not_stall_the_round_and_rejoins_and_late_joiner_syncs(swarm, tmp_path):
     # Enough rounds for the late joiner and the restarted peer to start (a Python + torch process
     # takes several seconds) and then train a few rounds; a round here takes about a second.
-    rounds = 40
-    config = write_run_config(tmp_path / "run.json", rounds={"rounds": rounds, "expected_peers": 4})
+    rounds = 24
+    # 48 inner steps make a training phase last long enough (~1 s) that the kill below, sent when
+    # peer3 prints its first progress line of round 2, lands before it can commit round 2.
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": rounds, "expected_peers": 4}, inner={"steps": 48})
     coordinator = swarm.start_coordinator(["--config", str(config)])
     peers = {f"peer{i}": swarm.start_peer(f"peer{i}", ["--shard", f"{i}/4"], via_dht=False) for i in range(4)}
 
