@@ -36,7 +36,6 @@ from protocol.payload_fetch import ChannelPool, fetch_payload
 from protocol.payload_service import PayloadStore, StoredPayload
 
 log = logging.getLogger("swarmloco.coordinator")
-VERSION = "0.1.0"
 
 
 @dataclass(slots=True)

@@ -16,7 +16,9 @@ from typing import Any
 
 import grpc
 
-from peer.coordinator import VERSION, Coordinator
+from peer import VERSION
+from peer.coordinator import Coordinator
+from protocol.envelope import HEARTBEAT_TAG, JOIN_TAG
 from peer.registry import PeerRecord, RegistryFull
 from protocol import streaming
 from protocol._generated import swarm_pb2, swarm_pb2_grpc
@@ -26,8 +28,6 @@ from protocol.signing import SignatureError, open_signed
 
 log = logging.getLogger("swarmloco.coordinator")
 
-JOIN_TAG = "swarmloco/join/v1"
-HEARTBEAT_TAG = "swarmloco/heartbeat/v1"
 MAX_CLOCK_SKEW_S = 300.0
 
 

@@ -245,3 +245,20 @@ def validation_batches(
     return [
         _windows(corpus.val, offsets[i * batch_size : (i + 1) * batch_size], seq_len) for i in range(count)
     ]
+
+
+class DeviceSampler:
+    """Moves each batch to the training device; state belongs to the wrapped sampler."""
+
+    def __init__(self, sampler: ShardSampler, device: str) -> None:
+        self.sampler, self.device = sampler, device
+
+    def next_batch(self):
+        x, y = self.sampler.next_batch()
+        return x.to(self.device), y.to(self.device)
+
+    def state_dict(self):
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        self.sampler.load_state_dict(state)

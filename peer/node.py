@@ -24,28 +24,28 @@ from typing import Any
 import grpc
 import torch
 
-from peer import checkpoint
+from peer import VERSION, checkpoint
 from peer.config import RunConfig
 from peer.coordinator_client import CoordinatorClient
-from peer.data import ShardSampler, load_corpus, shard_for_peer
+from peer.data import DeviceSampler, ShardSampler, load_corpus, shard_for_peer
 from peer.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
+from peer.heartbeat import heartbeat_loop
+from peer.overlap import run_overlapped
 from peer.progress import format_bytes, round_line, step_line
+from peer.round_exchange import Exchange, ManifestFetcher, Update
 from peer.swarm_math import RoundMath, UpdateRejected, count_for_cause
 from peer.training import InnerTrainer
 from protocol import discovery
 from protocol._generated import swarm_pb2_grpc
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
-from protocol.envelope import EnvelopeError, UpdateHeader, open_manifest, sign_update, signed_from_json
+from protocol.envelope import JOIN_TAG, EnvelopeError, UpdateHeader, open_manifest, sign_update
 from protocol.identity import Identity
-from protocol.payload_fetch import ChannelPool, fetch_payload
+from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload, push_chunks
 from protocol.signing import sign_body
 
 log = logging.getLogger("swarmloco.peer")
-VERSION = "0.1.0"
-JOIN_TAG = "swarmloco/join/v1"
-HEARTBEAT_TAG = "swarmloco/heartbeat/v1"
 MANIFEST_POLL_S = 5.0  # long-poll slice; between slices the peer re-checks that its commitment is held
 
 
@@ -109,7 +109,6 @@ class PeerNode:
         self.last_loss: float | None = None
         self.finished = False
         self.banned_reason = ""
-        self.last_reply = None
         self.compute_s = 0.0
         self.started = time.monotonic()
         self.training_started: float | None = None  # first inner step: utilization excludes start-up
@@ -146,6 +145,9 @@ class PeerNode:
             raise PeerExit(f"run {info.run_id} has already finished all its rounds")
         self._build(info)
         self._serve()
+        self.manifest_fetcher = ManifestFetcher(
+            self.store, self.pool, self.fetchers, self.math, self._verify_header, self.endpoint
+        )
         self._join()
 
     def _build(self, info) -> None:
@@ -175,7 +177,7 @@ class PeerNode:
             self.attack = attacks.build(o.attack, **o.attack_options)
             if self.attack.data_poisoning:
                 poison = attacks.poison_batch
-        self.trainer = InnerTrainer(self.model, cfg.inner, _DeviceSampler(self.sampler, o.device), poison_batch=poison)
+        self.trainer = InnerTrainer(self.model, cfg.inner, DeviceSampler(self.sampler, o.device), poison_batch=poison)
         self.round = info.round
         self.store = PayloadStore(keep_rounds=2)
         self.pool = ChannelPool(self.counter)
@@ -202,7 +204,7 @@ class PeerNode:
                 self.dht, self.identity, run_id=self.cfg.run_id, endpoint=self.endpoint,
                 client_mode=self.options.client_mode, version=VERSION,
             )
-        self.heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="swarmloco-heartbeat", daemon=True)
+        self.heartbeat_thread = threading.Thread(target=heartbeat_loop, args=(self,), name="swarmloco-heartbeat", daemon=True)
         self.heartbeat_thread.start()
 
     def _send_join(self) -> None:
@@ -224,51 +226,6 @@ class PeerNode:
 
     def _verify_header(self, signed, round_: int | None) -> UpdateHeader:
         return self.math.open_update(signed, round_=round_, layout_hash=self.layout_hash)
-
-    # --- heartbeat -----------------------------------------------------------------------
-
-    def _heartbeat_body(self) -> dict[str, Any]:
-        total = self.counter.total()
-        return {
-            "peer_id": self.identity.peer_id,
-            "round": self.round,
-            "param_hash": self.current_hash,
-            "state": self.state,
-            "step": self.step,
-            "loss": self.last_loss,
-            "bytes_sent": total.sent,
-            "bytes_received": total.received,
-            "round_bytes": self.round_traffic,
-            "utilization": round(self.utilization(), 4),
-            "timestamp": time.time(),
-        }
-
-    def _heartbeat_loop(self) -> None:
-        while not self.stop.is_set():
-            # Every 2 s, and at once when a round ends, so status shows that round's bytes.
-            self.heartbeat_now.wait(2.0)
-            self.heartbeat_now.clear()
-            if self.stop.is_set():
-                break
-            try:
-                reply = self.client.heartbeat(sign_body(self.identity, HEARTBEAT_TAG, self._heartbeat_body()))
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.NOT_FOUND:  # a restarted coordinator that lost us: rejoin
-                    try:
-                        self._send_join()
-                    except Exception as join_exc:  # noqa: BLE001 - the main loop sees a refusal on its next commit
-                        log.info("rejoin after heartbeat failed: %s", join_exc)
-                else:  # transient: the main loop has its own retries
-                    log.debug("heartbeat failed: %s", exc)
-                continue
-            except Exception as exc:  # noqa: BLE001
-                log.debug("heartbeat failed: %s", exc)
-                continue
-            self.last_reply = reply
-            if reply.banned:
-                self.banned_reason = reply.reason or "banned"
-            if reply.finished:
-                self.finished = True
 
     # --- rounds --------------------------------------------------------------------------
 
@@ -302,7 +259,7 @@ class PeerNode:
             self.resync("joining" if not self.options.resume else "resume state is behind the swarm")
         done = 0
         if self.cfg.rounds.overlap_communication:
-            done = self.run_overlapped(max_rounds)
+            done = run_overlapped(self, max_rounds)
         while not self.finished and not self.stop.is_set() and not self.cfg.rounds.overlap_communication:
             if self.banned_reason:
                 raise PeerExit(f"banned from the run: {self.banned_reason}")
@@ -325,59 +282,6 @@ class PeerNode:
             return
         result = self._exchange(r, base, update)
         self._finish_round(r, result, update, stats, compute, started, before)
-
-    def run_overlapped(self, max_rounds: int | None = None) -> int:
-        """Rounds with the exchange of round r running in the background while round r+1 trains.
-
-        The inner steps of round r+1 start from the local parameters P at the end of round r,
-        before θ_{r+1} is known. When it is, the local progress is moved onto it:
-        θ_local = θ_{r+1} + (θ_local − P), so Δ_{r+1} = −(progress made in round r+1).
-        """
-        done = 0
-        pending = None  # (future, round, update, stats, compute, started, before)
-        anchor = self.params.clone()  # where the current inner phase started, (d,)
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-exchange") as background:
-            while not self.finished and not self.stop.is_set():
-                if self.banned_reason:
-                    raise PeerExit(f"banned from the run: {self.banned_reason}")
-                if max_rounds is not None and done >= max_rounds:
-                    break
-                r = self.round + (1 if pending is not None else 0)  # the round this phase's update is for
-                started, before = time.monotonic(), self.counter.total()
-                stats, compute = self._train(r)
-                progress = flat_params(self.model).cpu() - anchor  # (d,)
-                if pending is not None:
-                    future, *context = pending
-                    pending = None
-                    t_join = time.monotonic()
-                    result = future.result()
-                    # Idle time is only what the join costs; the exchange itself ran beside training.
-                    result.exchange_s, result.wait_s = result.wait_s + result.fetch_s + result.aggregate_s, time.monotonic() - t_join
-                    previous_started = context[4]
-                    # The round's own share of time and traffic: from its phase's start to this one's.
-                    self._finish_round(*context[:1], result, *context[1:], round_s=started - previous_started, after=before)
-                    done += 1
-                    if self.round != r or self.finished or (max_rounds is not None and done >= max_rounds):
-                        # Resynchronised or finished: this phase's progress has no valid base.
-                        anchor = self.params.clone()
-                        continue
-                local = self.params + progress  # θ_r + this phase's progress
-                load_flat_params(self.model, local.to(self.options.device))
-                update = self._make_update(r, -progress)
-                if not self._commit(update.signed, update.payload, r):
-                    anchor = self.params.clone()
-                    load_flat_params(self.model, anchor.to(self.options.device))
-                    continue
-                future = background.submit(self._exchange, r, self.params.clone(), update)
-                pending = (future, r, update, stats, compute, started, before)
-                anchor = local
-                if r + 1 >= self.cfg.rounds.rounds:
-                    break  # the last round: nothing left to overlap with
-            if pending is not None:
-                future, *context = pending
-                self._finish_round(*context[:1], future.result(), *context[1:])
-                done += 1
-        return done
 
     def utilization(self) -> float:
         """Share of wall time spent in inner steps since the first one (start-up excluded)."""
@@ -408,7 +312,7 @@ class PeerNode:
         self.compute_s += compute
         return stats, compute
 
-    def _make_update(self, r: int, delta: torch.Tensor) -> "_Update":
+    def _make_update(self, r: int, delta: torch.Tensor) -> Update:
         """Encode and sign this peer's pseudo-gradient for round r; serve it from our store."""
         t0 = time.monotonic()
         cfg = self.cfg
@@ -424,9 +328,9 @@ class PeerNode:
         signed = sign_update(self.identity, header)
         self.store.put(StoredPayload(header, signed, payload), verified=True)  # we just hashed it
         self.state = "committing"
-        return _Update(signed=signed, payload=payload, encode_s=time.monotonic() - t0)
+        return Update(signed=signed, payload=payload, encode_s=time.monotonic() - t0)
 
-    def _exchange(self, r: int, base: torch.Tensor, update: "_Update") -> "_Exchange":
+    def _exchange(self, r: int, base: torch.Tensor, update: Update) -> Exchange:
         """Wait for round r's manifest, fetch and verify its updates, aggregate: θ_{r+1}.
 
         Touches neither the model nor self.params, so it can run beside the next inner phase.
@@ -443,53 +347,35 @@ class PeerNode:
             # Still open: make sure the coordinator holds our commitment; a restarted coordinator
             # has forgotten it (re-committing the same header is idempotent).
             if not self._commit(update.signed, update.payload, r, resync=False):
-                return _Exchange(resync="our update was refused")
+                return Exchange(resync="our update was refused")
         wait_s = time.monotonic() - t_wait
         if manifest_reply is None or not manifest_reply.ready:
             if manifest_reply is not None and manifest_reply.finished and manifest_reply.current_round <= r:
-                return _Exchange(finished=True, wait_s=wait_s)
-            return _Exchange(resync=f"missed the manifest of round {r}", wait_s=wait_s)
+                return Exchange(finished=True, wait_s=wait_s)
+            return Exchange(resync=f"missed the manifest of round {r}", wait_s=wait_s)
         manifest = open_manifest(manifest_reply.manifest, coordinator_key=self.coordinator_key, run_id=cfg.run_id, round_=r)
 
         t_fetch = time.monotonic()
         try:
-            # All listed payloads at once: n − 1 sequential streams leave a long-RTT link idle
-            # while each ramps up. Results keep the manifest's (peer_id-sorted) order.
-            payloads = list(self.fetchers.map(lambda entry: self._fetch_entry(entry, r), manifest.entries))
-            updates = [self.math.decode(payload, r) for payload in payloads]
+            updates = self.manifest_fetcher.updates(manifest, r)
         except (EnvelopeError, UpdateRejected, IOError) as exc:
             # The coordinator verified every listed update; failing here means we cannot
             # follow this round identically: resync rather than drift.
             log.warning("peer %s: cannot use an update of round %d (%s)", self.short, r, exc)
-            return _Exchange(resync="could not verify a manifest entry", wait_s=wait_s)
+            return Exchange(resync="could not verify a manifest entry", wait_s=wait_s)
         fetch_s = time.monotonic() - t_fetch
 
         t_agg = time.monotonic()
         new_params = base.clone()
         self.math.apply(new_params, updates, round_=r, excluded_for_cause=count_for_cause(manifest.excluded))
         aggregate_s = time.monotonic() - t_agg
-        return _Exchange(
+        return Exchange(
             params=new_params, updates=len(updates), excluded=manifest.excluded,
             wait_s=wait_s, fetch_s=fetch_s, aggregate_s=aggregate_s,
             info=self.client.run_info(),  # the coordinator's hash of θ_{r+1}, to compare with ours
         )
 
-    def _fetch_entry(self, entry, r: int) -> bytes:
-        """One manifest entry's payload, from our store or any holder, checked against its signed header."""
-        item = self.store.get(entry.payload_sha256)
-        if item is not None:
-            return item.payload
-        entry_header = self._verify_header(signed_from_json(entry.header), r)
-        if entry_header.payload_sha256 != entry.payload_sha256 or entry_header.peer_id != entry.peer_id:
-            raise EnvelopeError("forged", f"manifest entry of {entry.peer_id[:8]} does not match its signed header")
-        holders = [h for h in entry.holders if h and h != self.endpoint]
-        # Gossip: any holder's copy is as good as the author's; a random order spreads the
-        # author's upload over the coordinator and the peers that already verified it.
-        data = fetch_payload(self.pool, holders, entry_header, shuffle=True)
-        self.store.put(StoredPayload(entry_header, signed_from_json(entry.header), data), verified=True)
-        return data
-
-    def _finish_round(self, r: int, result: "_Exchange", update: "_Update", stats: Any, compute: float,
+    def _finish_round(self, r: int, result: Exchange, update: Update, stats: Any, compute: float,
                       started: float, before: Any, round_s: float | None = None, after: Any = None) -> None:
         """`round_s`: this round's own wall time when it is not now − started (overlapped phases)."""
         """Adopt θ_{r+1}, check it against the coordinator's hash, record and print the round."""
@@ -610,41 +496,3 @@ class PeerNode:
             self.writer.shutdown(wait=True)  # a state write in flight must land whole
         if self.dht is not None:
             self.dht.shutdown()
-
-
-@dataclass(slots=True)
-class _Update:
-    signed: Any
-    payload: bytes
-    encode_s: float
-
-
-@dataclass(slots=True)
-class _Exchange:
-    params: torch.Tensor | None = None  # θ_{r+1}, or None when we must resynchronise
-    updates: int = 0
-    excluded: dict[str, str] = field(default_factory=dict)
-    wait_s: float = 0.0  # idle: waiting for the manifest (overlapped: for the background exchange)
-    exchange_s: float = 0.0  # overlapped: time the background exchange took beside training
-    fetch_s: float = 0.0
-    aggregate_s: float = 0.0
-    resync: str = ""
-    finished: bool = False
-    info: Any = None  # the coordinator's RunInfo, read right after aggregating
-
-
-class _DeviceSampler:
-    """Moves each batch to the training device; state belongs to the wrapped sampler."""
-
-    def __init__(self, sampler: ShardSampler, device: str) -> None:
-        self.sampler, self.device = sampler, device
-
-    def next_batch(self):
-        x, y = self.sampler.next_batch()
-        return x.to(self.device), y.to(self.device)
-
-    def state_dict(self):
-        return self.sampler.state_dict()
-
-    def load_state_dict(self, state) -> None:
-        self.sampler.load_state_dict(state)

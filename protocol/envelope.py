@@ -19,6 +19,8 @@ from protocol.signing import SignatureError, open_signed, sign_body
 
 UPDATE_TAG = "swarmloco/update-header/v1"
 MANIFEST_TAG = "swarmloco/round-manifest/v1"
+JOIN_TAG = "swarmloco/join/v1"
+HEARTBEAT_TAG = "swarmloco/heartbeat/v1"
 
 
 class EnvelopeError(ValueError):

@@ -1,0 +1,64 @@
+"""A peer's heartbeat: liveness, progress and its own byte counters, to the coordinator.
+
+Every 2 s, and at once when a round ends (node.heartbeat_now), so `status` shows that round's
+bytes. The reply carries bans and the end of the run; a coordinator that lost us gets a rejoin.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from protocol.envelope import HEARTBEAT_TAG
+from protocol.signing import sign_body
+
+if TYPE_CHECKING:
+    from peer.node import PeerNode
+
+log = logging.getLogger("swarmloco.peer")
+
+
+def heartbeat_body(node: "PeerNode") -> dict[str, Any]:
+    total = node.counter.total()
+    return {
+        "peer_id": node.identity.peer_id,
+        "round": node.round,
+        "param_hash": node.current_hash,
+        "state": node.state,
+        "step": node.step,
+        "loss": node.last_loss,
+        "bytes_sent": total.sent,
+        "bytes_received": total.received,
+        "round_bytes": node.round_traffic,
+        "utilization": round(node.utilization(), 4),
+        "timestamp": time.time(),
+    }
+
+def heartbeat_loop(node: "PeerNode") -> None:
+    while not node.stop.is_set():
+        # Every 2 s, and at once when a round ends, so status shows that round's bytes.
+        node.heartbeat_now.wait(2.0)
+        node.heartbeat_now.clear()
+        if node.stop.is_set():
+            break
+        try:
+            reply = node.client.heartbeat(sign_body(node.identity, HEARTBEAT_TAG, heartbeat_body(node)))
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:  # a restarted coordinator that lost us: rejoin
+                try:
+                    node._send_join()
+                except Exception as join_exc:  # noqa: BLE001 - the main loop sees a refusal on its next commit
+                    log.info("rejoin after heartbeat failed: %s", join_exc)
+            else:  # transient: the main loop has its own retries
+                log.debug("heartbeat failed: %s", exc)
+            continue
+        except Exception as exc:  # noqa: BLE001
+            log.debug("heartbeat failed: %s", exc)
+            continue
+        if reply.banned:
+            node.banned_reason = reply.reason or "banned"
+        if reply.finished:
+            node.finished = True

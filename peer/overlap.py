@@ -1,0 +1,73 @@
+"""Overlapped rounds: the exchange of round r runs in the background while round r+1 trains.
+
+Selected by the run config (`rounds.overlap_communication`, `--overlap`); the synchronous
+schedule is PeerNode.one_round. Both use the same node phases (train, make_update, commit,
+exchange, finish_round), so only the schedule differs.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from peer.model import flat_params, load_flat_params
+
+if TYPE_CHECKING:
+    from peer.node import PeerNode
+
+
+def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
+    """Rounds with the exchange of round r running in the background while round r+1 trains.
+
+    The inner steps of round r+1 start from the local parameters P at the end of round r,
+    before θ_{r+1} is known. When it is, the local progress is moved onto it:
+    θ_local = θ_{r+1} + (θ_local − P), so Δ_{r+1} = −(progress made in round r+1).
+    """
+    from peer.node import PeerExit  # here: peer.node imports this module
+
+    done = 0
+    pending = None  # (future, round, update, stats, compute, started, before)
+    anchor = node.params.clone()  # where the current inner phase started, (d,)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-exchange") as background:
+        while not node.finished and not node.stop.is_set():
+            if node.banned_reason:
+                raise PeerExit(f"banned from the run: {node.banned_reason}")
+            if max_rounds is not None and done >= max_rounds:
+                break
+            r = node.round + (1 if pending is not None else 0)  # the round this phase's update is for
+            started, before = time.monotonic(), node.counter.total()
+            stats, compute = node._train(r)
+            progress = flat_params(node.model).cpu() - anchor  # (d,)
+            if pending is not None:
+                future, *context = pending
+                pending = None
+                t_join = time.monotonic()
+                result = future.result()
+                # Idle time is only what the join costs; the exchange itself ran beside training.
+                result.exchange_s, result.wait_s = result.wait_s + result.fetch_s + result.aggregate_s, time.monotonic() - t_join
+                previous_started = context[4]
+                # The round's own share of time and traffic: from its phase's start to this one's.
+                node._finish_round(*context[:1], result, *context[1:], round_s=started - previous_started, after=before)
+                done += 1
+                if node.round != r or node.finished or (max_rounds is not None and done >= max_rounds):
+                    # Resynchronised or finished: this phase's progress has no valid base.
+                    anchor = node.params.clone()
+                    continue
+            local = node.params + progress  # θ_r + this phase's progress
+            load_flat_params(node.model, local.to(node.options.device))
+            update = node._make_update(r, -progress)
+            if not node._commit(update.signed, update.payload, r):
+                anchor = node.params.clone()
+                load_flat_params(node.model, anchor.to(node.options.device))
+                continue
+            future = background.submit(node._exchange, r, node.params.clone(), update)
+            pending = (future, r, update, stats, compute, started, before)
+            anchor = local
+            if r + 1 >= node.cfg.rounds.rounds:
+                break  # the last round: nothing left to overlap with
+        if pending is not None:
+            future, *context = pending
+            node._finish_round(*context[:1], future.result(), *context[1:])
+            done += 1
+    return done
