@@ -30,7 +30,7 @@ from peer.training import evaluate
 from protocol._generated import swarm_pb2
 from protocol.accounting import ByteCounter
 from protocol.channels import TRANSFER_DEADLINE
-from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, check_payload, sign_manifest, signed_to_json
+from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, sign_manifest, signed_to_json
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool, fetch_payload
 from protocol.payload_service import PayloadStore, StoredPayload
@@ -259,8 +259,13 @@ class Coordinator:
         self._verify_payload(commitment, payload)
 
     def _verify_payload(self, commitment: Commitment, payload: bytes) -> None:
+        """Decode and admit a payload whose sha256 already matched the commitment's (both callers
+        got it through receive_chunks against that hash), so only its size is left to check."""
         try:
-            check_payload(commitment.header, payload)
+            if len(payload) != commitment.header.payload_size:
+                raise EnvelopeError(
+                    "size-mismatch", f"payload has {len(payload)} bytes, header declares {commitment.header.payload_size}"
+                )
             update = self.math.decode(payload, commitment.header.round)
         except (EnvelopeError, UpdateRejected) as exc:
             self._exclude(commitment, exc.reason, str(exc))
