@@ -40,8 +40,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from peer.config import RunConfig  # noqa: E402
-from peer.simulate import SimulationOptions, run_simulation  # noqa: E402
+from peer.run.config import RunConfig  # noqa: E402
+from peer.cli.simulate import SimulationOptions, run_simulation  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "benchmarks"
 

@@ -7,12 +7,12 @@ Same peers, same tensor, same wire precision, same processes, run alternately:
 
 Each of N worker processes hosts BOTH systems: a hivemind DHT + DecentralizedAverager (started
 first: hivemind forks, gRPC is not fork-safe) and a swarmloco Peer gRPC server (PayloadService,
-byte-counting interceptors, ChannelPool: the real transport of peer/node.py).
+byte-counting interceptors, ChannelPool: the real transport of peer/node/node.py).
 
 swarmloco round, timed in every worker from a shared barrier to its aggregate:
   RoundMath.encode (fedavg outer, run codec, error feedback) -> sha256 -> signed UpdateHeader ->
   PayloadStore; headers go through the parent (the coordinator's manifest in a real run); then,
-  in peer_id order like peer/node.py: verify each signed header (open_update), fetch the n-1
+  in peer_id order like peer/node/node.py: verify each signed header (open_update), fetch the n-1
   other payloads over gRPC (fetch_payload: chunked stream, size + sha256 checked), decode,
   RoundMath.apply (mean).
 hivemind round: matchmaking runs BEFORE the barrier (step(require_trigger=True) until the group
@@ -44,7 +44,7 @@ PRECISIONS = {  # wire precision -> (swarmloco codec, hivemind compression class
     "8-bit": ("int8", "Uniform8BitQuantization"),
 }
 COMPRESSED_CODEC = "topk:0.01+int8"
-DEFAULT_CODEC = "fp16"  # peer/config.py CompressionConfig.codec
+DEFAULT_CODEC = "fp16"  # peer/run/config.py CompressionConfig.codec
 
 
 def parse_numel(text: str) -> int:

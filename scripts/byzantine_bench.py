@@ -1,6 +1,6 @@
 """Byzantine benchmark: every attack x every aggregator on a simulated swarm of 8 peers.
 
-Each cell is `swarmloco simulate` (peer/simulate.py: the real RoundMath, attackers = the first f
+Each cell is `swarmloco simulate` (peer/cli/simulate.py: the real RoundMath, attackers = the first f
 virtual peers, omniscient, on non-identical shards) with one aggregator, f declared Byzantine and
 f attackers. The gap of a cell is its final validation loss relative to the clean run with `mean`
 (f = 0, no attacker) of the same seed, averaged over seeds. Phases:
@@ -35,10 +35,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from optim import aggregate, attacks  # noqa: E402
-from peer.config import (  # noqa: E402
+from peer.run.config import (  # noqa: E402
     AggregationConfig, CompressionConfig, DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig,
 )
-from peer.simulate import SimulationOptions, run_simulation  # noqa: E402
+from peer.cli.simulate import SimulationOptions, run_simulation  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "benchmarks"
 PEERS = 8
@@ -278,9 +278,9 @@ def support_demo(profile: Profile, seed: int = 0) -> list[dict[str, Any]]:
     import torch
 
     from optim import codecs
-    from peer.data import ShardSampler, load_corpus
-    from peer.model import build_model, flat_params, load_flat_params
-    from peer.training import InnerTrainer
+    from peer.learn.data import ShardSampler, load_corpus
+    from peer.learn.model import build_model, flat_params, load_flat_params
+    from peer.learn.training import InnerTrainer
 
     torch.set_num_threads(1)
     cfg = profile.config(seed, "mean", 0, DENSE)
@@ -357,7 +357,7 @@ def pick_default(results: dict[str, dict]) -> tuple[str | None, list[str]]:
 def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict[str, Any]], out: Path) -> None:
     names = list(attacks.NAMES)
     md = ["# Byzantine robustness: attacks x aggregators (8 simulated peers)", ""]
-    md += ["Produced by `scripts/byzantine_bench.py` through `swarmloco simulate` (peer/simulate.py: the real "
+    md += ["Produced by `scripts/byzantine_bench.py` through `swarmloco simulate` (peer/cli/simulate.py: the real "
            "round math; attackers are the first f virtual peers, omniscient: they see the round's honest updates; "
            "every peer trains on its own shard of the corpus).", "", "## Machine and command", ""]
     md += meta.get("machine", []) + [f"- command: `{meta.get('command', '?')}`",

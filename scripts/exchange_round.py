@@ -1,7 +1,7 @@
 """One swarmloco exchange-and-aggregate round, on the real transport, without the coordinator.
 
 Used by scripts/bench_vs_hivemind.py (one ExchangePeer per worker process) and its smoke test
-(two in one process). What peer/node.py does per round minus training and the coordinator:
+(two in one process). What peer/node/node.py does per round minus training and the coordinator:
 
     commit():    RoundMath.encode (outer transmit, codec, error feedback) -> sha256 -> signed
                  UpdateHeader -> PayloadStore, served by the gRPC Peer service
@@ -21,9 +21,9 @@ import time
 
 import torch
 
-from peer.config import RunConfig
-from peer.swarm_math import RoundMath
-from protocol._generated import swarm_pb2, swarm_pb2_grpc
+from peer.run.config import RunConfig
+from peer.run.round_math import RoundMath
+from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
 from protocol.envelope import UpdateHeader, open_update, sign_update

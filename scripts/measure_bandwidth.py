@@ -5,7 +5,7 @@
     .venv/bin/python scripts/measure_bandwidth.py --coordinator 10.0.0.5:31338 --duration 120    # attach to a running swarm
     .venv/bin/python scripts/measure_bandwidth.py --from-workdir /tmp/swarmloco-demo-xyz          # re-read a finished run
 
-Local mode starts a coordinator and peers as processes on loopback (peer.launcher.Swarm, as
+Local mode starts a coordinator and peers as processes on loopback (peer.cli.launcher.Swarm, as
 `swarmloco demo` does) and reads each peer's --summary-json: per round, the ByteCounter
 interceptor counts (bytes_sent / bytes_received, every RPC, serialized protobuf sizes) and the
 time split compute / encode / wait (commit + manifest) / fetch / aggregate, plus the per-remote
@@ -116,7 +116,7 @@ def format_table(result: dict) -> str:
 
 def write_run_config(workdir: Path, *, peers: int, rounds: int, inner_steps: int, codec: str, overlap: bool = False) -> Path:
     """The demo run config with these overrides, validated as `swarmloco demo` does, in workdir/run.json."""
-    from peer.cli import build_parser, load_run_config
+    from peer.cli.main import build_parser, load_run_config
 
     args = build_parser().parse_args(["demo", "--peers", str(peers), "--rounds", str(rounds), "--inner-steps", str(inner_steps),
                                       "--codec", codec, *(["--overlap"] if overlap else [])])
@@ -130,7 +130,7 @@ def write_run_config(workdir: Path, *, peers: int, rounds: int, inner_steps: int
 def run_local_swarm(*, peers: int, rounds: int, inner_steps: int, codec: str, workdir: Path, echo: bool = False,
                     peer_args: list[str] | None = None) -> dict:
     """Run a swarm to completion on loopback and return analyze()'s result plus the wall time."""
-    from peer.launcher import Swarm
+    from peer.cli.launcher import Swarm
 
     write_run_config(workdir, peers=peers, rounds=rounds, inner_steps=inner_steps, codec=codec)
     started = time.monotonic()
@@ -145,8 +145,8 @@ def run_local_swarm(*, peers: int, rounds: int, inner_steps: int, codec: str, wo
 
 
 def read_workdir(workdir: Path) -> dict:
-    from peer.config import RunConfig
-    from peer.model import build_model, num_params
+    from peer.run.config import RunConfig
+    from peer.learn.model import build_model, num_params
 
     cfg = RunConfig.from_json((workdir / "run.json").read_text())
     summaries = [json.loads(p.read_text()) for p in sorted(workdir.glob("peer*.json"))]
@@ -163,7 +163,7 @@ def read_workdir(workdir: Path) -> dict:
 
 def attach(endpoint: str, *, duration_s: float, interval_s: float) -> dict:
     """Poll a running coordinator; keep each peer's reported bytes for every round it completes."""
-    from peer.status import fetch_status
+    from peer.cli.status import fetch_status
 
     seen: dict[tuple[str, int], dict] = {}
     status: dict = {}

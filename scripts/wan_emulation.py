@@ -214,12 +214,12 @@ def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec:
         return ["--host", "0.0.0.0", "--port", str(port), "--announce-host", bed.ip_of(i)]
 
     started = time.monotonic()
-    coordinator = bed.spawn(0, [python, "-m", "peer.cli", "coordinator", "--config", str(workdir / "run.json"), *grpc_args(0, COORD_GRPC),
+    coordinator = bed.spawn(0, [python, "-m", "peer.cli.main", "coordinator", "--config", str(workdir / "run.json"), *grpc_args(0, COORD_GRPC),
                                 "--host-maddrs", f"/ip4/0.0.0.0/tcp/{COORD_DHT}", "--announce-maddrs", f"/ip4/{bed.ip_of(0)}/tcp/{COORD_DHT}",
                                 "--identity-path", str(workdir / "coordinator.pem"), "--summary-json", str(workdir / "coordinator.json")],
                             workdir / "coordinator.log")
     maddr = _wait_for_maddr(workdir / "coordinator.log", coordinator, bed.ip_of(0), 120)
-    children = [bed.spawn(i, [python, "-m", "peer.cli", "peer", "--initial-peers", maddr, *grpc_args(i, PEER_GRPC),
+    children = [bed.spawn(i, [python, "-m", "peer.cli.main", "peer", "--initial-peers", maddr, *grpc_args(i, PEER_GRPC),
                               "--host-maddrs", "/ip4/0.0.0.0/tcp/0", "--identity-path", str(workdir / f"peer{i}.pem"),
                               "--summary-json", str(workdir / f"peer{i}.json"), "--threads", "1", "--shard", f"{i - 1}/{peers}",
                               "--log-every", "1000"], workdir / f"peer{i}.log")

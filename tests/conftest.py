@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:
 
 @pytest.fixture
 def swarm(tmp_path):
-    from peer.launcher import Swarm
+    from peer.cli.launcher import Swarm
 
     s = Swarm(tmp_path / "swarm")
     try:
@@ -29,7 +29,7 @@ def swarm(tmp_path):
 
 def write_run_config(path: Path, **sections) -> Path:
     """A small, fast run config for integration tests."""
-    from peer.config import RunConfig
+    from peer.run.config import RunConfig
 
     data = RunConfig().to_dict()
     data["model"].update(d_model=64, n_layer=1, n_head=2, seq_len=64)

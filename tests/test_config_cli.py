@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from peer.config import ConfigError, RunConfig
+from peer.run.config import ConfigError, RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_cli(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "peer.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "peer.cli.main", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 def test_example_config_loads_and_roundtrips():

@@ -22,11 +22,11 @@ import grpc
 import pytest
 import torch
 
-from peer.config import RunConfig
-from peer.coordinator import Coordinator
-from peer.coordinator_service import HEARTBEAT_TAG, JOIN_TAG, CoordinatorServicer
-from peer.swarm_math import RoundMath
-from protocol._generated import swarm_pb2, swarm_pb2_grpc
+from peer.run.config import RunConfig
+from peer.coordinator.state import Coordinator
+from peer.coordinator.service import HEARTBEAT_TAG, JOIN_TAG, CoordinatorServicer
+from peer.run.round_math import RoundMath
+from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.channels import create_server
 from protocol.envelope import UpdateHeader, sign_update
 from protocol.identity import Identity, verify_signature

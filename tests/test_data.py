@@ -3,8 +3,8 @@ import hashlib
 import pytest
 import torch
 
-from peer.config import DataConfig
-from peer.data import (
+from peer.run.config import DataConfig
+from peer.learn.data import (
     CorpusError,
     ShardSampler,
     is_validation_file,

@@ -123,7 +123,7 @@ def test_resume_continues_bit_for_bit(tmp_path):
     A control run that restarts *without* --resume (fresh inner AdamW state, data order from
     the start) must differ, or the comparison proves nothing.
     """
-    from peer.node import PeerNode, PeerOptions
+    from peer.node.node import PeerNode, PeerOptions
     from tests.test_coordinator_unit import round_clock, serve_coordinator, tiny_config
 
     cfg = tiny_config(rounds=4, expected_peers=1)

@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from peer.coordinator_service import HEARTBEAT_TAG, JOIN_TAG
-from protocol._generated import swarm_pb2
+from peer.coordinator.service import HEARTBEAT_TAG, JOIN_TAG
+from protocol.wire import swarm_pb2
 from protocol.envelope import UPDATE_TAG, check_payload, open_manifest, signed_from_json
 from protocol.identity import Identity
 from protocol.payload_service import push_chunks

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from peer.config import ModelConfig
-from peer.model import (
+from peer.run.config import ModelConfig
+from peer.learn.model import (
     GPT,
     build_model,
     flat_params,

@@ -9,8 +9,8 @@ import math
 import pytest
 
 from optim import codecs
-from peer.config import RunConfig
-from peer.simulate import SimulationOptions, add_arguments, main, run_simulation
+from peer.run.config import RunConfig
+from peer.cli.simulate import SimulationOptions, add_arguments, main, run_simulation
 
 TINY = {
     "seed": 3,

@@ -4,7 +4,7 @@ import hashlib
 
 import pytest
 
-from protocol._generated import swarm_pb2
+from protocol.wire import swarm_pb2
 from protocol.channels import CHUNK_BYTES
 from protocol.streaming import TransferError, iter_chunks, receive_chunks
 

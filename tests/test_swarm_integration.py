@@ -88,7 +88,7 @@ def test_status_command_reads_a_live_coordinator(swarm, tmp_path):
     deadline = time.monotonic() + 90
     status = {}
     while time.monotonic() < deadline:
-        out = subprocess.run([sys.executable, "-m", "peer.cli", "status", "--coordinator", swarm.coordinator_endpoint, "--json"],
+        out = subprocess.run([sys.executable, "-m", "peer.cli.main", "status", "--coordinator", swarm.coordinator_endpoint, "--json"],
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         status = json.loads(out.stdout)
@@ -102,7 +102,7 @@ def test_status_command_reads_a_live_coordinator(swarm, tmp_path):
     for key in ("peer_id", "last_round", "param_hash", "bytes_sent", "bytes_received", "state", "excluded_reason", "banned_reason"):
         assert key in record
     assert record["bytes_sent"] > 0 and record["aggregation"]["weight"] == 1.0
-    table = subprocess.run([sys.executable, "-m", "peer.cli", "status", "--coordinator", swarm.coordinator_endpoint],
+    table = subprocess.run([sys.executable, "-m", "peer.cli.main", "status", "--coordinator", swarm.coordinator_endpoint],
                            capture_output=True, text=True, timeout=30)
     assert table.returncode == 0 and record["peer_id"][:8] in table.stdout
     assert peer.alive()

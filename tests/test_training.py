@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from peer.config import InnerConfig, ModelConfig
-from peer.data import ShardSampler
-from peer.model import build_model, flat_params, load_flat_params
-from peer.training import InnerTrainer, evaluate, set_cpu_threads
+from peer.run.config import InnerConfig, ModelConfig
+from peer.learn.data import ShardSampler
+from peer.learn.model import build_model, flat_params, load_flat_params
+from peer.learn.training import InnerTrainer, evaluate, set_cpu_threads
 
 TINY = ModelConfig(seq_len=16, d_model=32, n_layer=1, n_head=2)
 TEXT = torch.frombuffer(bytearray(b"the quick brown fox jumps over the lazy dog. " * 60), dtype=torch.uint8)

@@ -13,7 +13,7 @@ import logging
 import sys
 import threading
 
-from peer.config import ConfigError, RunConfig
+from peer.run.config import ConfigError, RunConfig
 
 EPILOG_PEER = """examples:
   swarmloco peer --initial-peers /ip4/203.0.113.7/tcp/31337/p2p/12D3KooW...
@@ -59,7 +59,7 @@ def load_run_config(args: argparse.Namespace) -> RunConfig:
     if getattr(args, "run_seed", None) is not None:
         data["seed"] = args.run_seed
     cfg = RunConfig.from_dict(data)
-    from peer.swarm_math import check_run_config, with_suitable_aggregator
+    from peer.run.round_math import check_run_config, with_suitable_aggregator
 
     cfg = with_suitable_aggregator(cfg, explicit=getattr(args, "aggregator", None) is not None)
     check_run_config(cfg)
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # simulate
     s = sub.add_parser("simulate", help="N virtual peers in one process (same math, no network) for fast experiments")
-    from peer import simulate
+    from peer.cli import simulate
 
     simulate.add_arguments(s)
 
@@ -143,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
-    from peer import interrupts
-    from peer.coordinator_main import CoordinatorOptions, run_coordinator
+    from peer.cli import interrupts
+    from peer.coordinator.main import CoordinatorOptions, run_coordinator
 
     cfg = load_run_config(args)
     stop = threading.Event()
@@ -167,7 +167,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 
 def cmd_peer(args: argparse.Namespace) -> int:
-    from peer.node import PeerNode, PeerOptions
+    from peer.node.node import PeerNode, PeerOptions
 
     attack, attack_options = None, {}
     if args.test_attack:
@@ -197,7 +197,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         attack_options=attack_options,
     )
     node = PeerNode(options)
-    from peer import interrupts
+    from peer.cli import interrupts
 
     interrupts.install()
     try:
@@ -217,7 +217,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from peer.status import print_status
+    from peer.cli.status import print_status
 
     return print_status(args.coordinator, as_json=args.json)
 
@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    from peer.coordinator_client import CoordinatorUnavailable
-    from peer.node import PeerExit
+    from peer.node.coordinator_client import CoordinatorUnavailable
+    from peer.node.node import PeerExit
     from protocol.discovery import DiscoveryError
     from protocol.identity import IdentityError
 
@@ -238,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         "coordinator": cmd_coordinator,
         "peer": cmd_peer,
         "status": cmd_status,
-        "demo": lambda a: __import__("peer.demo", fromlist=["main"]).main(a),
-        "simulate": lambda a: __import__("peer.simulate", fromlist=["main"]).main(a),
+        "demo": lambda a: __import__("peer.cli.demo", fromlist=["main"]).main(a),
+        "simulate": lambda a: __import__("peer.cli.simulate", fromlist=["main"]).main(a),
     }
     try:
         return handlers[args.verb](args)

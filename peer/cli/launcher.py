@@ -46,7 +46,7 @@ class Swarm:
         log_path = self.workdir / f"{name}.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         process = subprocess.Popen(
-            [sys.executable, "-m", "peer.cli", *args],
+            [sys.executable, "-m", "peer.cli.main", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from protocol._generated import swarm_pb2
+from protocol.wire import swarm_pb2
 from protocol.envelope import UpdateHeader
-from peer.config import RoundConfig
+from peer.run.config import RoundConfig
 
 
 @dataclass(slots=True)

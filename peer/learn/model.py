@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from peer.config import ModelConfig
+from peer.run.config import ModelConfig
 
 VOCAB_SIZE = 256  # bytes
 INIT_STD = 0.02  # GPT-2's init scale

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from peer.config import DataConfig
+from peer.run.config import DataConfig
 
 SEPARATOR = b"\n"
 _EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}

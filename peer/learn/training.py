@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from peer.config import InnerConfig
-from peer.data import ShardSampler
+from peer.run.config import InnerConfig
+from peer.learn.data import ShardSampler
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # x, y: (B, T) long
 PoisonBatch = Callable[[torch.Tensor, torch.Tensor], Batch]

@@ -6,8 +6,8 @@ import json
 
 import grpc
 
-from peer.progress import format_bytes
-from protocol._generated import swarm_pb2, swarm_pb2_grpc
+from peer.run.progress import format_bytes
+from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.channels import DEFAULT_DEADLINE, create_channel, wait_ready
 
 

@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Any
 
 
-from peer import checkpoint
-from peer.config import RunConfig
-from peer.data import load_corpus, validation_batches
-from peer.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
-from peer.registry import PeerRegistry
-from peer.round_book import AdaptiveDeadline, Commitment, RoundBook, should_close
-from peer.swarm_math import RoundMath, UpdateRejected, count_for_cause
-from peer.training import evaluate
-from protocol._generated import swarm_pb2
+from peer.run import checkpoint
+from peer.run.config import RunConfig
+from peer.learn.data import load_corpus, validation_batches
+from peer.learn.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
+from peer.coordinator.registry import PeerRegistry
+from peer.coordinator.round_book import AdaptiveDeadline, Commitment, RoundBook, should_close
+from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
+from peer.learn.training import evaluate
+from protocol.wire import swarm_pb2
 from protocol.accounting import ByteCounter
 from protocol.channels import TRANSFER_DEADLINE
 from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, sign_manifest, signed_to_json

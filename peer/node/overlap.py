@@ -11,10 +11,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from peer.model import flat_params, load_flat_params
+from peer.learn.model import flat_params, load_flat_params
 
 if TYPE_CHECKING:
-    from peer.node import PeerNode
+    from peer.node.node import PeerNode
 
 
 def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
@@ -24,7 +24,7 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
     before θ_{r+1} is known. When it is, the local progress is moved onto it:
     θ_local = θ_{r+1} + (θ_local − P), so Δ_{r+1} = −(progress made in round r+1).
     """
-    from peer.node import PeerExit  # here: peer.node imports this module
+    from peer.node.node import PeerExit  # here: peer.node.node imports this module
 
     done = 0
     pending = None  # (future, round, update, stats, compute, started, before)

@@ -9,12 +9,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from peer.config import RunConfig
-from peer.coordinator import Coordinator
-from peer.coordinator_service import CoordinatorServicer
-from peer.progress import coordinator_line, format_bytes
+from peer.run.config import RunConfig
+from peer.coordinator.state import Coordinator
+from peer.coordinator.service import CoordinatorServicer
+from peer.run.progress import coordinator_line, format_bytes
 from protocol import discovery
-from protocol._generated import swarm_pb2_grpc
+from protocol.wire import swarm_pb2_grpc
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
 from protocol.identity import Identity

@@ -12,10 +12,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from peer import interrupts
-from peer.cli import load_run_config
-from peer.launcher import Swarm
-from peer.progress import format_bytes
+from peer.cli import interrupts
+from peer.cli.main import load_run_config
+from peer.cli.launcher import Swarm
+from peer.run.progress import format_bytes
 
 
 def ddp_bytes_per_peer_per_step(numel: int, peers: int) -> float:
@@ -61,7 +61,7 @@ def report(cfg, summary: dict, peers: list[dict], wall: float, args: argparse.Na
     if not history:
         print("the run closed no round; see the logs")
         return 1
-    from peer.model import build_model, num_params
+    from peer.learn.model import build_model, num_params
 
     numel = num_params(build_model(cfg.model, cfg.seed))
     n = max(1, len(peers))

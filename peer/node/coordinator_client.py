@@ -10,7 +10,7 @@ from typing import Callable, TypeVar
 
 import grpc
 
-from protocol._generated import swarm_pb2, swarm_pb2_grpc
+from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.accounting import ByteCounter
 from protocol.channels import DEFAULT_DEADLINE, TRANSFER_DEADLINE, create_channel, wait_ready
 from protocol.streaming import TransferError, receive_chunks

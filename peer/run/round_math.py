@@ -17,8 +17,8 @@ from typing import Iterator
 import torch
 
 from optim import aggregate, codecs, outer
-from peer.config import ConfigError, OuterConfig, RunConfig
-from protocol._generated import swarm_pb2
+from peer.run.config import ConfigError, OuterConfig, RunConfig
+from protocol.wire import swarm_pb2
 from protocol.envelope import UpdateHeader, open_update
 
 

@@ -24,19 +24,21 @@ from typing import Any
 import grpc
 import torch
 
-from peer import VERSION, checkpoint
-from peer.config import RunConfig
-from peer.coordinator_client import CoordinatorClient
-from peer.data import DeviceSampler, ShardSampler, load_corpus, shard_for_peer
-from peer.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
-from peer.heartbeat import heartbeat_loop
-from peer.overlap import run_overlapped
-from peer.progress import format_bytes, round_line, step_line
-from peer.round_exchange import Exchange, ManifestFetcher, Update
-from peer.swarm_math import RoundMath, UpdateRejected, count_for_cause
-from peer.training import InnerTrainer
+from peer import VERSION
+
+from peer.run import checkpoint
+from peer.run.config import RunConfig
+from peer.node.coordinator_client import CoordinatorClient
+from peer.learn.data import DeviceSampler, ShardSampler, load_corpus, shard_for_peer
+from peer.learn.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
+from peer.node.heartbeat import heartbeat_loop
+from peer.node.overlap import run_overlapped
+from peer.run.progress import format_bytes, round_line, step_line
+from peer.node.round_exchange import Exchange, ManifestFetcher, Update
+from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
+from peer.learn.training import InnerTrainer
 from protocol import discovery
-from protocol._generated import swarm_pb2_grpc
+from protocol.wire import swarm_pb2_grpc
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
 from protocol.envelope import JOIN_TAG, EnvelopeError, UpdateHeader, open_manifest, sign_update

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from peer.swarm_math import RoundMath
+from peer.run.round_math import RoundMath
 from protocol.envelope import EnvelopeError, RoundManifest, UpdateHeader, signed_from_json
 from protocol.payload_fetch import ChannelPool, fetch_payload
 from protocol.payload_service import PayloadStore, StoredPayload

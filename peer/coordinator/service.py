@@ -17,11 +17,11 @@ from typing import Any
 import grpc
 
 from peer import VERSION
-from peer.coordinator import Coordinator
+from peer.coordinator.state import Coordinator
 from protocol.envelope import HEARTBEAT_TAG, JOIN_TAG
-from peer.registry import PeerRecord, RegistryFull
+from peer.coordinator.registry import PeerRecord, RegistryFull
 from protocol import streaming
-from protocol._generated import swarm_pb2, swarm_pb2_grpc
+from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.ratelimit import CallerLimits, RateLimiter
 from protocol.rpc_errors import RpcAbort, guarded
 from protocol.signing import SignatureError, open_signed

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from peer.data import ShardSampler
+from peer.learn.data import ShardSampler
 
 
 class ConcatenatedSampler:

@@ -16,7 +16,7 @@ from protocol.envelope import HEARTBEAT_TAG
 from protocol.signing import sign_body
 
 if TYPE_CHECKING:
-    from peer.node import PeerNode
+    from peer.node.node import PeerNode
 
 log = logging.getLogger("swarmloco.peer")
 

@@ -5,7 +5,7 @@ its own sender RoundMath (error-feedback residual, DeMo local momentum: state th
 peer). One receiver RoundMath stands for every honest node: in the real swarm they all run the
 same deterministic decode -> aggregate -> outer step on the same bytes, so one copy is exact.
 
-Per round r, as a real peer does it (peer/node.py):
+Per round r, as a real peer does it (peer/node/node.py):
     θ_r -> H inner steps per peer -> Δ_i = θ_r − θ_i -> (attackers craft Δ) -> encode -> bytes
     -> decode every payload (non-finite / undecodable ones excluded, as the manifest would)
     -> aggregate (sorted by peer) -> outer step -> θ_{r+1} -> val loss on the fixed batches.
@@ -17,7 +17,7 @@ len(own) + Σ len(others); `total_bytes` sums that over peers and rounds.
 Byzantine peers are the first `byzantine` virtual peers. They train honestly and then replace
 their Δ with the attack's (omniscient: they see this round's honest Δs); `label-flip` instead
 poisons their batches. `--baseline ddp` runs synchronous data-parallel on the same peers instead
-(peer/simulate_ddp.py), logging val loss every H steps so its curve lines up with the rounds.
+(peer/cli/simulate_ddp.py), logging val loss every H steps so its curve lines up with the rounds.
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from typing import Any, Literal
 import torch
 
 from optim import aggregate, attacks
-from peer.config import RunConfig
-from peer.data import ShardSampler, load_corpus, validation_batches
-from peer.model import build_model, flat_params, load_flat_params, num_params
-from peer.simulate_ddp import ConcatenatedSampler, ring_allreduce_bytes
-from peer.swarm_math import RoundMath, UpdateRejected, build_codec, count_for_cause, with_suitable_aggregator
-from peer.training import InnerTrainer, evaluate
+from peer.run.config import RunConfig
+from peer.learn.data import ShardSampler, load_corpus, validation_batches
+from peer.learn.model import build_model, flat_params, load_flat_params, num_params
+from peer.cli.simulate_ddp import ConcatenatedSampler, ring_allreduce_bytes
+from peer.run.round_math import RoundMath, UpdateRejected, build_codec, count_for_cause, with_suitable_aggregator
+from peer.learn.training import InnerTrainer, evaluate
 
 Baseline = Literal["diloco", "ddp"]
 

@@ -1,0 +1,1 @@
+"""The `swarmloco` verbs: CLI, demo launcher, simulate, status."""

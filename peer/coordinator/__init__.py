@@ -1,0 +1,1 @@
+"""The coordinator: round clock, admission, manifests, checkpoints, its gRPC service."""

@@ -1,0 +1,1 @@
+"""The training peer: setup, round schedule (sync / overlapped), exchange, heartbeat."""
