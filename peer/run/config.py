@@ -167,6 +167,31 @@ class RoundConfig:
         _require(self.peer_timeout_s > 0, "rounds.peer_timeout_s must be positive")
 
 
+ExchangeMode = Literal["sliced", "all-to-all"]
+
+
+@dataclass(kw_only=True, slots=True)
+class ExchangeConfig:
+    """How updates meet: sliced (reduce-scatter to r owners per slice, then all-gather of the
+    signed aggregated slices; per-peer bytes bounded in the swarm's size) or all-to-all (every
+    node fetches and aggregates every update; O(n·d) per peer, for tiny swarms and comparison).
+    See docs/sliced-exchange.md."""
+
+    mode: ExchangeMode = "all-to-all"  # becomes "sliced" once the node and coordinator speak it
+    slices: int = 32  # S: slices of the flat parameter vector (on codec block boundaries)
+    replicas: int = 2  # r: owners per slice; a lone lying owner is outvoted by recomputation
+    spot_checks: int = 1  # slices each peer recomputes per round from signed inputs (catches colluding owners)
+    result_timeout_s: float = 60.0  # after the manifest: wait this long for slice results, then recompute what is missing
+    result_grace_s: float = 2.0  # once every slice has a result: wait this long for the other owners' results
+
+    def __post_init__(self) -> None:
+        _require(self.mode in ("sliced", "all-to-all"), f"exchange.mode={self.mode!r}: choose sliced or all-to-all")
+        _require(1 <= self.slices <= 4096, f"exchange.slices={self.slices}: use 1 to 4096 slices")
+        _require(1 <= self.replicas <= 8, f"exchange.replicas={self.replicas}: use 1 to 8 owners per slice")
+        _require(0 <= self.spot_checks <= self.slices, f"exchange.spot_checks={self.spot_checks}: use 0 to exchange.slices")
+        _require(self.result_timeout_s > 0 and self.result_grace_s >= 0, "exchange.result_timeout_s must be > 0, result_grace_s >= 0")
+
+
 @dataclass(kw_only=True, slots=True)
 class RunConfig:
     run_id: str = "swarmloco-demo"
@@ -178,6 +203,7 @@ class RunConfig:
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     rounds: RoundConfig = field(default_factory=RoundConfig)
+    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
     max_payload_bytes: int = 64 * 1024 * 1024  # hard upper bound on one update payload
     allowed_peers: list[str] = field(default_factory=list)  # hex public keys; empty = open run
 
@@ -216,6 +242,7 @@ class RunConfig:
             "compression": CompressionConfig,
             "aggregation": AggregationConfig,
             "rounds": RoundConfig,
+            "exchange": ExchangeConfig,
         }
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
