@@ -119,6 +119,23 @@ class Aggregator:
         """(n, d) decoded updates -> (d,) float32 aggregate. ``seed`` overrides
         the bucketing seed for this call (pass one agreed per round); ``num_byzantine``
         overrides f for this call (e.g. lowered by the updates already excluded)."""
+        output = self.aggregate_part(updates, seed=seed, num_byzantine=num_byzantine, center=self._previous)
+        if self.name == "centered-clip":
+            self._previous = output.clone()
+        return output
+
+    def aggregate_part(
+        self,
+        updates: torch.Tensor,
+        *,
+        seed: int | None = None,
+        num_byzantine: int | None = None,
+        center: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Like calling the aggregator, on one part (a slice) of the vector, keeping no state:
+        ``center`` is centered-clip's centre for this part (the matching part of the previous
+        aggregate, or None). The sliced exchange runs the rule slice by slice this way
+        (BTARD's ButterflyClip for centered-clip)."""
         rows = _checked_rows(updates)
         n = rows.shape[0]
         f = self.num_byzantine if num_byzantine is None else num_byzantine
@@ -140,9 +157,7 @@ class Aggregator:
             _require_enough_rows(
                 self.name, mixed.shape[0], f, f" after bucketing {n} rows by bucket_size={bucket_size}"
             )
-        result = self._rule(mixed, f)
-        if self.name == "centered-clip":
-            self._previous = result.output.clone()
+        result = self._rule(mixed, f, center)
         self.last_report = AggregationReport(
             weights=(result.weights @ mixing.matrix).tolist(),
             selected=((result.selected.double() @ (mixing.matrix > 0).double()) > 0).tolist(),
@@ -151,7 +166,7 @@ class Aggregator:
         )
         return result.output
 
-    def _rule(self, rows: torch.Tensor, f: int) -> rules.RuleResult:
+    def _rule(self, rows: torch.Tensor, f: int, center: torch.Tensor | None) -> rules.RuleResult:
         o = self.options
         match self.name:
             case "mean":
@@ -170,7 +185,6 @@ class Aggregator:
             case "geometric-median":
                 return rules.geometric_median(rows, iterations=o["iterations"], eps=o["eps"], nu=o["nu"])
             case "centered-clip":
-                center = self._previous
                 if center is not None and center.shape[0] != rows.shape[1]:
                     raise ValueError(
                         f"centered-clip kept a previous aggregate of size {center.shape[0]} but the updates "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from protocol._generated import swarm_pb2
@@ -42,6 +42,8 @@ class UpdateHeader:
     base_param_hash: str  # hash of θ_round the pseudo-gradient was computed from
     payload_sha256: str
     payload_size: int
+    # Sliced exchange: sha256 of each slice's bytes (in slice order), so one slice verifies alone.
+    slices: tuple[str, ...] = ()
 
 
 def sha256_hex(data: bytes) -> str:
@@ -51,7 +53,9 @@ def sha256_hex(data: bytes) -> str:
 def sign_update(identity: Identity, header: UpdateHeader) -> swarm_pb2.Signed:
     if header.peer_id != identity.peer_id:
         raise ValueError("an update header must name its signer's peer_id")
-    return sign_body(identity, UPDATE_TAG, asdict(header))
+    body = asdict(header)
+    body["slices"] = list(header.slices)
+    return sign_body(identity, UPDATE_TAG, body)
 
 
 def _field(fields: dict[str, Any], name: str, kind: type) -> Any:
@@ -70,6 +74,7 @@ def open_update(
     numel: int,
     layout_hash: str,
     max_payload_bytes: int,
+    num_slices: int = 0,
 ) -> UpdateHeader:
     """Verify a signed update header against what this run expects; raise EnvelopeError."""
     try:
@@ -86,6 +91,7 @@ def open_update(
         base_param_hash=_field(fields, "base_param_hash", str),
         payload_sha256=_field(fields, "payload_sha256", str),
         payload_size=_field(fields, "payload_size", int),
+        slices=tuple(_slice_hashes(fields.get("slices", []))),
     )
     if header.peer_id != signer:
         raise EnvelopeError("forged", f"header names peer {header.peer_id} but is signed by {signer}")
@@ -101,9 +107,21 @@ def open_update(
         raise EnvelopeError(
             "oversized", f"declared payload size {header.payload_size} is outside (0, {max_payload_bytes}]"
         )
-    if len(header.payload_sha256) != 64 or any(c not in "0123456789abcdef" for c in header.payload_sha256):
+    if not _is_sha256(header.payload_sha256):
         raise EnvelopeError("malformed", "payload_sha256 is not 64 lowercase hex characters")
+    if len(header.slices) != num_slices:
+        raise EnvelopeError("wrong-layout", f"update commits to {len(header.slices)} slice hashes, the run's exchange needs {num_slices}")
     return header
+
+
+def _is_sha256(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def _slice_hashes(value: object) -> list[str]:
+    if not isinstance(value, list) or len(value) > 4096 or not all(_is_sha256(v) for v in value):
+        raise EnvelopeError("malformed", "update header field 'slices' is not a list of sha256 hex strings")
+    return value
 
 
 def check_payload(header: UpdateHeader, payload: bytes) -> None:
@@ -142,6 +160,7 @@ class ManifestEntry:
     payload_size: int
     header: dict[str, str]  # the author's signed header, so anyone can check authorship
     holders: list[str]  # HOST:PORT endpoints known to serve the payload (author first)
+    serves: bool = False  # the author serves (not client-mode): it may own slices
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +170,7 @@ class RoundManifest:
     base_param_hash: str
     entries: list[ManifestEntry]  # sorted by peer_id: the order of aggregation everywhere
     excluded: dict[str, str]  # peer_id -> reason (evidence is kept by the coordinator)
+    owners: list[list[str]] = field(default_factory=list)  # sliced exchange: slice -> owner peer_ids
 
 
 def sign_manifest(identity: Identity, manifest: RoundManifest) -> swarm_pb2.Signed:
@@ -169,6 +189,7 @@ def open_manifest(signed: swarm_pb2.Signed, *, coordinator_key: bytes, run_id: s
             base_param_hash=fields["base_param_hash"],
             entries=entries,
             excluded=dict(fields["excluded"]),
+            owners=[[str(p) for p in owners] for owners in fields.get("owners", [])],
         )
     except SignatureError as exc:
         raise EnvelopeError(exc.reason, f"manifest refused: {exc}") from None

@@ -58,8 +58,22 @@ def fetch_payload(
     deadline: timedelta = TRANSFER_DEADLINE,
     shuffle: bool = False,
 ) -> bytes:
-    """Fetch header's payload from the first holder that has it, resuming a broken stream at
-    the byte it broke on (from the same or the next holder). Verified against the header."""
+    """Fetch header's whole payload from any holder, verified against the signed header."""
+    return fetch_blob(pool, holders, header.payload_sha256, header.payload_size, deadline=deadline, shuffle=shuffle)
+
+
+def fetch_blob(
+    pool: ChannelPool,
+    holders: Sequence[str],
+    sha256: str,
+    size: int,
+    *,
+    deadline: timedelta = TRANSFER_DEADLINE,
+    shuffle: bool = False,
+) -> bytes:
+    """Fetch the object with this sha256 and exact size (a payload, one slice of it, an
+    aggregated slice) from the first holder that has it, resuming a broken stream at the byte
+    it broke on (from the same or the next holder). Never reads past `size`."""
     order = list(dict.fromkeys(h for h in holders if h))
     if shuffle:
         random.shuffle(order)
@@ -71,19 +85,19 @@ def fetch_payload(
         stub = swarm_pb2_grpc.PeerStub(pool.get(holder))
         try:
             stream = stub.FetchPayload(
-                swarm_pb2.FetchRequest(sha256=header.payload_sha256, offset=len(received)),
+                swarm_pb2.FetchRequest(sha256=sha256, offset=len(received)),
                 timeout=deadline.total_seconds(),
             )
             data, _ = receive_chunks(
                 stream,
-                max_size=header.payload_size,
-                expected_size=header.payload_size,
-                expected_sha256=header.payload_sha256,
+                max_size=size,
+                expected_size=size,
+                expected_sha256=sha256,
                 prefix=received,
             )
-            return data  # receive_chunks checked the size and the sha256 the header signs
+            return data  # receive_chunks checked the size and the sha256
         except TransferError as exc:
-            received = exc.received if len(exc.received) < header.payload_size else b""
+            received = exc.received if len(exc.received) < size else b""
             errors.append(f"{holder}: {exc}")
         except Exception as exc:  # any other failure of this holder: try the next one
             errors.append(f"{holder}: {exc}")

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import torch
 
-from optim import aggregate, codecs, outer
+from optim import aggregate, codecs, outer, slicing
 from peer.run.config import ConfigError, OuterConfig, RunConfig
 from protocol.wire import swarm_pb2
 from protocol.envelope import UpdateHeader, open_update
@@ -80,13 +80,38 @@ def build_aggregator(cfg: RunConfig) -> aggregate.Aggregator:
         raise ConfigError(f"aggregation: {exc}") from None
 
 
+# Rules whose per-row decisions need whole-vector distances: run slice by slice, each owner would
+# score rows on its slice alone, so different slices could keep different rows (and a row could
+# hide a large deviation spread thinly over many slices). See docs/sliced-exchange.md.
+WHOLE_VECTOR_RULES = ("krum", "multi-krum", "geometric-median")
+
+
+def check_sliceable(cfg: RunConfig) -> None:
+    name = cfg.aggregation.name
+    if name in WHOLE_VECTOR_RULES or cfg.aggregation.options.get("nnm"):
+        what = "nearest-neighbour mixing" if name not in WHOLE_VECTOR_RULES else name
+        raise ConfigError(
+            f"{what} scores whole update vectors; the sliced exchange aggregates each slice on its own, where those "
+            "scores would differ slice by slice. Use median, trimmed-mean, mean or centered-clip (all exact or "
+            "robust per slice), or exchange.mode = \"all-to-all\" for a small swarm"
+        )
+
+
 class RoundMath:
     """Codec, outer optimizer and aggregator of a run, with the sender's local state."""
 
     def __init__(self, cfg: RunConfig, numel: int) -> None:
         self.cfg = cfg
         self.numel = numel
-        self.codec = build_codec(cfg)
+        codec = build_codec(cfg)
+        self.sliced = cfg.exchange.mode == "sliced"
+        # Sliced exchange: the codec runs slice by slice, so each slice verifies and decodes alone.
+        self.layout = slicing.SliceLayout.build(numel, cfg.exchange.slices, slicing.codec_alignment(codec))
+        self.sliced_codec = slicing.SlicedCodec(codec, self.layout)
+        self.codec = self.sliced_codec if self.sliced else codec
+        self.result_format = slicing.result_format(cfg.compression.codec)
+        if self.sliced:
+            check_sliceable(cfg)
         self.outer = outer.build(cfg.outer.name, **outer_options(cfg.outer))
         self.aggregator = build_aggregator(cfg)
         self._small_round = aggregate.build("median")
@@ -115,6 +140,7 @@ class RoundMath:
             numel=self.numel,
             layout_hash=layout_hash,
             max_payload_bytes=min(self.cfg.max_payload_bytes, self.codec.max_encoded_size(self.numel)),
+            num_slices=self.layout.num_slices if self.sliced else 0,
         )
 
     def decode(self, payload: bytes, round_: int) -> torch.Tensor:
@@ -129,6 +155,48 @@ class RoundMath:
         if not (bool(torch.isfinite(update.amax())) and bool(torch.isfinite(update.amin()))):
             raise UpdateRejected("non-finite", "decoded update holds NaN or Inf values")
         return update
+
+    def decode_slice(self, data: bytes, j: int, round_: int) -> torch.Tensor:
+        """Slice j of an update -> (layout.size(j),) float32; UpdateRejected when it must be excluded."""
+        try:
+            values = self.sliced_codec.decode_slice(data, j, seed=codec_seed(self.cfg, round_))
+        except codecs.CodecError as exc:
+            raise UpdateRejected("undecodable", f"slice {j} does not decode: {exc}") from None
+        if not (bool(torch.isfinite(values.amax())) and bool(torch.isfinite(values.amin()))):
+            raise UpdateRejected("non-finite", f"slice {j} holds NaN or Inf values")
+        return values
+
+    def reduce_slice(self, rows: torch.Tensor, j: int, *, round_: int, excluded_for_cause: int = 0) -> bytes:
+        """(n, s_j) decoded slice j of the listed updates (peer_id order) -> the aggregated slice's
+        bytes in the run's result format. Deterministic: every honest owner signs the same bytes.
+
+        The rule runs on the slice alone (per-slice robust aggregation); centered-clip starts from
+        the matching part of the swarm's previous aggregate."""
+        n = rows.shape[0]
+        if n == 0:
+            return slicing.encode_result(torch.zeros(self.layout.size(j)), self.result_format)
+        seed = codec_seed(self.cfg, round_)
+        f = self.effective_byzantine(n, excluded_for_cause)
+        rule = self.aggregator if aggregate.minimum_rows(self.aggregator.name, 0) <= n else self._small_round
+        previous = self.aggregator.previous
+        center = None if previous is None else previous[self.layout.range(j)]
+        with single_thread():
+            combined = rule.aggregate_part(rows, seed=seed, num_byzantine=f, center=center)  # (s_j,)
+        return slicing.encode_result(combined, self.result_format)
+
+    def decode_result(self, data: bytes, j: int) -> torch.Tensor:
+        """An aggregated slice's bytes -> (s_j,) float32 (raises CodecError)."""
+        return slicing.decode_result(data, self.layout.size(j), self.result_format)
+
+    def max_result_bytes(self) -> int:
+        return max(self.layout.size(j) for j in range(self.layout.num_slices)) * 4
+
+    def step_with_aggregate(self, params: torch.Tensor, combined: torch.Tensor) -> None:
+        """Outer step on the gathered (d,) aggregate; it is also centered-clip's next centre."""
+        with single_thread():
+            self.outer.step(params, combined)
+        if self.aggregator.name == "centered-clip":
+            self.aggregator.previous = combined
 
     def effective_byzantine(self, n: int, excluded_for_cause: int = 0) -> int:
         """f for a round with n surviving updates.
@@ -184,6 +252,8 @@ class RoundMath:
         """
         if not updates:
             return None
+        if self.sliced:
+            return self._apply_sliced(params, updates, round_=round_ or 0, excluded_for_cause=excluded_for_cause)
         seed = None if round_ is None else codec_seed(self.cfg, round_)
         f = self.effective_byzantine(len(updates), excluded_for_cause)
         # A round smaller than the rule's minimum even at f = 0 (krum needs 3) falls back to the
@@ -194,6 +264,21 @@ class RoundMath:
             combined = rule(stacked, seed=seed, num_byzantine=f)  # (d,)
             self.outer.step(params, combined)
         return rule.last_report
+
+    def _apply_sliced(self, params: torch.Tensor, updates: list[torch.Tensor], *, round_: int, excluded_for_cause: int) -> None:
+        """The sliced exchange's math in one process (simulate, tests): every slice reduced as an
+        owner would, through the result format, then one outer step on the gathered vector."""
+        combined = torch.empty(self.numel, dtype=torch.float32)  # (d,)
+        rows = torch.empty(len(updates), max(self.layout.size(j) for j in range(self.layout.num_slices)))
+        for j in range(self.layout.num_slices):
+            part = self.layout.range(j)
+            view = rows[:, : self.layout.size(j)]
+            for i, update in enumerate(updates):
+                view[i] = update[part]
+            data = self.reduce_slice(view, j, round_=round_, excluded_for_cause=excluded_for_cause)
+            combined[part] = self.decode_result(data, j)
+        self.step_with_aggregate(params, combined)
+        return None
 
 
 SPARSE_CODEC_PREFIXES = ("topk:", "chunk-topk:", "dct-topk:")

@@ -1,0 +1,172 @@
+"""Slices: the flat (d,) parameter vector cut into S contiguous ranges, each one encoded,
+verified and aggregated on its own. The unit of work of the sliced exchange.
+
+    layout = SliceLayout.build(numel=d, slices=32, alignment=codec_alignment(codec))
+    sliced = SlicedCodec(codec, layout)      # a Codec: encode/decode the whole vector ...
+    parts = sliced.split(payload)            # ... or address one slice's bytes: parts[j]
+    values = sliced.decode_slice(parts[j], j, seed=seed)   # (layout.size(j),) float32
+
+A sliced payload is the concatenation of the slices' own payloads, each made by the run's codec
+on that slice alone (a sparsifier selects per slice; randk's shared index set is drawn per slice
+from a seed derived from the round's seed and the slice index). Every slice's byte range is a pure
+function of (codec, layout), so a receiver knows each slice's exact size before reading it, and a
+signed header can commit to each slice's sha256 separately.
+
+Slice boundaries fall on multiples of the codec's block and chunk sizes, so slicing changes no
+block's or chunk's contents: a dense codec encodes a sliced vector to exactly the bytes it would
+give unsliced, minus the per-slice codec headers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from optim.codecs import Codec, CodecError
+
+
+def codec_alignment(codec: Codec) -> int:
+    """Smallest slice granularity that keeps the codec's blocks and chunks whole."""
+    alignment = 1
+    for stage in (getattr(codec, "sparsifier", None), getattr(codec, "values", None)):
+        for attr in ("block", "chunk"):
+            size = getattr(stage, attr, None)
+            if isinstance(size, int) and size > 0:
+                alignment = math.lcm(alignment, size)
+    return alignment
+
+
+@dataclass(frozen=True, slots=True)
+class SliceLayout:
+    """S contiguous ranges of a (numel,) vector: slice j is [bounds[j], bounds[j + 1])."""
+
+    numel: int
+    bounds: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        b = self.bounds
+        if len(b) < 2 or b[0] != 0 or b[-1] != self.numel or any(x >= y for x, y in zip(b, b[1:])):
+            raise ValueError(f"slice bounds {b[:4]}... must rise strictly from 0 to numel={self.numel}")
+
+    @classmethod
+    def build(cls, numel: int, slices: int, alignment: int = 1) -> "SliceLayout":
+        """About `slices` equal slices on multiples of `alignment` (fewer when numel is small)."""
+        if numel < 1 or slices < 1 or alignment < 1:
+            raise ValueError(f"need numel, slices and alignment >= 1, got {numel}, {slices}, {alignment}")
+        per = -(-numel // slices)
+        per = -(-per // alignment) * alignment  # round up to whole blocks/chunks
+        return cls(numel, tuple(range(0, numel, per)) + (numel,))
+
+    @property
+    def num_slices(self) -> int:
+        return len(self.bounds) - 1
+
+    def range(self, j: int) -> slice:
+        return slice(self.bounds[j], self.bounds[j + 1])
+
+    def size(self, j: int) -> int:
+        return self.bounds[j + 1] - self.bounds[j]
+
+    def digest(self) -> str:
+        """Identifies the layout (part of what a signed header commits to)."""
+        return hashlib.sha256(",".join(map(str, self.bounds)).encode()).hexdigest()[:16]
+
+
+def slice_seed(seed: int, j: int) -> int:
+    """The codec seed of slice j in a round whose seed is `seed` (the same on every peer)."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{j}".encode()).digest()[:4], "little")
+
+
+@dataclass(frozen=True, slots=True)
+class SlicedCodec:
+    """The run's codec applied slice by slice; itself a Codec (so error feedback wraps it as is)."""
+
+    codec: Codec
+    layout: SliceLayout
+    payload_bounds: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        offsets = [0]
+        for j in range(self.layout.num_slices):
+            offsets.append(offsets[-1] + self.codec.max_encoded_size(self.layout.size(j)))
+        object.__setattr__(self, "payload_bounds", tuple(offsets))
+
+    @property
+    def spec(self) -> str:
+        return self.codec.spec
+
+    @property
+    def lossless(self) -> bool:
+        return self.codec.lossless
+
+    def max_encoded_size(self, numel: int) -> int:
+        self._check_numel(numel)
+        return self.payload_bounds[-1]
+
+    def slice_payload_size(self, j: int) -> int:
+        return self.payload_bounds[j + 1] - self.payload_bounds[j]
+
+    def encode(self, x: torch.Tensor, *, seed: int = 0) -> bytes:
+        self._check_numel(x.numel())
+        return b"".join(self.encode_slice(x[self.layout.range(j)], j, seed=seed) for j in range(self.layout.num_slices))
+
+    def encode_slice(self, values: torch.Tensor, j: int, *, seed: int = 0) -> bytes:
+        return self.codec.encode(values, seed=slice_seed(seed, j))
+
+    def split(self, payload: bytes) -> list[bytes]:
+        """A whole sliced payload -> its S slice payloads (exact sizes checked)."""
+        if len(payload) != self.payload_bounds[-1]:
+            raise CodecError(f"{self.spec}: expected {self.payload_bounds[-1]} bytes for the sliced payload, got {len(payload)}")
+        b = self.payload_bounds
+        return [payload[b[j] : b[j + 1]] for j in range(self.layout.num_slices)]
+
+    def decode_slice(self, data: bytes, j: int, *, seed: int = 0) -> torch.Tensor:
+        """Slice j's bytes -> (layout.size(j),) float32; CodecError when they cannot be it."""
+        if not 0 <= j < self.layout.num_slices:
+            raise CodecError(f"slice {j} does not exist (the layout has {self.layout.num_slices})")
+        return self.codec.decode(data, self.layout.size(j), seed=slice_seed(seed, j))
+
+    def decode(self, payload: bytes, numel: int, *, seed: int = 0) -> torch.Tensor:
+        self._check_numel(numel)
+        out = torch.empty(numel, dtype=torch.float32)  # filled slice by slice, no intermediate list
+        for j, data in enumerate(self.split(payload)):
+            out[self.layout.range(j)] = self.decode_slice(data, j, seed=seed)
+        return out
+
+    def _check_numel(self, numel: int) -> None:
+        if numel != self.layout.numel:
+            raise ValueError(f"this sliced codec is laid out for {self.layout.numel} values, got {numel}")
+
+
+RESULT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def result_format(codec_spec: str) -> str:
+    """The dtype an aggregated slice travels in: fp32 for a lossless codec, fp16 otherwise
+    (bf16 when the run's values are bf16). Rounding happens once, on the owner, before the
+    result is hashed and signed, so every peer applies the very same values."""
+    values = codec_spec.split("+")[-1].strip()
+    if values in ("fp32", "bf16"):
+        return values
+    return "fp16"
+
+
+def encode_result(values: torch.Tensor, fmt: str) -> bytes:
+    """(s,) float32 aggregate -> bytes in format `fmt` (little-endian)."""
+    if fmt == "fp16":  # a value past fp16's range becomes its largest finite value, not inf
+        values = values.clamp(-65504.0, 65504.0)
+    return values.detach().to(RESULT_DTYPES[fmt]).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def decode_result(data: bytes, size: int, fmt: str) -> torch.Tensor:
+    dtype = RESULT_DTYPES[fmt]
+    expected = size * torch.empty((), dtype=dtype).element_size()
+    if len(data) != expected:
+        raise CodecError(f"aggregated slice: expected {expected} bytes for {size} {fmt} values, got {len(data)}")
+    values = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).to(torch.float32)
+    if not (bool(torch.isfinite(values.amax())) and bool(torch.isfinite(values.amin()))):
+        raise CodecError("aggregated slice holds NaN or Inf values")
+    return values

@@ -1,0 +1,104 @@
+"""Signed slice results: what an owner of slice j says it computed in round r.
+
+An owner fetches slice j of every update the manifest lists, verifies each against the author's
+signed header, runs the robust rule on that slice alone and signs
+
+    {run_id, round, slice, owner, manifest_sha256, result_sha256, result_size, inputs, excluded}
+
+`inputs` are the peer_ids whose slices went into the result (in aggregation order) and
+`excluded` the listed peers left out, with why (unreachable, non-finite, undecodable,
+hash-mismatch). Anyone holding the same signed inputs can recompute the result bit for bit and
+check `result_sha256`: two owners that signed different hashes over the same inputs prove one of
+them wrong, and a recomputation says which (the signed result is the evidence).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from protocol._generated import swarm_pb2
+from protocol.envelope import EnvelopeError
+from protocol.signing import SignatureError, open_signed, sign_body
+from protocol.identity import Identity
+
+SLICE_RESULT_TAG = "swarmloco/slice-result/v1"
+MISMATCH_TAG = "swarmloco/slice-mismatch/v1"
+HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True, slots=True)
+class SliceResult:
+    run_id: str
+    round: int
+    slice: int
+    owner: str  # peer_id of the signer
+    manifest_sha256: str  # binds the result to one signed manifest
+    result_sha256: str
+    result_size: int
+    inputs: tuple[str, ...]
+    excluded: dict[str, str] = field(default_factory=dict)
+
+    def claim(self) -> tuple[str, tuple[str, ...]]:
+        """What two honest owners must agree on: the bytes, over the same inputs."""
+        return self.result_sha256, self.inputs
+
+
+def sign_slice_result(identity: Identity, result: SliceResult) -> swarm_pb2.Signed:
+    if result.owner != identity.peer_id:
+        raise ValueError("a slice result must name its signer as owner")
+    body = asdict(result)
+    body["inputs"] = list(result.inputs)
+    return sign_body(identity, SLICE_RESULT_TAG, body)
+
+
+def _is_hex64(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= HEX
+
+
+def open_slice_result(
+    signed: swarm_pb2.Signed, *, run_id: str, round_: int, num_slices: int, max_result_bytes: int
+) -> SliceResult:
+    """Verify a signed slice result's signature and shape; raise EnvelopeError."""
+    try:
+        fields, signer = open_signed(signed, SLICE_RESULT_TAG)
+    except SignatureError as exc:
+        raise EnvelopeError(exc.reason, f"slice result refused: {exc}") from None
+    try:
+        result = SliceResult(
+            run_id=str(fields["run_id"]),
+            round=int(fields["round"]),
+            slice=int(fields["slice"]),
+            owner=str(fields["owner"]),
+            manifest_sha256=str(fields["manifest_sha256"]),
+            result_sha256=str(fields["result_sha256"]),
+            result_size=int(fields["result_size"]),
+            inputs=tuple(str(p) for p in fields["inputs"]),
+            excluded={str(k): str(v) for k, v in dict(fields["excluded"]).items()},
+        )
+    except (KeyError, TypeError, ValueError):
+        raise EnvelopeError("malformed", "slice result body lacks required fields") from None
+    if result.owner != signer:
+        raise EnvelopeError("forged", f"slice result names owner {result.owner[:8]} but is signed by {signer[:8]}")
+    if result.run_id != run_id or result.round != round_:
+        raise EnvelopeError("wrong-round", f"slice result is for {result.run_id}/{result.round}, expected {run_id}/{round_}")
+    if not 0 <= result.slice < num_slices:
+        raise EnvelopeError("malformed", f"slice {result.slice} outside 0..{num_slices - 1}")
+    if not (_is_hex64(result.result_sha256) and _is_hex64(result.manifest_sha256)):
+        raise EnvelopeError("malformed", "result_sha256 / manifest_sha256 are not 64 lowercase hex characters")
+    if not 0 < result.result_size <= max_result_bytes:
+        raise EnvelopeError("oversized", f"declared result size {result.result_size} is outside (0, {max_result_bytes}]")
+    return result
+
+
+def signed_to_text(signed: swarm_pb2.Signed) -> str:
+    """A signed message as one base64 string (evidence kept in status and checkpoints)."""
+    return base64.b64encode(signed.SerializeToString()).decode()
+
+
+def signed_from_text(text: str) -> swarm_pb2.Signed:
+    try:
+        return swarm_pb2.Signed.FromString(base64.b64decode(text, validate=True))
+    except Exception:  # noqa: BLE001 - any decoding failure is the same refusal
+        raise EnvelopeError("malformed", "not a base64 signed message") from None

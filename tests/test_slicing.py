@@ -1,0 +1,122 @@
+"""Slices of the flat vector: layout, per-slice codec, per-slice robust math, owner draw, signed results."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optim import codecs, slicing
+from peer.run import slice_plan
+from peer.run.config import ConfigError, RunConfig
+from peer.run.round_math import RoundMath
+from protocol.envelope import EnvelopeError
+from protocol.identity import Identity
+from protocol.slice_result import SliceResult, open_slice_result, sign_slice_result
+
+
+def sliced_config(**aggregation) -> RunConfig:
+    return RunConfig.from_dict({"exchange": {"mode": "sliced", "slices": 8}, "aggregation": aggregation or {"name": "median"}})
+
+
+def test_layout_covers_the_vector_on_block_boundaries():
+    codec = codecs.build("int8")
+    layout = slicing.SliceLayout.build(10_000, 7, slicing.codec_alignment(codec))
+    assert slicing.codec_alignment(codec) == 64
+    assert layout.bounds[0] == 0 and layout.bounds[-1] == 10_000
+    assert all(b % 64 == 0 for b in layout.bounds[:-1])
+    assert sum(layout.size(j) for j in range(layout.num_slices)) == 10_000
+    assert slicing.codec_alignment(codecs.build("chunk-topk:96:4+int8")) == 192  # lcm(96, 64)
+    with pytest.raises(ValueError):
+        slicing.SliceLayout(10, (0, 5, 5, 10))
+
+
+def test_sliced_int8_decodes_to_the_same_values_as_unsliced():
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(0))
+    codec = codecs.build("int8")
+    sliced = slicing.SlicedCodec(codec, slicing.SliceLayout.build(10_000, 5, 64))
+    payload = sliced.encode(x)
+    assert len(payload) == sliced.max_encoded_size(10_000)
+    assert torch.equal(sliced.decode(payload, 10_000), codec.decode(codec.encode(x), 10_000))
+    parts = sliced.split(payload)
+    assert [len(p) for p in parts] == [sliced.slice_payload_size(j) for j in range(5)]
+    layout = sliced.layout
+    assert torch.equal(sliced.decode_slice(parts[3], 3), sliced.decode(payload, 10_000)[layout.range(3)])
+    with pytest.raises(codecs.CodecError):
+        sliced.decode_slice(parts[3], 2 if layout.size(2) != layout.size(3) else 99)
+    with pytest.raises(codecs.CodecError):
+        sliced.split(payload[:-1])
+
+
+def test_sparse_codecs_select_per_slice():
+    x = torch.zeros(4096)
+    x[:100] = 10.0  # every large value sits in slice 0
+    sliced = slicing.SlicedCodec(codecs.build("topk:0.01"), slicing.SliceLayout.build(4096, 4))
+    out = sliced.decode(sliced.encode(x), 4096)
+    assert int((out[:1024] != 0).sum()) == 10  # k = 1% of each 1024-slice, not 41 globally
+    assert int((out[1024:] != 0).sum()) <= 30
+
+
+def test_sliced_math_matches_whole_vector_math_up_to_the_result_format():
+    gen = torch.Generator().manual_seed(1)
+    updates = [torch.randn(5000, generator=gen) for _ in range(5)]
+    for name in ("mean", "median", "trimmed-mean"):
+        whole = RunConfig.from_dict({"aggregation": {"name": name, "num_byzantine": 1}})
+        sliced = RunConfig.from_dict({"exchange": {"mode": "sliced", "slices": 8}, "aggregation": {"name": name, "num_byzantine": 1}})
+        a, b = torch.zeros(5000), torch.zeros(5000)
+        RoundMath(whole, 5000).apply(a, updates, round_=0)
+        RoundMath(sliced, 5000).apply(b, updates, round_=0)
+        # coordinate-wise rules are exact per slice; the aggregate travels as fp16 (rel. error <= 2^-11)
+        assert torch.allclose(a, b, rtol=2e-3, atol=1e-6), name
+        assert not torch.equal(a, torch.zeros(5000))
+
+
+def test_reduce_slice_is_bit_identical_for_any_row_order():
+    math = RoundMath(sliced_config(name="centered-clip"), 4000)
+    rows = torch.randn(6, math.layout.size(2), generator=torch.Generator().manual_seed(2))
+    assert math.reduce_slice(rows, 2, round_=3) == math.reduce_slice(rows.flip(0), 2, round_=3)
+    assert math.reduce_slice(rows, 2, round_=3) != math.reduce_slice(rows * 2, 2, round_=3)
+
+
+@pytest.mark.parametrize("rule", ["krum", "multi-krum", "geometric-median"])
+def test_whole_vector_rules_are_refused_in_sliced_mode(rule):
+    with pytest.raises(ConfigError, match="slice"):
+        RoundMath(sliced_config(name=rule), 1000)
+
+
+def test_owner_draw_is_balanced_distinct_and_seeded():
+    servers = [f"peer{i:02d}" for i in range(6)]
+    seed = slice_plan.owner_seed("run", 3, ["a" * 64, "b" * 64])
+    owners = slice_plan.assign_owners(servers, 32, 2, seed)
+    assert all(len(set(o)) == 2 for o in owners)
+    counts = {p: len(slice_plan.owned_by(owners, p)) for p in servers}
+    assert max(counts.values()) - min(counts.values()) <= 1 and sum(counts.values()) == 64
+    assert owners == slice_plan.assign_owners(list(reversed(servers)), 32, 2, seed)
+    other = slice_plan.assign_owners(servers, 32, 2, slice_plan.owner_seed("run", 3, ["c" * 64, "b" * 64]))
+    assert other != owners
+    assert slice_plan.assign_owners(servers[:1], 4, 2, seed) == [["peer00"]] * 4
+    assert slice_plan.assign_owners([], 2, 2, seed) == [[], []]
+
+
+def test_signed_slice_results_verify_and_refuse_forgeries():
+    owner, other = Identity.generate(), Identity.generate()
+    result = SliceResult(run_id="r", round=4, slice=2, owner=owner.peer_id, manifest_sha256="0" * 64,
+                         result_sha256="f" * 64, result_size=100, inputs=("a", "b"), excluded={"c": "non-finite"})
+    signed = sign_slice_result(owner, result)
+    assert open_slice_result(signed, run_id="r", round_=4, num_slices=8, max_result_bytes=1000) == result
+    with pytest.raises(EnvelopeError, match="wrong-round|expected"):
+        open_slice_result(signed, run_id="r", round_=5, num_slices=8, max_result_bytes=1000)
+    with pytest.raises(EnvelopeError):
+        open_slice_result(signed, run_id="r", round_=4, num_slices=2, max_result_bytes=1000)
+    with pytest.raises(ValueError):
+        sign_slice_result(other, result)
+    forged = type(signed)(body=signed.body, signature=signed.signature, public_key=other.public_key)
+    with pytest.raises(EnvelopeError):
+        open_slice_result(forged, run_id="r", round_=4, num_slices=8, max_result_bytes=1000)
+
+
+def test_lie_survival_matches_the_closed_form():
+    # f/n = 1/4, r = 2: one slice in 16 has only Byzantine owners; 6 honest peers each check 1 of 32
+    odds = slice_plan.lie_survival(0.25, 2, 32, 1, 6)
+    assert odds["p_slice_all_byzantine"] == pytest.approx(1 / 16)
+    assert odds["p_lie_unchecked"] == pytest.approx((31 / 32) ** 6)
+    assert odds["p_caught_per_lie"] == pytest.approx(1 - (31 / 32) ** 6)
