@@ -26,13 +26,39 @@ class StoredPayload:
     payload: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class StoredBlob:
+    """A verified piece addressed by its sha256 alone: one slice of an update, or an aggregated
+    slice (the sliced exchange). Its round only decides when it is dropped."""
+
+    round: int
+    payload: bytes
+
+
 class PayloadStore:
-    """sha256 -> verified payload, for the last few rounds (older ones are dropped)."""
+    """sha256 -> verified payload or blob, for the last few rounds (older ones are dropped)."""
 
     def __init__(self, keep_rounds: int = 2) -> None:
         self.keep_rounds = keep_rounds
         self._lock = threading.Lock()
         self._items: dict[str, StoredPayload] = {}
+        self._blobs: dict[str, StoredBlob] = {}
+
+    def put_blob(self, sha256: str, round_: int, data: bytes) -> None:
+        """Store bytes the caller has verified against `sha256` (a fetch checks it on receipt)."""
+        with self._lock:
+            self._blobs[sha256] = StoredBlob(round_, data)
+            newest = max(b.round for b in self._blobs.values())
+            for sha in [s for s, b in self._blobs.items() if b.round < newest - self.keep_rounds]:
+                del self._blobs[sha]
+
+    def get_blob(self, sha256: str) -> bytes | None:
+        with self._lock:
+            item = self._items.get(sha256)
+            if item is not None:
+                return item.payload
+            blob = self._blobs.get(sha256)
+            return None if blob is None else blob.payload
 
     def put(self, item: StoredPayload, *, verified: bool = False) -> None:
         """Store a payload. `verified=True` when the caller has just checked size and sha256
@@ -44,6 +70,10 @@ class PayloadStore:
             newest = max(i.header.round for i in self._items.values())
             for sha in [s for s, i in self._items.items() if i.header.round < newest - self.keep_rounds]:
                 del self._items[sha]
+
+    def get_blob_item(self, sha256: str) -> StoredBlob | None:
+        with self._lock:
+            return self._blobs.get(sha256)
 
     def get(self, sha256: str) -> StoredPayload | None:
         with self._lock:
@@ -77,12 +107,17 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
     @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), streaming=True, max_stream_s=lambda s: s.max_stream_s)
     def FetchPayload(self, request: swarm_pb2.FetchRequest, context: grpc.ServicerContext):
         item = self.store.get(request.sha256)
-        if item is None:
-            raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no payload {request.sha256[:16]}… here; try another holder")
-        if not 0 <= request.offset <= len(item.payload):
+        if item is not None:
+            data, round_ = item.payload, item.header.round
+        else:
+            blob = self.store.get_blob_item(request.sha256)
+            if blob is None:
+                raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no payload {request.sha256[:16]}… here; try another holder")
+            data, round_ = blob.payload, blob.round
+        if not 0 <= request.offset <= len(data):
             self.on_reject("bad-offset")
-            raise RpcAbort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(item.payload)}")
-        yield from iter_chunks(item.payload, offset=request.offset, round_=item.header.round, sha256=request.sha256)
+            raise RpcAbort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(data)}")
+        yield from iter_chunks(data, offset=request.offset, round_=round_, sha256=request.sha256)
 
     @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), cost=5.0, max_stream_s=lambda s: s.max_stream_s)
     def PushPayload(self, request_iterator, context: grpc.ServicerContext):

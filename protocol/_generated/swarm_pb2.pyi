@@ -1,10 +1,50 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class Refusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REFUSAL_UNSPECIFIED: _ClassVar[Refusal]
+    UNKNOWN_PEER: _ClassVar[Refusal]
+    WRONG_ENDPOINT: _ClassVar[Refusal]
+    STALE_ROUND: _ClassVar[Refusal]
+    WRONG_BASE: _ClassVar[Refusal]
+    EQUIVOCATION: _ClassVar[Refusal]
+    BANNED: _ClassVar[Refusal]
+    RUN_FINISHED: _ClassVar[Refusal]
+    WRONG_RUN: _ClassVar[Refusal]
+    CLOCK_SKEW: _ClassVar[Refusal]
+    NOT_ALLOWED: _ClassVar[Refusal]
+    BAD_SIGNATURE: _ClassVar[Refusal]
+    INVALID_UPDATE: _ClassVar[Refusal]
+    MALFORMED: _ClassVar[Refusal]
+    RATE_LIMITED: _ClassVar[Refusal]
+    REGISTRY_FULL: _ClassVar[Refusal]
+    NOT_HELD: _ClassVar[Refusal]
+    NO_RELAY: _ClassVar[Refusal]
+REFUSAL_UNSPECIFIED: Refusal
+UNKNOWN_PEER: Refusal
+WRONG_ENDPOINT: Refusal
+STALE_ROUND: Refusal
+WRONG_BASE: Refusal
+EQUIVOCATION: Refusal
+BANNED: Refusal
+RUN_FINISHED: Refusal
+WRONG_RUN: Refusal
+CLOCK_SKEW: Refusal
+NOT_ALLOWED: Refusal
+BAD_SIGNATURE: Refusal
+INVALID_UPDATE: Refusal
+MALFORMED: Refusal
+RATE_LIMITED: Refusal
+REGISTRY_FULL: Refusal
+NOT_HELD: Refusal
+NO_RELAY: Refusal
 
 class Signed(_message.Message):
     __slots__ = ("body", "signature", "public_key")
@@ -41,34 +81,36 @@ class RunInfo(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., config_json: _Optional[str] = ..., coordinator_public_key: _Optional[bytes] = ..., software_version: _Optional[str] = ..., round: _Optional[int] = ..., param_hash: _Optional[str] = ..., initial_peers: _Optional[_Iterable[str]] = ..., finished: _Optional[bool] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("accepted", "reason", "peer_id", "round", "param_hash")
+    __slots__ = ("accepted", "reason", "peer_id", "round", "param_hash", "refusal")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PARAM_HASH_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     reason: str
     peer_id: str
     round: int
     param_hash: str
-    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., peer_id: _Optional[str] = ..., round: _Optional[int] = ..., param_hash: _Optional[str] = ...) -> None: ...
+    refusal: Refusal
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., peer_id: _Optional[str] = ..., round: _Optional[int] = ..., param_hash: _Optional[str] = ..., refusal: _Optional[_Union[Refusal, str]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("round", "param_hash", "resync", "banned", "reason", "finished")
+    __slots__ = ("round", "param_hash", "banned", "reason", "finished", "refusal")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PARAM_HASH_FIELD_NUMBER: _ClassVar[int]
-    RESYNC_FIELD_NUMBER: _ClassVar[int]
     BANNED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
     round: int
     param_hash: str
-    resync: bool
     banned: bool
     reason: str
     finished: bool
-    def __init__(self, round: _Optional[int] = ..., param_hash: _Optional[str] = ..., resync: _Optional[bool] = ..., banned: _Optional[bool] = ..., reason: _Optional[str] = ..., finished: _Optional[bool] = ...) -> None: ...
+    refusal: Refusal
+    def __init__(self, round: _Optional[int] = ..., param_hash: _Optional[str] = ..., banned: _Optional[bool] = ..., reason: _Optional[str] = ..., finished: _Optional[bool] = ..., refusal: _Optional[_Union[Refusal, str]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
     __slots__ = ("header", "endpoint")
@@ -79,14 +121,16 @@ class CommitRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[Signed, _Mapping]] = ..., endpoint: _Optional[str] = ...) -> None: ...
 
 class CommitReply(_message.Message):
-    __slots__ = ("accepted", "reason", "current_round")
+    __slots__ = ("accepted", "reason", "current_round", "refusal")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     reason: str
     current_round: int
-    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., current_round: _Optional[int] = ...) -> None: ...
+    refusal: Refusal
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., current_round: _Optional[int] = ..., refusal: _Optional[_Union[Refusal, str]] = ...) -> None: ...
 
 class ManifestRequest(_message.Message):
     __slots__ = ("round", "wait_s")
@@ -155,11 +199,39 @@ class PushChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[Signed, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class PushReply(_message.Message):
-    __slots__ = ("accepted", "reason", "sha256")
+    __slots__ = ("accepted", "reason", "sha256", "refusal")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     reason: str
     sha256: str
-    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., sha256: _Optional[str] = ...) -> None: ...
+    refusal: Refusal
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., sha256: _Optional[str] = ..., refusal: _Optional[_Union[Refusal, str]] = ...) -> None: ...
+
+class SliceResultsRequest(_message.Message):
+    __slots__ = ("round", "wait_s", "until_applied")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    wait_s: float
+    until_applied: bool
+    def __init__(self, round: _Optional[int] = ..., wait_s: _Optional[float] = ..., until_applied: _Optional[bool] = ...) -> None: ...
+
+class SliceResultsReply(_message.Message):
+    __slots__ = ("ready", "results", "applied", "param_hash", "current_round", "finished")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    PARAM_HASH_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    ready: bool
+    results: _containers.RepeatedCompositeFieldContainer[Signed]
+    applied: bool
+    param_hash: str
+    current_round: int
+    finished: bool
+    def __init__(self, ready: _Optional[bool] = ..., results: _Optional[_Iterable[_Union[Signed, _Mapping]]] = ..., applied: _Optional[bool] = ..., param_hash: _Optional[str] = ..., current_round: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...

@@ -69,6 +69,21 @@ class CoordinatorStub:
                 request_serializer=swarm__pb2.StatusRequest.SerializeToString,
                 response_deserializer=swarm__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.SubmitSliceResult = channel.unary_unary(
+                '/swarmloco.v1.Coordinator/SubmitSliceResult',
+                request_serializer=swarm__pb2.Signed.SerializeToString,
+                response_deserializer=swarm__pb2.CommitReply.FromString,
+                _registered_method=True)
+        self.GetSliceResults = channel.unary_unary(
+                '/swarmloco.v1.Coordinator/GetSliceResults',
+                request_serializer=swarm__pb2.SliceResultsRequest.SerializeToString,
+                response_deserializer=swarm__pb2.SliceResultsReply.FromString,
+                _registered_method=True)
+        self.ReportEvidence = channel.unary_unary(
+                '/swarmloco.v1.Coordinator/ReportEvidence',
+                request_serializer=swarm__pb2.Signed.SerializeToString,
+                response_deserializer=swarm__pb2.CommitReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -118,6 +133,26 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitSliceResult(self, request, context):
+        """an owner's signed slice result
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSliceResults(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportEvidence(self, request, context):
+        """signed: results a peer found false
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -155,6 +190,21 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=swarm__pb2.StatusRequest.FromString,
                     response_serializer=swarm__pb2.StatusReply.SerializeToString,
+            ),
+            'SubmitSliceResult': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitSliceResult,
+                    request_deserializer=swarm__pb2.Signed.FromString,
+                    response_serializer=swarm__pb2.CommitReply.SerializeToString,
+            ),
+            'GetSliceResults': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSliceResults,
+                    request_deserializer=swarm__pb2.SliceResultsRequest.FromString,
+                    response_serializer=swarm__pb2.SliceResultsReply.SerializeToString,
+            ),
+            'ReportEvidence': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportEvidence,
+                    request_deserializer=swarm__pb2.Signed.FromString,
+                    response_serializer=swarm__pb2.CommitReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -346,6 +396,87 @@ class Coordinator:
             '/swarmloco.v1.Coordinator/Status',
             swarm__pb2.StatusRequest.SerializeToString,
             swarm__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitSliceResult(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/swarmloco.v1.Coordinator/SubmitSliceResult',
+            swarm__pb2.Signed.SerializeToString,
+            swarm__pb2.CommitReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSliceResults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/swarmloco.v1.Coordinator/GetSliceResults',
+            swarm__pb2.SliceResultsRequest.SerializeToString,
+            swarm__pb2.SliceResultsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportEvidence(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/swarmloco.v1.Coordinator/ReportEvidence',
+            swarm__pb2.Signed.SerializeToString,
+            swarm__pb2.CommitReply.FromString,
             options,
             channel_credentials,
             insecure,
