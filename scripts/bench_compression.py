@@ -10,8 +10,11 @@ benchmarks/compression.png (validation loss vs cumulative bytes, log x).
     .venv/bin/python scripts/bench_compression.py --report-only   # redo md/png from the JSON
 
 Runs go to a pool of --workers processes with one torch thread each (on a small CPU two
-single-threaded runs beat one two-threaded run). --resume skips (row, seed, total steps) already in
-the JSON.
+single-threaded runs beat one two-threaded run). --resume keeps a stored (row, seed, total steps)
+run only if its stored run config equals the config the row would run with now; a run whose config
+differs (say, a default aggregator changed since) is dropped and run again. A config field added to
+RunConfig after a run was stored is listed, not a reason to re-run (new fields come with defaults
+that keep the old behaviour; a changed value of an existing field is always re-run).
 
 Screening: `--rounds 12 --resume --rows ...` adds shorter runs to the same JSON; the report puts
 them in a separate table, each compared with the full-length DDP and DiLoCo fp32 runs at the same
@@ -53,6 +56,9 @@ class Row:
     outer: str = "nesterov"
     outer_options: dict[str, Any] = field(default_factory=dict)  # OuterConfig overrides
     baseline: str = "diloco"
+    # Stated per row and passed explicitly: this table measures compression, not robustness, so it
+    # must not follow the run default (median since the Byzantine bench). DDP averages gradients.
+    aggregator: str = "mean"
     inner_steps: int | None = None  # H; None: the bench's --inner-steps. Rounds = total steps / H.
     seeds: int = 2  # runs with seeds 0..seeds-1; mean and spread reported; 0: only when named in --rows
     note: str = ""
@@ -124,21 +130,62 @@ def total_steps(run: dict[str, Any]) -> int:
     return run["rounds"] * run["inner_steps"]
 
 
-def run_one(row: Row, seed: int, peers: int, rounds: int, inner_steps: int) -> dict[str, Any]:
+def row_options(row: Row, seed: int, peers: int, rounds: int, inner_steps: int) -> SimulationOptions:
+    """What `row` runs: every setting explicit, so a changed run default cannot change a row."""
     cfg = RunConfig()
     cfg = dataclasses.replace(cfg, outer=dataclasses.replace(cfg.outer, **row.outer_options))
-    opts = SimulationOptions(
+    return SimulationOptions(
         peers=peers, rounds=rounds, inner_steps=inner_steps, seed=seed, threads=1, config=cfg,
         baseline=row.baseline,  # type: ignore[arg-type]
         codec=None if row.baseline == "ddp" else row.codec,
         outer=None if row.baseline == "ddp" else row.outer,
-        # Every row aggregates with plain mean (the run default is median since the Byzantine
-        # bench): this table measures compression, not robustness.
-        aggregator=None if row.baseline == "ddp" else "mean",
+        aggregator=row.aggregator,
     )
-    result = run_simulation(opts)
+
+
+def run_one(row: Row, seed: int, peers: int, rounds: int, inner_steps: int) -> dict[str, Any]:
+    result = run_simulation(row_options(row, seed, peers, rounds, inner_steps))
     result["label"] = row.label
     return result
+
+
+def config_changes(stored: dict[str, Any], now: dict[str, Any], prefix: str = "") -> tuple[list[str], list[str]]:
+    """(changed, added): dotted keys whose value differs between a stored run config and the one the
+    row would run now, and keys that exist only now (fields added to RunConfig since the run)."""
+    changed, added = [], []
+    for key in sorted(set(stored) | set(now)):
+        path = prefix + key
+        if key not in now:
+            changed.append(f"{path} (no longer a config field)")
+        elif key not in stored:
+            added.append(path)
+        elif isinstance(stored[key], dict) and isinstance(now[key], dict):
+            more_changed, more_added = config_changes(stored[key], now[key], path + ".")
+            changed += more_changed
+            added += more_added
+        elif stored[key] != now[key]:
+            changed.append(f"{path}: {stored[key]!r} -> {now[key]!r}")
+    return changed, added
+
+
+def stale_runs(
+    runs: list[dict[str, Any]], rows: list[Row], peers: int, default_h: int, steps: int
+) -> dict[int, list[str]]:
+    """{index in runs: what changed} for the stored runs of `rows` at `steps` inner steps per peer
+    whose config differs from what the row runs now; runs of other rows or lengths are left alone
+    (this invocation would not run them again)."""
+    by_label = {row.label: row for row in rows}
+    stale = {}
+    for i, run in enumerate(runs):
+        row = by_label.get(run["label"])
+        if row is None or total_steps(run) != steps:
+            continue
+        rounds, h = row_schedule(row, steps, default_h)
+        now = row_options(row, run["seed"], peers, rounds, h).run_config().to_dict()
+        changed, _ = config_changes(run["config"], now)
+        if changed or run["baseline"] != row.baseline or run["peers"] != peers:
+            stale[i] = changed or [f"baseline/peers {run['baseline']}/{run['peers']} -> {row.baseline}/{peers}"]
+    return stale
 
 
 # --- report ----------------------------------------------------------------------------------
@@ -181,8 +228,64 @@ def summarize(rows: list[Row], runs: list[dict[str, Any]], steps: int) -> list[d
             "wall_s": statistics.fmean(r["wall_s"] for r in mine),
             "h": mine[0]["inner_steps"],
             "by_seed": {r["seed"]: r["final_val_loss"] for r in mine},
+            # How the runs really ran, read from their stored configs (not from the row's label):
+            "codecs": sorted({ran_codec(r) for r in mine}),
+            "outers": sorted({ran_outer(r) for r in mine}),
+            "aggregators": {r["seed"]: ran_aggregator(r) for r in mine},
         })
     return out
+
+
+def ran_codec(run: dict[str, Any]) -> str:
+    return "-" if run["baseline"] == "ddp" else run["config"]["compression"]["codec"]
+
+
+def ran_outer(run: dict[str, Any]) -> str:
+    """The outer optimizer and its step settings, as the stored run config had them."""
+    if run["baseline"] == "ddp":
+        return "-"
+    o = run["config"]["outer"]
+    if o["name"] == "demo":
+        return f"demo (lr {o['demo_lr']:g}, top-{o['demo_topk']} of {o['demo_chunk']}, decay {o['demo_decay']:g})"
+    if o["name"] == "nesterov":
+        return f"nesterov (lr {o['lr']:g}, momentum {o['momentum']:g})"
+    return f"{o['name']} (lr {o['lr']:g})"
+
+
+def ran_aggregator(run: dict[str, Any]) -> str:
+    """The aggregator a stored run used; DDP averages dense gradients (a mean) every step."""
+    return "mean" if run["baseline"] == "ddp" else run["config"]["aggregation"]["name"]
+
+
+def _aggregator_cell(s: dict[str, Any]) -> str:
+    """The aggregator column; a run that used another aggregator than the row states is named, bold."""
+    stated, used = s["row"].aggregator, s["aggregators"]
+    others = {seed: name for seed, name in sorted(used.items()) if name != stated}
+    if not others:
+        return stated
+    return stated + "".join(f" **but seed {seed}: {name}**" for seed, name in others.items())
+
+
+def _off_aggregator_note(summary: list[dict[str, Any]]) -> list[str]:
+    off = off_aggregator_runs(summary)
+    if not off:
+        return []
+    return [
+        f"**Not yet re-run with the aggregator their row states** ({len(off)} run(s); their losses and the "
+        f"gaps computed from them are partly the aggregator's): {'; '.join(off)}. "
+        "`--resume` with the row re-runs them.",
+        "",
+    ]
+
+
+def off_aggregator_runs(summary: list[dict[str, Any]]) -> list[str]:
+    """'label seed k: name' for each run whose aggregator differs from its row's stated one."""
+    return [
+        f"{s['row'].label} seed {seed}: {name}"
+        for s in summary
+        for seed, name in sorted(s["aggregators"].items())
+        if name != s["row"].aggregator
+    ]
 
 
 def paired_gap(s: dict[str, Any], ref: dict[str, Any]) -> float:
@@ -217,19 +320,19 @@ def _human(n: float) -> str:
 def _table(summary: list[dict[str, Any]], fp32: dict[str, Any] | None, fp32_upload: float | None) -> list[str]:
     """Markdown rows; the gap is paired by seed with `fp32` (a summary dict, or {"final": x, "by_seed": {}})."""
     lines = [
-        "| row | codec | outer | H x rounds | seeds | final val loss | bytes/peer/round | upload/peer/round | total bytes "
-        "| fewer bytes than DDP | fewer bytes than fp32 | gap vs DiLoCo fp32 | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| row | codec | outer | aggregator | H x rounds | seeds | final val loss | bytes/peer/round | upload/peer/round "
+        "| total bytes | fewer bytes than DDP | fewer bytes than fp32 | gap vs DiLoCo fp32 | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
         row = s["row"]
         vs_ddp = f"{s['ddp_bytes'] / s['total']:.0f}x" if s["total"] else "-"
         vs_fp32 = f"{fp32_upload / s['upload']:.1f}x" if fp32_upload and row.baseline == "diloco" else "-"
         gap = f"{paired_gap(s, fp32):+.1f}%" if fp32 else "-"
-        options = ", ".join(f"{k}={v}" for k, v in row.outer_options.items())
-        outer = row.outer + (f" ({options})" if options else "")
+        outer = "; ".join(s["outers"])
         lines.append(
-            f"| {row.label} | `{row.codec}` | {outer} | {s['h']} x {len(s['curve'])} | {len(s['seeds'])} | "
+            f"| {row.label} | {', '.join(f'`{c}`' for c in s['codecs'])} | {outer} | {_aggregator_cell(s)} | "
+            f"{s['h']} x {len(s['curve'])} | {', '.join(map(str, s['seeds']))} | "
             f"{s['final']:.4f} ± {s['spread']:.4f} | {_human(s['per_peer_round'])} | {_human(s['upload'])} | "
             f"{_human(s['total'])} | {vs_ddp} | {vs_fp32} | {gap} | {row.note} |"
         )
@@ -258,7 +361,9 @@ def write_report(runs: list[dict[str, Any]], meta: dict[str, Any], notes: str = 
         f"Every row: the default model ({meta['numel']:,} parameters, byte-level GPT), the default corpus "
         f"(Python stdlib sources), {meta['peers']} peers on distinct shards, {steps} inner AdamW steps per peer "
         f"({meta['rounds']} rounds x H={meta['inner_steps']} unless the row says otherwise; lr 1e-3, batch 8x128 "
-        "per peer), aggregator mean, error feedback on for every lossy codec. "
+        "per peer), error feedback on for every lossy codec; codec, outer optimizer, aggregator, H x rounds and "
+        "the seeds in each row's columns are read from its runs' stored configs (every row passes "
+        "`--aggregator mean` explicitly: this table measures compression, not robustness). "
         "DDP: the same peers and per-peer batch, gradients averaged every step, one AdamW step; its bytes are "
         "what a ring all-reduce of dense fp32 gradients moves (2 x 2(n-1)/n x 4 bytes x d per peer per step). "
         "DiLoCo rows: bytes are measured payload lengths; per peer per round = its upload + the n-1 payloads it "
@@ -268,6 +373,7 @@ def write_report(runs: list[dict[str, Any]], meta: dict[str, Any], notes: str = 
         "",
         *_table(summary, fp32, fp32 and fp32["upload"]),
         "",
+        *_off_aggregator_note(summary),
         "## Targets",
         "",
     ]
@@ -314,6 +420,7 @@ def write_report(runs: list[dict[str, Any]], meta: dict[str, Any], notes: str = 
             "",
             *_table(summarize(ROWS, runs, short), ref_fp32, fp32 and fp32["upload"]),
             "",
+            *_off_aggregator_note(summarize(ROWS, runs, short)),
         ]
     if notes:
         lines += [notes.rstrip(), ""]
@@ -391,7 +498,12 @@ def main() -> int:
     steps = args.rounds * args.inner_steps
 
     if not args.report_only:
-        done = {(r["label"], r["seed"], total_steps(r)) for r in runs}
+        stale = stale_runs(runs, rows, args.peers, args.inner_steps, steps)
+        for i, changed in stale.items():
+            print(f"re-running {runs[i]['label']} seed {runs[i]['seed']}: config changed: {'; '.join(changed)}", flush=True)
+        # A stale run stays in the JSON until its re-run lands: a cut-short bench keeps the old
+        # result, and the table shows the aggregator it really ran with.
+        done = {(r["label"], r["seed"], total_steps(r)) for i, r in enumerate(runs) if i not in stale}
         seeds = {row.label: args.seeds or row.seeds or 1 for row in rows}
         jobs = [  # every row's first seed before any second seed: a cut-short bench still covers every row
             (row, seed)
@@ -409,7 +521,8 @@ def main() -> int:
             for future in as_completed(futures):
                 result = future.result()
                 result["loadavg_1m"] = os.getloadavg()[0]  # the machine is shared: say how busy it was
-                runs.append(result)
+                key = (result["label"], result["seed"], total_steps(result))
+                runs = [r for r in runs if (r["label"], r["seed"], total_steps(r)) != key] + [result]
                 print(
                     f"{result['label']:<34} seed {result['seed']} | {result['rounds']}x{result['inner_steps']} | "
                     f"final val {result['final_val_loss']:.4f} | "

@@ -5,7 +5,9 @@
 - measure_bandwidth's analysis on hand-written peer summaries (goodput, utilization, the
   coordinator vs peer split, codec sizes from the codec docstring's examples);
 - delay_proxy carries bytes and EOF unchanged; wan_emulation exits 0 with a message when it
-  may not create namespaces.
+  may not create namespaces;
+- bench_compression's --resume re-runs a stored run whose config differs from the row's, and its
+  table names the aggregator each run really used.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import bench_compression  # noqa: E402
 import bench_vs_hivemind  # noqa: E402
 import delay_proxy  # noqa: E402
 import measure_bandwidth  # noqa: E402
@@ -164,3 +167,34 @@ def test_wan_shaping_is_named_beside_figures():
     assert wan_emulation.shaping_text(100, 50, "proxy") == (
         "tbf 100 Mbit/s up + down per node (burst 32kb); +50 ms RTT on gRPC via user-space delay proxy (DHT not delayed)")
     assert wan_emulation.shaping_text(0, 0, "none") == "no rate limit; no added latency"
+
+
+def _stored_run(label: str, seed: int, aggregator: str, final: float) -> dict:
+    """A compression.json run as the bench stores it, with the config the row runs today."""
+    row = next(r for r in bench_compression.ROWS if r.label == label)
+    config = bench_compression.row_options(row, seed, 4, 24, 25).run_config().to_dict()
+    config["aggregation"]["name"] = aggregator
+    return {"label": label, "seed": seed, "baseline": row.baseline, "peers": 4, "rounds": 24, "inner_steps": 25,
+            "config": config, "final_val_loss": final}
+
+
+def test_compression_resume_reruns_a_run_whose_config_changed():
+    runs = [_stored_run("DiLoCo fp32", 0, "mean", 1.85), _stored_run("DiLoCo fp32", 1, "median", 1.88),
+            _stored_run("int8", 0, "mean", 1.86), _stored_run("DDP", 0, "mean", 1.75)]
+    del runs[2]["config"]["exchange"]  # a table added to RunConfig after the run: not a reason to re-run
+    stale = bench_compression.stale_runs(runs, bench_compression.ROWS, peers=4, default_h=25, steps=600)
+    assert stale == {1: ["aggregation.name: 'median' -> 'mean'"]}
+    # a row that is not being run now, or another length, is left alone
+    assert bench_compression.stale_runs(runs, bench_compression.ROWS[2:3], peers=4, default_h=25, steps=600) == {}
+    assert bench_compression.stale_runs(runs, bench_compression.ROWS, peers=4, default_h=25, steps=300) == {}
+    # the table says which run used another aggregator than its row states
+    summary = bench_compression.summarize(bench_compression.ROWS, [dict(r, **_curves()) for r in runs], 600)
+    fp32 = next(s for s in summary if s["row"].label == "DiLoCo fp32")
+    assert bench_compression._aggregator_cell(fp32) == "mean **but seed 1: median**"
+    assert bench_compression.off_aggregator_runs(summary) == ["DiLoCo fp32 seed 1: median"]
+
+
+def _curves() -> dict:
+    return {"val_loss_per_round": [2.0] * 24, "initial_val_loss": 5.5, "bytes_per_peer_per_round": 1.0,
+            "upload_bytes_per_peer_per_round": 1.0, "total_bytes": 96.0, "ddp_equivalent_bytes": 960.0,
+            "cumulative_bytes_per_round": list(range(24)), "wall_s": 1.0}
