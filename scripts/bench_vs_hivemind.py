@@ -12,9 +12,11 @@ byte-counting interceptors, ChannelPool: the real transport of peer/node/node.py
 swarmloco round, timed in every worker from a shared barrier to its aggregate:
   RoundMath.encode (fedavg outer, run codec, error feedback) -> sha256 -> signed UpdateHeader ->
   PayloadStore; headers go through the parent (the coordinator's manifest in a real run); then,
-  in peer_id order like peer/node/node.py: verify each signed header (open_update), fetch the n-1
+  one entry after another in peer_id order: verify each signed header (open_update), fetch the n-1
   other payloads over gRPC (fetch_payload: chunked stream, size + sha256 checked), decode,
-  RoundMath.apply (mean).
+  RoundMath.apply (mean). This harness (scripts/exchange_round.py) re-implements the exchange and
+  fetches one payload at a time; peer/node has fetched a round's payloads in parallel since 176e4a9,
+  so the fetch column here is what a sequential fetch costs, not what a node pays.
 hivemind round: matchmaking runs BEFORE the barrier (step(require_trigger=True) until the group
   of n is formed, as hivemind.Optimizer pre-schedules it), then the barrier, then
   allow_allreduce() -> result(): butterfly all-reduce with its compression, averaged in place.
@@ -28,6 +30,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import platform
 import statistics
 import sys
 import time
@@ -281,7 +284,30 @@ def repeats_for(n: int, numel: int, requested: int | None) -> int:
     return 2 if n * numel >= 40_000_000 else 3 if n * numel >= 10_000_000 else 5
 
 
-def write_markdown(path: Path, rows: list[dict], load_before: str, load_after: str, wall_s: float, command: str | None = None) -> None:
+def wall_time_text(wall_s: float | None, finished: bool | None) -> str:
+    """The md's wall-time line: a JSON kept from a run that stopped early has no total to state."""
+    if wall_s is None:
+        return "not recorded (this JSON was written before its run finished; the run did not reach its end)"
+    if finished is False:
+        return f"{wall_s:.0f} s until the last configuration written here (the run did not finish)"
+    return f"{wall_s:.0f} s"
+
+
+def saved_machine_lines(saved: dict) -> list[str]:
+    """The machine lines of an earlier run, from what its JSON recorded (not this machine's)."""
+    v = saved.get("versions", {})
+    return [
+        f"- CPU: {saved.get('cpu', '?')}, {saved.get('cores', '?')} cores visible (shared with other jobs)",
+        f"- load average (1/5/15 min) before: {saved.get('load_before', '?')}; "
+        f"after: {saved.get('load_after') or '(not recorded)'}",
+        f"- {saved.get('os', 'OS not recorded')}, Python {v.get('python', '?')}, torch {v.get('torch', '?')}, hivemind {v.get('hivemind', '?')}, "
+        f"grpcio {v.get('grpc', '?')}",
+    ]
+
+
+def write_markdown(path: Path, rows: list[dict], load_before: str, load_after: str, wall_s: float | None,
+                   command: str | None = None, finished: bool | None = True, machine: list[str] | None = None) -> None:
+    """`machine`: the machine lines (default: this machine, for a report written by the run itself)."""
     from machine_info import command_line, machine_lines, write_keeping_notes
 
     lines = [
@@ -294,8 +320,8 @@ def write_markdown(path: Path, rows: list[dict], load_before: str, load_after: s
         "relay (the coordinator's manifest) included. ratio = swarmloco / hivemind (< 1: swarmloco faster).",
         "max err = largest |result - exact mean of the N fp32 tensors| over all peers and repetitions (randn data).",
         "",
-        *machine_lines(load_before, load_after),
-        f"- total wall time: {wall_s:.0f} s",
+        *(machine or machine_lines(load_before, load_after)),
+        f"- total wall time: {wall_time_text(wall_s, finished)}",
         f"- command: `{command or command_line()}`",
         "",
         "| peers | floats | precision | swarmloco codec | payload (B) | swarmloco (s) | hivemind (s) | ratio | reps "
@@ -332,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         saved = json.loads(Path(args.report_only).read_text())
         write_markdown(Path(args.write_md or ROOT / "benchmarks/vs_hivemind.md"), saved["rows"], saved.get("load_before", "?"),
-                       saved.get("load_after", "(not recorded)"), saved.get("wall_s", float("nan")), saved.get("command"))
+                       saved.get("load_after") or "(not recorded)", saved.get("wall_s"), saved.get("command"),
+                       saved.get("finished"), saved_machine_lines(saved))
         return 0
     if any(n < 2 for n in args.peers):
         parser.error("--peers: an all-reduce needs at least 2 peers")
@@ -352,21 +379,22 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 codecs = list(dict.fromkeys([PRECISIONS[precision][0], *args.extra_codecs]))
                 rows += run_config(n, numel, precision, repeats_for(n, numel, args.repeats), codecs, args.match_s, args.profile or "")
-                if args.json:  # keep partial results if a later config fails
-                    _write_json(Path(args.json), rows, load_before)
+                if args.json:  # keep partial results if a later config fails; say they are partial
+                    _write_json(Path(args.json), rows, load_before, wall_s=time.monotonic() - started, finished=False)
     print(f"\n{'peers':>5} {'floats':>11} {'precision':>9} {'codec':>15} {'swarmloco s':>11} {'hivemind s':>10} {'ratio':>6}")
     for r in rows:
         print(f"{r['peers']:>5} {r['numel']:>11,} {r['precision']:>9} {r['codec']:>15} {r['swarmloco_round_s']:>11.3f} "
               f"{r['hivemind_round_s']:>10.3f} {r['ratio']:>6.2f}")
     if args.json:
-        _write_json(Path(args.json), rows, load_before, load_average(), time.monotonic() - started)
+        _write_json(Path(args.json), rows, load_before, load_average(), time.monotonic() - started, finished=True)
     if args.write_md:
         write_markdown(Path(args.write_md), rows, load_before, load_average(), time.monotonic() - started)
         print(f"wrote {args.write_md}")
     return 0
 
 
-def _write_json(path: Path, rows: list[dict], load_before: str, load_after: str = "", wall_s: float | None = None) -> None:
+def _write_json(path: Path, rows: list[dict], load_before: str, load_after: str = "", wall_s: float | None = None,
+                finished: bool = False) -> None:
     from machine_info import command_line, cpu_model, versions
 
     first = rows[0] if rows else {}
@@ -374,7 +402,7 @@ def _write_json(path: Path, rows: list[dict], load_before: str, load_after: str 
     path.write_text(json.dumps({
         "swarmloco_round_s": first.get("swarmloco_round_s"), "hivemind_round_s": first.get("hivemind_round_s"),
         "rows": rows, "cpu": cpu_model(), "cores": os.cpu_count(), "load_before": load_before, "load_after": load_after,
-        "wall_s": wall_s,
+        "wall_s": wall_s, "finished": finished, "os": f"{platform.system()} {platform.release()}",
         "versions": versions(), "command": command_line(),
     }, indent=2))
 
