@@ -24,7 +24,8 @@ from protocol.identity import Identity
 from protocol.payload_service import push_chunks
 from protocol.ratelimit import CallerLimits
 from protocol.signing import sign_body
-from tests.test_coordinator_unit import heartbeat, join, join_body, make_update, serve_coordinator, tiny_config
+from tests.conftest import tiny_run_config
+from tests.test_coordinator_unit import heartbeat, join, join_body, make_update, serve_coordinator
 
 COORDINATOR = "/swarmloco.v1.Coordinator/"
 PEER = "/swarmloco.v1.Peer/"
@@ -263,7 +264,7 @@ def check_correct_requests(served, honest: Identity, round_seed: int) -> None:
     assert info.run_id == served.coordinator.cfg.run_id and info.param_hash == served.coordinator.param_hash
     assert join(served, honest).accepted
     reply = heartbeat(served, honest)
-    assert not reply.banned and not reply.resync
+    assert not reply.banned
     signed, payload, _ = make_update(served, honest, seed=round_seed)
     # Commit this batch's update (a new round each batch, so it is never an equivocation).
     assert served.peer_stub.PushPayload(push_chunks(signed, payload), timeout=10).accepted
@@ -273,7 +274,7 @@ def check_correct_requests(served, honest: Identity, round_seed: int) -> None:
 
 
 def test_every_rpc_survives_thousands_of_hostile_messages(capsys):
-    cfg = tiny_config(rounds=BATCHES + 2)
+    cfg = tiny_run_config(rounds={"rounds": BATCHES + 2})
     # Generous rate limits so the hostile requests reach the handlers (rate limiting is tested below).
     with serve_coordinator(cfg, generous_limits=True, max_stream_s=3.0) as served:
         c = served.coordinator
@@ -303,9 +304,10 @@ def test_every_rpc_survives_thousands_of_hostile_messages(capsys):
 
 
 def test_long_polls_cannot_starve_the_server():
-    """More long-polls than the server has threads: the excess are answered at once, and
-    ordinary calls still get through."""
-    with serve_coordinator(tiny_config(), generous_limits=True, max_long_polls=4) as served:
+    """More long-polls than the server has slots: exactly the excess are answered at once, the
+    others hold every slot until their deadline, and ordinary calls still get through."""
+    slots, polls = 4, 12
+    with serve_coordinator(tiny_run_config(), generous_limits=True, max_long_polls=slots) as served:
         replies: list[float] = []
 
         def poll() -> None:
@@ -313,22 +315,32 @@ def test_long_polls_cannot_starve_the_server():
             served.stub.GetManifest(swarm_pb2.ManifestRequest(round=0, wait_s=1e308), timeout=8)
             replies.append(time.monotonic() - started)
 
-        threads = [threading.Thread(target=poll) for _ in range(12)]
+        threads = [threading.Thread(target=poll) for _ in range(polls)]
         for t in threads:
             t.start()
-        time.sleep(0.5)
-        for _ in range(5):  # while every long-poll slot is taken
+        # Round 0 stays open, so a poll that got a slot waits ~7.5 s (its deadline less 0.5 s):
+        # until then the only replies are the refused ones.
+        deadline = time.monotonic() + 5.0
+        while len(replies) < polls - slots and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(replies) == polls - slots, replies
+        assert max(replies) < 3.0, replies  # answered at once, not after a wait
+        # Every slot is taken now (a slot taken here would be a bug: give it back at once).
+        assert not served.servicer.long_polls.acquire(blocking=False)
+        for _ in range(5):
             assert served.stub.GetRunInfo(swarm_pb2.RunInfoRequest(), timeout=5).run_id
-        assert 1 <= len(replies) <= 8  # the 8 refused a slot came back at once; 4 are still waiting
+        assert len(replies) == polls - slots  # the slot holders are still waiting
         for t in threads:
             t.join(15)
-        assert len(replies) == 12
-        assert sum(1 for r in replies if r > 5.0) == 4  # exactly max_long_polls waited (to their deadline)
+        assert len(replies) == polls
+        assert sorted(r > 5.0 for r in replies).count(True) == slots  # exactly the slot holders waited
+        for _ in range(slots):  # and each gave its slot back
+            assert served.servicer.long_polls.acquire(blocking=False)
 
 
 def test_slowloris_push_is_cut_off_by_the_server():
     """A push that sends its header and then nothing is cancelled server-side, client deadline or not."""
-    with serve_coordinator(tiny_config(), generous_limits=True, max_stream_s=1.0) as served:
+    with serve_coordinator(tiny_run_config(), generous_limits=True, max_stream_s=1.0) as served:
         peer = Identity.generate()
         assert join(served, peer).accepted
         signed, payload, _ = make_update(served, peer)
@@ -351,7 +363,7 @@ def test_slowloris_push_is_cut_off_by_the_server():
 def test_flooding_is_rate_limited_per_peer_and_per_host():
     # 1 call/s per claimed peer id (burst 20); the host gets 10x that (burst 200).
     limits = CallerLimits(per_peer_rate=1.0, per_peer_burst=20.0)
-    with serve_coordinator(tiny_config(), limits=limits) as served:
+    with serve_coordinator(tiny_run_config(), limits=limits) as served:
         call = served.channel.unary_unary(COORDINATOR + "GetRunInfo", request_serializer=None, response_deserializer=None)
 
         def flood(n: int, peer_ids) -> Counter[str]:
@@ -374,7 +386,7 @@ def test_flooding_is_rate_limited_per_peer_and_per_host():
 
 
 def test_sybil_joins_are_admission_limited():
-    with serve_coordinator(tiny_config(), generous_limits=True, new_peers_per_s=1.0, new_peers_burst=20.0) as served:
+    with serve_coordinator(tiny_run_config(), generous_limits=True, new_peers_per_s=1.0, new_peers_burst=20.0) as served:
         outcomes = Counter()
         for _ in range(60):
             try:
