@@ -102,3 +102,25 @@ def signed_from_text(text: str) -> swarm_pb2.Signed:
         return swarm_pb2.Signed.FromString(base64.b64decode(text, validate=True))
     except Exception:  # noqa: BLE001 - any decoding failure is the same refusal
         raise EnvelopeError("malformed", "not a base64 signed message") from None
+
+
+def sign_mismatch_report(identity: Identity, *, run_id: str, round_: int, slice_: int, results: list[swarm_pb2.Signed]) -> swarm_pb2.Signed:
+    """A peer's report that these signed results for one slice did not recompute."""
+    body = {"run_id": run_id, "round": round_, "slice": slice_, "results": [signed_to_text(s) for s in results[:16]]}
+    return sign_body(identity, MISMATCH_TAG, body)
+
+
+def open_mismatch_report(signed: swarm_pb2.Signed, *, run_id: str) -> tuple[str, int, int, list[swarm_pb2.Signed]]:
+    """-> (reporter peer_id, round, slice, the signed results it disputes); raises EnvelopeError."""
+    try:
+        fields, reporter = open_signed(signed, MISMATCH_TAG)
+    except SignatureError as exc:
+        raise EnvelopeError(exc.reason, f"report refused: {exc}") from None
+    try:
+        round_, slice_ = int(fields["round"]), int(fields["slice"])
+        texts = list(fields["results"])
+        if fields["run_id"] != run_id or not 1 <= len(texts) <= 16:
+            raise ValueError
+    except (KeyError, TypeError, ValueError):
+        raise EnvelopeError("malformed", "report body lacks required fields (run_id, round, slice, 1-16 results)") from None
+    return reporter, round_, slice_, [signed_from_text(str(t)) for t in texts]

@@ -114,9 +114,15 @@ def test_signed_slice_results_verify_and_refuse_forgeries():
         open_slice_result(forged, run_id="r", round_=4, num_slices=8, max_result_bytes=1000)
 
 
-def test_lie_survival_matches_the_closed_form():
-    # f/n = 1/4, r = 2: one slice in 16 has only Byzantine owners; 6 honest peers each check 1 of 32
-    odds = slice_plan.lie_survival(0.25, 2, 32, 1, 6)
-    assert odds["p_slice_all_byzantine"] == pytest.approx(1 / 16)
-    assert odds["p_lie_unchecked"] == pytest.approx((31 / 32) ** 6)
-    assert odds["p_caught_per_lie"] == pytest.approx(1 - (31 / 32) ** 6)
+def test_collusion_odds_follow_the_owner_draw():
+    # 3 servers, 2 colluding, r = 2: every round some slice has only colluding owners, and the
+    # honest peer's non-owned slices are exactly theirs, so one spot check always catches them.
+    odds = slice_plan.collusion_odds(3, 2, 2, 8, 1, trials=200)
+    assert odds["p_round_offers_a_lie"] == 1.0 and odds["p_lie_survives_round"] == 0.0
+    assert odds["expected_rounds_until_caught"] == 1.0
+    # 8 servers, 2 colluding, r = 2: they share owner pairs only when the draw pairs them (1 in 7)
+    odds = slice_plan.collusion_odds(8, 2, 2, 32, 1, trials=4000)
+    assert odds["p_round_offers_a_lie"] == pytest.approx(1 / 7, abs=0.02)
+    assert 0.0 < odds["p_lie_survives_round"] < 0.2
+    no_checks = slice_plan.collusion_odds(8, 2, 2, 32, 0, trials=500)
+    assert no_checks["p_lie_survives_round"] == 1.0 and no_checks["expected_rounds_until_caught"] == float("inf")

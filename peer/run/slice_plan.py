@@ -55,19 +55,39 @@ def liars(claims: Sequence[Claim], verified: dict[tuple[str, tuple[str, ...]], b
     return [c for c in claims if verified.get((c.result_sha256, c.inputs)) is False]
 
 
-def lie_survival(owner_fraction_byzantine: float, replicas: int, num_slices: int, spot_checks: int, honest_peers: int) -> dict[str, float]:
-    """How likely colluding owners get a lie through one round, and how long they last.
+def collusion_odds(servers: int, byzantine: int, replicas: int, slices: int, spot_checks: int,
+                   honest_checkers: int | None = None, trials: int = 20_000, seed: int = 0) -> dict[str, float]:
+    """How often colluding owners can lie, and how soon spot checks catch them, under this
+    module's real owner draw (Monte Carlo over draws; every honest peer and the coordinator
+    recompute `spot_checks` random slices each that they do not own).
 
-    A lie needs all r owners of a slice Byzantine: p_slice = β^r (β = Byzantine share of
-    servers). It survives the round when none of the h honest peers spot-checks that slice:
-    each checks k of S slices at random, so (1 − k/S)^h. Expected rounds until a colluding pair
-    that lies every time it can is caught: 1 / (p_slice·(1 − (1 − k/S)^h)) rounds in which it
-    owns a slice together... reported here per round and per lie."""
-    p_all_owners = owner_fraction_byzantine**replicas
-    p_unchecked = (1 - spot_checks / num_slices) ** honest_peers
+    Colluders lie on every slice whose owners are all theirs (a slice with one honest owner would
+    be a disagreement: recomputed and caught at once). Returns the chance that a round offers them
+    such a slice, the chance that a round in which they lie survives every spot check, and the
+    expected number of rounds until they are caught."""
+    import random
+
+    rng = random.Random(seed)
+    ids = [f"p{i:04d}" for i in range(servers)]
+    bad = set(ids[:byzantine])
+    checkers = servers - byzantine + 1 if honest_checkers is None else honest_checkers  # + the coordinator
+    lie_rounds = caught = 0
+    for _ in range(trials):
+        owners = assign_owners(ids, slices, replicas, rng.randbytes(32))
+        lied = {j for j, o in enumerate(owners) if o and set(o) <= bad}
+        if not lied:
+            continue
+        lie_rounds += 1
+        honest = [p for p in ids if p not in bad][: max(0, checkers - 1)] + [""]  # "" = the coordinator, owns nothing
+        for checker in honest:
+            candidates = [j for j in range(slices) if checker not in owners[j]]
+            if lied & set(rng.sample(candidates, min(spot_checks, len(candidates)))):
+                caught += 1
+                break
+    p_lie = lie_rounds / trials
+    p_caught = caught / lie_rounds if lie_rounds else 1.0
     return {
-        "p_slice_all_byzantine": p_all_owners,
-        "p_lie_unchecked": p_unchecked,
-        "p_caught_per_lie": 1 - p_unchecked,
-        "expected_lies_before_caught": 1 / max(1e-12, 1 - p_unchecked),
+        "p_round_offers_a_lie": p_lie,
+        "p_lie_survives_round": 1 - p_caught if lie_rounds else 0.0,
+        "expected_rounds_until_caught": (1 / (p_lie * p_caught)) if lie_rounds and caught else float("inf"),
     }

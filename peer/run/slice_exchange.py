@@ -1,0 +1,271 @@
+"""The sliced exchange's work, shared by peers and the coordinator: reduce-scatter and all-gather.
+
+  reduce (owners)   slice j of every listed update -> verify against its author's signed header
+                    -> decode into a preallocated (n, s_j) block -> robust rule on the slice
+                    -> result bytes, stored under their sha256 and served, and a signed SliceResult
+  gather (everyone) for each slice, the owners' signed results: one claim -> fetch the bytes from
+                    any owner that signed it; several claims, no claim, or a spot check -> recompute
+                    from the signed inputs and believe only what recomputes (the liars are named)
+
+Everything here is deterministic given the manifest and the inputs, so two honest nodes that see
+the same inputs sign the same bytes; a node that sees different bytes knows someone lied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from peer.run import slice_plan
+from peer.run.round_math import EXCLUDED_FOR_CAUSE, RoundMath, UpdateRejected
+from protocol.envelope import EnvelopeError, RoundManifest, UpdateHeader, signed_from_json
+from protocol.payload_fetch import ChannelPool, FetchError, fetch_blob
+from protocol.payload_service import PayloadStore
+from protocol.slice_result import SliceResult, open_slice_result, sign_slice_result
+from protocol.wire import swarm_pb2
+
+log = logging.getLogger("swarmloco.exchange")
+
+
+@dataclass(slots=True)
+class SliceRound:
+    """One round's sliced exchange as the signed manifest fixes it."""
+
+    round: int
+    manifest: RoundManifest
+    manifest_sha256: str
+    headers: dict[str, UpdateHeader]  # peer_id -> verified header, in the manifest's order
+    holders: dict[str, list[str]]  # peer_id -> endpoints holding that update's slices
+    owners: list[list[str]]  # slice -> owner peer_ids
+    endpoints: dict[str, str]  # owner peer_id -> its serving endpoint
+
+    @property
+    def peer_ids(self) -> list[str]:
+        return list(self.headers)
+
+
+@dataclass(slots=True)
+class GatherOutcome:
+    combined: torch.Tensor  # (d,) the aggregate every honest node applies
+    recomputed: list[int] = field(default_factory=list)  # slices recomputed here (disputes, spot checks, missing)
+    spot_checked: list[int] = field(default_factory=list)
+    liars: list[tuple[swarm_pb2.Signed, str]] = field(default_factory=list)  # (their signed result, why)
+    excluded: dict[int, dict[str, str]] = field(default_factory=dict)  # slice -> peer_id -> reason (agreed results)
+
+
+class SliceExchange:
+    def __init__(
+        self,
+        math: RoundMath,
+        pool: ChannelPool,
+        store: PayloadStore,
+        workers: ThreadPoolExecutor,
+        *,
+        own_endpoint: str = "",
+        identity: Any = None,
+    ) -> None:
+        self.math = math
+        self.pool = pool
+        self.store = store
+        self.workers = workers
+        self.own_endpoint = own_endpoint
+        self.identity = identity
+        # Slices are gathered a few at a time; each may fetch its inputs through `workers`, so the
+        # two levels use two pools (one pool for both could fill with slices waiting on fetches).
+        self.slice_workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="swarmloco-slice")
+
+    def close(self) -> None:
+        self.slice_workers.shutdown(wait=False, cancel_futures=True)
+
+    # --- the sender's side ---------------------------------------------------------------
+
+    def slice_hashes(self, payload: bytes) -> list[str]:
+        return [hashlib.sha256(part).hexdigest() for part in self.math.sliced_codec.split(payload)]
+
+    def serve_slices(self, header: UpdateHeader, payload: bytes) -> None:
+        """Make each slice of a (verified) payload fetchable by its own sha256."""
+        for sha, part in zip(header.slices, self.math.sliced_codec.split(payload)):
+            self.store.put_blob(sha, header.round, part)
+
+    # --- the manifest --------------------------------------------------------------------
+
+    def open_round(self, manifest: RoundManifest, signed_manifest: swarm_pb2.Signed, r: int,
+                   verify_header: Callable[[Any, int | None], UpdateHeader]) -> SliceRound:
+        """Check the manifest's entries and owner draw; raises EnvelopeError when they do not hold."""
+        headers: dict[str, UpdateHeader] = {}
+        holders: dict[str, list[str]] = {}
+        for entry in manifest.entries:
+            header = verify_header(signed_from_json(entry.header), r)
+            if header.payload_sha256 != entry.payload_sha256 or header.peer_id != entry.peer_id:
+                raise EnvelopeError("forged", f"manifest entry of {entry.peer_id[:8]} does not match its signed header")
+            if len(header.slices) != self.math.layout.num_slices:
+                raise EnvelopeError("malformed", f"update of {entry.peer_id[:8]} commits to {len(header.slices)} slices, the run has {self.math.layout.num_slices}")
+            headers[entry.peer_id] = header
+            holders[entry.peer_id] = [h for h in entry.holders if h]
+        cfg = self.math.cfg
+        servers = {e.peer_id: e.holders[0] for e in manifest.entries if e.serves and e.holders}
+        seed = slice_plan.owner_seed(cfg.run_id, r, [h.payload_sha256 for h in headers.values()])
+        expected = slice_plan.assign_owners(sorted(servers), self.math.layout.num_slices, cfg.exchange.replicas, seed)
+        if manifest.owners != expected:
+            raise EnvelopeError("forged", "the manifest's slice owners are not the draw its entries determine")
+        sha = hashlib.sha256(signed_manifest.body).hexdigest()
+        return SliceRound(r, manifest, sha, headers, holders, expected, servers)
+
+    # --- reduce-scatter ------------------------------------------------------------------
+
+    def fetch_input(self, rnd: SliceRound, peer_id: str, j: int) -> bytes:
+        header = rnd.headers[peer_id]
+        sha = header.slices[j]
+        data = self.store.get_blob(sha)
+        if data is not None:
+            return data
+        others = [rnd.endpoints[o] for o in rnd.owners[j] if o in rnd.endpoints]
+        holders = [h for h in rnd.holders[peer_id] + others if h and h != self.own_endpoint]
+        data = fetch_blob(self.pool, holders, sha, self.math.sliced_codec.slice_payload_size(j))
+        self.store.put_blob(sha, rnd.round, data)  # re-served: other owners may fetch it from us
+        return data
+
+    def reduce(self, rnd: SliceRound, j: int, inputs: list[str] | None = None) -> tuple[bytes, SliceResult]:
+        """Aggregate slice j over `inputs` (default: every listed update we can get and use)."""
+        candidates = rnd.peer_ids if inputs is None else inputs
+        size = self.math.layout.size(j)
+        rows = torch.empty(len(candidates), size)  # (n, s_j), filled in place
+        fetched = list(self.workers.map(lambda p: self._try_fetch(rnd, p, j), candidates))
+        used: list[str] = []
+        excluded: dict[str, str] = {}
+        for peer_id, (data, error) in zip(candidates, fetched):
+            if data is None:
+                excluded[peer_id] = error
+                continue
+            try:
+                rows[len(used)] = self.math.decode_slice(data, j, rnd.round)
+            except UpdateRejected as exc:
+                excluded[peer_id] = exc.reason
+                continue
+            used.append(peer_id)
+        for_cause = sum(reason in EXCLUDED_FOR_CAUSE for reason in [*rnd.manifest.excluded.values(), *excluded.values()])
+        result = self.math.reduce_slice(rows[: len(used)], j, round_=rnd.round, excluded_for_cause=for_cause)
+        sha = hashlib.sha256(result).hexdigest()
+        self.store.put_blob(sha, rnd.round, result)
+        owner = self.identity.peer_id if self.identity is not None else ""
+        return result, SliceResult(
+            run_id=self.math.cfg.run_id, round=rnd.round, slice=j, owner=owner, manifest_sha256=rnd.manifest_sha256,
+            result_sha256=sha, result_size=len(result), inputs=tuple(used), excluded=excluded,
+        )
+
+    def _try_fetch(self, rnd: SliceRound, peer_id: str, j: int) -> tuple[bytes | None, str]:
+        try:
+            return self.fetch_input(rnd, peer_id, j), ""
+        except (FetchError, OSError) as exc:
+            log.info("slice %d of %s unavailable: %s", j, peer_id[:8], exc)
+            return None, "unreachable"
+
+    def reduce_owned(self, rnd: SliceRound, sign: bool = True) -> list[swarm_pb2.Signed]:
+        """Every slice this node owns, reduced and signed (the node then submits them)."""
+        assert self.identity is not None
+        signed = []
+        for j in slice_plan.owned_by(rnd.owners, self.identity.peer_id):
+            _, result = self.reduce(rnd, j)
+            signed.append(sign_slice_result(self.identity, result))
+        return signed
+
+    # --- all-gather ----------------------------------------------------------------------
+
+    def open_results(self, rnd: SliceRound, signed_results: list[swarm_pb2.Signed]) -> dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]]:
+        """Valid results by slice: signed by an owner of that slice, for this manifest."""
+        by_slice: dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]] = {}
+        for signed in signed_results:
+            try:
+                result = open_slice_result(
+                    signed, run_id=self.math.cfg.run_id, round_=rnd.round,
+                    num_slices=self.math.layout.num_slices, max_result_bytes=self.math.max_result_bytes(),
+                )
+            except EnvelopeError as exc:
+                log.info("ignoring a slice result: %s", exc)
+                continue
+            if result.owner not in rnd.owners[result.slice] or result.manifest_sha256 != rnd.manifest_sha256:
+                continue
+            by_slice.setdefault(result.slice, []).append((result, signed))
+        return by_slice
+
+    def gather(self, rnd: SliceRound, signed_results: list[swarm_pb2.Signed], *, spot_checks: int = 0,
+               rng: random.Random | None = None) -> GatherOutcome:
+        """The (d,) aggregate from the owners' signed results; recomputes where it must."""
+        by_slice = self.open_results(rnd, signed_results)
+        layout = self.math.layout
+        me = self.identity.peer_id if self.identity is not None else ""
+        not_mine = [j for j in range(layout.num_slices) if me not in rnd.owners[j]]
+        rng = rng or random.SystemRandom()  # unpredictable to the owners
+        spot = sorted(rng.sample(not_mine, min(spot_checks, len(not_mine))))
+        outcome = GatherOutcome(combined=torch.empty(layout.numel), spot_checked=spot)
+
+        def one(j: int) -> tuple[int, torch.Tensor, list[tuple[swarm_pb2.Signed, str]], bool, dict[str, str]]:
+            results = by_slice.get(j, [])
+            claims = slice_plan.distinct_claims([_claim(res) for res, _ in results])
+            if len(claims) == 1 and j not in spot:
+                sha, inputs = claims[0]
+                signers = [res for res, _ in results if res.result_sha256 == sha]
+                data = self._fetch_result(rnd, j, sha, signers)
+                try:
+                    if data is not None:
+                        return j, self.math.decode_result(data, j), [], False, dict(signers[0].excluded)
+                except ValueError:  # agreed bytes that cannot be an aggregate: recomputation says who lied
+                    pass
+            j, data, liars, recomputed, excluded = self.settle(rnd, j, results, claims)
+            return j, self.math.decode_result(data, j), liars, recomputed, excluded
+
+        for j, values, liars, recomputed, excluded in self.slice_workers.map(one, range(layout.num_slices)):
+            outcome.combined[layout.range(j)] = values
+            outcome.liars.extend(liars)
+            outcome.excluded[j] = excluded
+            if recomputed:
+                outcome.recomputed.append(j)
+        return outcome
+
+    def settle(self, rnd: SliceRound, j: int, results: list[tuple[SliceResult, swarm_pb2.Signed]],
+                claims: list[tuple[str, tuple[str, ...]]]) -> tuple[int, bytes, list, bool, dict[str, str]]:
+        """Recompute each claim over its own inputs; keep the preferred one that holds."""
+        verified: dict[tuple[str, tuple[str, ...]], bytes | None] = {}
+        for sha, inputs in claims:
+            try:
+                data, mine = self.reduce(rnd, j, list(inputs))
+            except Exception as exc:  # noqa: BLE001 - an input we cannot get: the claim stays unverified
+                log.info("cannot recompute slice %d over a claimed input set: %s", j, exc)
+                continue
+            if mine.inputs != inputs:
+                continue  # some input is out of our reach now: neither proven nor disproven
+            verified[(sha, inputs)] = data if mine.result_sha256 == sha else None
+        liars = [(signed, f"slice {j}: signed sha256 {res.result_sha256[:12]} over {len(res.inputs)} inputs; "
+                  "recomputing those inputs gives other bytes")
+                 for res, signed in results if (res.result_sha256, res.inputs) in verified and verified[(res.result_sha256, res.inputs)] is None]
+        for sha, inputs in claims:  # claims are in preference order
+            data = verified.get((sha, inputs))
+            if data is not None:
+                excluded = next(res.excluded for res, _ in results if res.result_sha256 == sha and res.inputs == inputs)
+                return j, data, liars, True, dict(excluded)
+        data, mine = self.reduce(rnd, j)  # nothing to believe (or nobody answered): as an owner would
+        return j, data, liars, True, dict(mine.excluded)
+
+    def _fetch_result(self, rnd: SliceRound, j: int, sha: str, signers: list[SliceResult]) -> bytes | None:
+        data = self.store.get_blob(sha)
+        if data is not None:
+            return data
+        holders = [rnd.endpoints[s.owner] for s in signers if s.owner in rnd.endpoints]
+        random.shuffle(holders)  # spread the all-gather over the slice's owners
+        try:
+            data = fetch_blob(self.pool, holders, sha, signers[0].result_size)
+        except (FetchError, OSError) as exc:
+            log.info("aggregated slice %d unavailable from its owners: %s", j, exc)
+            return None
+        self.store.put_blob(sha, rnd.round, data)
+        return data
+
+
+def _claim(result: SliceResult) -> slice_plan.Claim:
+    return slice_plan.Claim(result.owner, result.result_sha256, result.result_size, result.inputs)

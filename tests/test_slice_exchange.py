@@ -1,0 +1,204 @@
+"""The sliced exchange engine over real gRPC on loopback: owners reduce, everyone gathers,
+a lying owner is outvoted by recomputation, colluding owners are caught by a spot check.
+
+Each simulated peer is a real PayloadServicer server holding its own update's slices; no
+coordinator is involved here (the real-process tests cover it): the manifest is signed by a
+throwaway coordinator identity exactly as the coordinator signs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from peer.run import slice_plan
+from peer.run.config import RunConfig
+from peer.run.round_math import RoundMath
+from peer.run.slice_exchange import SliceExchange
+from protocol.accounting import ByteCounter
+from protocol.channels import create_server
+from protocol.envelope import ManifestEntry, RoundManifest, UpdateHeader, sign_manifest, sign_update, signed_to_json
+from protocol.identity import Identity
+from protocol.payload_fetch import ChannelPool
+from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload
+from protocol.signing import open_signed
+from protocol.slice_result import SLICE_RESULT_TAG, SliceResult, sign_slice_result
+from protocol.wire import swarm_pb2_grpc
+
+NUMEL = 4096
+LAYOUT = "test-layout"
+
+
+class Node:
+    def __init__(self, cfg: RunConfig) -> None:
+        self.identity = Identity.generate()
+        self.math = RoundMath(cfg, NUMEL)
+        self.counter = ByteCounter(self.identity.peer_id)
+        self.store = PayloadStore()
+        self.server, port = create_server(self.counter, host="127.0.0.1", port=0)
+        swarm_pb2_grpc.add_PeerServicer_to_server(PayloadServicer(self.store, verify_header=lambda s: None, accept_pushes=False), self.server)
+        self.server.start()
+        self.endpoint = f"127.0.0.1:{port}"
+        self.pool = ChannelPool(self.counter)
+        self.workers = ThreadPoolExecutor(8)
+        self.exchange = SliceExchange(self.math, self.pool, self.store, self.workers, own_endpoint=self.endpoint, identity=self.identity)
+
+    def verify_header(self, signed, round_):
+        return self.math.open_update(signed, round_=round_, layout_hash=LAYOUT)
+
+    def close(self) -> None:
+        self.exchange.close()
+        self.pool.close()
+        self.workers.shutdown(wait=False)
+        self.server.stop(0)
+
+
+@pytest.fixture
+def swarm():
+    cfg = RunConfig.from_dict({"run_id": "slices", "exchange": {"mode": "sliced", "slices": 8, "replicas": 2},
+                               "aggregation": {"name": "median"}})
+    nodes = [Node(cfg) for _ in range(4)]
+    yield cfg, nodes
+    for node in nodes:
+        node.close()
+
+
+def make_round(cfg: RunConfig, nodes: list[Node], r: int = 0, nan_author: int | None = None):
+    """Every node encodes an update and serves its slices; a coordinator signs the manifest."""
+    gen = torch.Generator().manual_seed(7)
+    updates, entries, hashes = {}, [], []
+    for i, node in enumerate(nodes):
+        delta = torch.randn(NUMEL, generator=gen) * (i + 1)
+        payload = node.math.encode(delta, r)
+        if nan_author == i:  # a NaN in slice 5 only (fp16 bytes 0x7e00 = NaN)
+            parts = node.math.sliced_codec.split(payload)
+            bad = bytearray(parts[5])
+            bad[4:6] = b"\x00\x7e"
+            parts[5] = bytes(bad)
+            payload = b"".join(parts)
+        slices = node.exchange.slice_hashes(payload)
+        header = UpdateHeader(run_id=cfg.run_id, round=r, peer_id=node.identity.peer_id, codec=cfg.compression.codec, numel=NUMEL,
+                              layout_hash=LAYOUT, base_param_hash="0" * 64, payload_sha256=hashlib.sha256(payload).hexdigest(),
+                              payload_size=len(payload), slices=tuple(slices))
+        signed = sign_update(node.identity, header)
+        node.store.put(StoredPayload(header, signed, payload), verified=True)
+        node.exchange.serve_slices(header, payload)
+        updates[node.identity.peer_id] = node.math.sliced_codec.decode(payload, NUMEL)
+        entries.append(ManifestEntry(peer_id=header.peer_id, payload_sha256=header.payload_sha256, payload_size=header.payload_size,
+                                     header=signed_to_json(signed), holders=[node.endpoint], serves=True))
+        hashes.append(header.payload_sha256)
+    entries.sort(key=lambda e: e.peer_id)
+    owners = slice_plan.assign_owners([e.peer_id for e in entries], 8, 2, slice_plan.owner_seed(cfg.run_id, r, hashes))
+    manifest = RoundManifest(run_id=cfg.run_id, round=r, base_param_hash="0" * 64, entries=entries, excluded={}, owners=owners)
+    signed_manifest = sign_manifest(Identity.generate(), manifest)
+    rounds = [node.exchange.open_round(manifest, signed_manifest, r, node.verify_header) for node in nodes]
+    return rounds, [updates[e.peer_id] for e in entries]
+
+
+def reduce_all(nodes, rounds):
+    return [signed for node, rnd in zip(nodes, rounds) for signed in node.exchange.reduce_owned(rnd)]
+
+
+def test_every_node_gathers_the_same_aggregate_as_the_whole_vector_math(swarm):
+    cfg, nodes = swarm
+    rounds, updates = make_round(cfg, nodes)
+    results = reduce_all(nodes, rounds)
+    assert len(results) == 8 * 2  # every slice reduced by both of its owners
+    outcomes = [node.exchange.gather(rnd, results) for node, rnd in zip(nodes, rounds)]
+    for outcome in outcomes[1:]:
+        assert torch.equal(outcome.combined, outcomes[0].combined)
+    assert all(not o.liars and not o.recomputed for o in outcomes)
+    expected = torch.stack(updates).median(dim=0).values  # 4 rows: torch's lower median
+    reference = RoundMath(cfg, NUMEL)
+    whole = torch.zeros(NUMEL)
+    reference.apply(whole, updates, round_=0)  # the simulator's sliced path: same bytes
+    stepped = torch.zeros(NUMEL)
+    RoundMath(cfg, NUMEL).step_with_aggregate(stepped, outcomes[0].combined)
+    assert torch.equal(stepped, whole)
+    assert not torch.equal(outcomes[0].combined, expected * 0)
+
+
+def test_a_lone_lying_owner_is_outvoted_and_named(swarm):
+    cfg, nodes = swarm
+    rounds, _ = make_round(cfg, nodes)
+    honest = reduce_all(nodes, rounds)
+    clean = nodes[0].exchange.gather(rounds[0], honest).combined
+    # The first owner of slice 3 signs a different result (its honest bytes, doubled).
+    liar_id = rounds[0].owners[3][0]
+    liar = next(n for n in nodes if n.identity.peer_id == liar_id)
+    data, result = liar.exchange.reduce(rounds[nodes.index(liar)], 3)
+    values = liar.math.decode_result(data, 3) * 2
+    fake = values.to(torch.float16).numpy().tobytes()
+    fake_sha = hashlib.sha256(fake).hexdigest()
+    liar.store.put_blob(fake_sha, 0, fake)
+    lie = sign_slice_result(liar.identity, SliceResult(**{**_fields(result), "result_sha256": fake_sha}))
+    tampered = [s for s in honest if not _is(s, liar_id, 3)] + [lie]
+    for node, rnd in zip(nodes, rounds):
+        outcome = node.exchange.gather(rnd, tampered)
+        assert torch.equal(outcome.combined, clean)  # the lie changed nobody's parameters
+        assert [lie.signature] == [s.signature for s, _ in outcome.liars]
+        assert 3 in outcome.recomputed
+
+
+def test_colluding_owners_are_caught_by_a_spot_check(swarm):
+    cfg, nodes = swarm
+    rounds, _ = make_round(cfg, nodes)
+    honest = reduce_all(nodes, rounds)
+    clean = nodes[0].exchange.gather(rounds[0], honest).combined
+    owners = rounds[0].owners[6]
+    checker_index = next(i for i, n in enumerate(nodes) if n.identity.peer_id not in owners)
+    lies = []
+    for owner_id in owners:  # both owners of slice 6 sign the same false bytes
+        owner = next(n for n in nodes if n.identity.peer_id == owner_id)
+        data, result = owner.exchange.reduce(rounds[nodes.index(owner)], 6)
+        fake = (owner.math.decode_result(data, 6) + 1.0).to(torch.float16).numpy().tobytes()
+        sha = hashlib.sha256(fake).hexdigest()
+        owner.store.put_blob(sha, 0, fake)
+        lies.append(sign_slice_result(owner.identity, SliceResult(**{**_fields(result), "result_sha256": sha})))
+    tampered = [s for s in honest if not any(_is(s, o, 6) for o in owners)] + lies
+    checker = nodes[checker_index]
+    unchecked = checker.exchange.gather(rounds[checker_index], tampered, spot_checks=0)
+    assert not torch.equal(unchecked.combined, clean) and not unchecked.liars  # agreeing liars pass unchecked
+    checked = checker.exchange.gather(rounds[checker_index], tampered, spot_checks=8, rng=random.Random(0))
+    assert torch.equal(checked.combined, clean)
+    assert sorted(s.signature for s, _ in checked.liars) == sorted(s.signature for s in lies)
+
+
+def test_a_non_finite_slice_is_excluded_from_that_slice_only(swarm):
+    cfg, nodes = swarm
+    rounds, _ = make_round(cfg, nodes, nan_author=2)
+    outcome = nodes[0].exchange.gather(rounds[0], reduce_all(nodes, rounds))
+    bad = nodes[2].identity.peer_id
+    assert outcome.excluded[5] == {bad: "non-finite"}
+    assert all(bad not in outcome.excluded[j] for j in range(8) if j != 5)
+    assert bool(torch.isfinite(outcome.combined).all())
+
+
+def test_a_vanished_owner_is_covered_and_a_slice_nobody_reduced_is_recomputed(swarm):
+    cfg, nodes = swarm
+    rounds, _ = make_round(cfg, nodes)
+    results = reduce_all(nodes, rounds)
+    clean = nodes[0].exchange.gather(rounds[0], results).combined
+    gone = rounds[0].owners[1][0]
+    survivors = [s for s in results if not any(_is(s, gone, j) for j in range(8))]
+    survivors = [s for s in survivors if not _slice_of(s) == 2]  # and nobody reduced slice 2
+    outcome = nodes[3].exchange.gather(rounds[3], survivors)
+    assert torch.equal(outcome.combined, clean)
+    assert 2 in outcome.recomputed
+
+
+def _fields(result: SliceResult) -> dict:
+    return {f: getattr(result, f) for f in result.__dataclass_fields__}
+
+
+def _is(signed, owner: str, j: int) -> bool:
+    fields, _ = open_signed(signed, SLICE_RESULT_TAG)
+    return fields["owner"] == owner and fields["slice"] == j
+
+
+def _slice_of(signed) -> int:
+    return open_signed(signed, SLICE_RESULT_TAG)[0]["slice"]
