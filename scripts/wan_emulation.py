@@ -253,27 +253,55 @@ def shaping_text(bed_rate: float, rtt_ms: float, delay_mode: str) -> str:
     return f"{rate}; {delay}"
 
 
-def write_markdown(path: Path, results: list[dict], load_before: str, load_after: str, commands: list[str] | None = None) -> None:
-    from machine_info import command_line, machine_lines, write_keeping_notes
+def utilization_spread(result: dict) -> str:
+    """min-max of per-peer per-round utilization over all but the last round, and the last round's
+    (an overlapped run cannot overlap its last round: nothing is left to train beside it)."""
+    last = max(row["round"] for row in result["rows"])
+    body = [row["utilization"] for row in result["rows"] if row["round"] != last]
+    tail = [row["utilization"] for row in result["rows"] if row["round"] == last]
+
+    def span(values: list[float]) -> str:
+        return f"{100 * min(values):.0f}–{100 * max(values):.0f}%" if values else "-"
+
+    return f"{span(body)} (last: {span(tail)})"
+
+
+def write_markdown(path: Path, sources: list[dict], this_machine: bool = True) -> None:
+    """`sources`: one dict per JSON ({"json": its path as shown, "runs", "command", "load_before",
+    "load_after", optional "versions"}); every table row names the JSON it comes from.
+    `this_machine`: the runs were made here just now (else the machine is what the JSONs recorded)."""
+    from machine_info import machine_lines, write_keeping_notes
 
     lines = ["# Compute utilization under an emulated WAN", "",
              "Written by `scripts/wan_emulation.py`: coordinator and peers each in their own network namespace,",
              "joined by veth pairs on a bridge; shaping as stated on every row. utilization = sum of inner-step time /",
-             "sum of round wall time over all peers and rounds (the peers' own records); bytes are the transport's counts.", "",
-             *machine_lines(load_before, load_after), *[f"- command: `{c}`" for c in (commands or [command_line()])], "",
-             "| codec | shaping | peers | rounds x H | payload (B) | recv/peer/round (B) | compute (s) | wait (s) | fetch (s) "
-             "| aggregate (s) | round (s) | goodput (MB/s) | utilization |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in results:
+             "sum of round wall time over all peers and rounds (the peers' own records); bytes are the transport's counts.",
+             "Every row names the JSON it is generated from; each JSON's command and the load around it:", ""]
+    if this_machine:
+        lines += machine_lines(sources[0].get("load_before", "?"), sources[-1].get("load_after") or "(not recorded)")
+    else:
+        recorded = {json.dumps(s["versions"], sort_keys=True) for s in sources if s.get("versions")}
+        lines.append("- machine and library versions: " + (", ".join(sorted(recorded)) if recorded else
+                     "not recorded in these JSONs (report regenerated with --report-only)"))
+    for s in sources:
+        lines.append(f"- `{s['json']}`: `{s.get('command', '?')}` (load average 1/5/15 min before: "
+                     f"{s.get('load_before', '?')}; after: {s.get('load_after') or 'not recorded'})")
+    lines += ["",
+              "| JSON | codec | shaping | peers | rounds x H | payload (B) | recv/peer/round (B) | compute (s) | wait (s) "
+              "| fetch (s) | aggregate (s) | round (s) | goodput (MB/s) | utilization | per peer-round utilization |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    results = [(s["json"], r) for s in sources for r in s["runs"]]
+    for source, r in results:
         m = r["median"]
-        lines.append(f"| {r['codec']} | {r['shaping']} | {r['peers']} | {r['rounds']} x {r['inner_steps']} | "
+        lines.append(f"| {Path(source).name} | {r['codec']} | {r['shaping']} | {r['peers']} | {r['rounds']} x {r['inner_steps']} | "
                      f"{', '.join(f'{p:,}' for p in r['payload_bytes_measured'])} | {m['bytes_received']:,.0f} | {m['compute_s']:.2f} | "
                      f"{m['wait_s']:.2f} | {m['fetch_s']:.2f} | {m['aggregate_s']:.3f} | {m['round_s']:.2f} | "
-                     f"{(m['goodput_MBps'] or 0):.2f} | **{100 * r['utilization']:.1f}%** |")
+                     f"{(m['goodput_MBps'] or 0):.2f} | **{100 * r['utilization']:.1f}%** | {utilization_spread(r)} |")
     lines += ["", "Per-peer per-round detail (`scripts/measure_bandwidth.py` format):", ""]
     from measure_bandwidth import format_table
 
-    for r in results:
-        lines += [f"### {r['codec']}: {r['shaping']}", "", "```", format_table(r), "```", ""]
+    for source, r in results:
+        lines += [f"### {r['codec']}: {r['shaping']} ({Path(source).name})", "", "```", format_table(r), "```", ""]
     write_keeping_notes(path, "\n".join(lines))
 
 
@@ -294,10 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only say whether namespaces + tbf (+ netem) work here")
     args = parser.parse_args(argv)
     if args.report_only:
-        saved = [json.loads(Path(p).read_text()) for p in args.report_only]
-        write_markdown(Path(args.write_md or ROOT / "benchmarks/wan.md"), [r for s in saved for r in s["runs"]],
-                       saved[0].get("load_before", "?"), saved[-1].get("load_after", "(not recorded)"),
-                       [s.get("command", "?") for s in saved])
+        sources = [{"json": p, **json.loads(Path(p).read_text())} for p in args.report_only]
+        write_markdown(Path(args.write_md or ROOT / "benchmarks/wan.md"), sources, this_machine=False)
         return 0
     reason = namespaces_permitted()
     if reason:
@@ -340,14 +366,17 @@ def main(argv: list[str] | None = None) -> int:
             bed.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
+    from machine_info import command_line, cpu_model, versions
+
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    run = {"runs": results, "load_before": load_before, "load_after": load_average(), "command": command_line(),
+           "versions": {**versions(), "cpu": cpu_model(), "cores": str(os.cpu_count()),
+                        "commit": head.stdout.strip() or "unknown"}}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        from machine_info import command_line
-
-        Path(args.json).write_text(json.dumps({"runs": results, "load_before": load_before, "load_after": load_average(),
-                                               "command": command_line()}, indent=2))
+        Path(args.json).write_text(json.dumps(run, indent=2))
     if args.write_md:
-        write_markdown(Path(args.write_md), results, load_before, load_average())
+        write_markdown(Path(args.write_md), [{"json": args.json or "(no --json given)", **run}])
         print(f"wrote {args.write_md}")
     return 0
 

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import sys
 import threading
@@ -198,3 +199,26 @@ def _curves() -> dict:
     return {"val_loss_per_round": [2.0] * 24, "initial_val_loss": 5.5, "bytes_per_peer_per_round": 1.0,
             "upload_bytes_per_peer_per_round": 1.0, "total_bytes": 96.0, "ddp_equivalent_bytes": 960.0,
             "cumulative_bytes_per_round": list(range(24)), "wall_s": 1.0}
+
+
+def test_wan_report_names_the_json_behind_each_row(tmp_path):
+    source = ROOT / "benchmarks/wan_sync_h25_r6.json"
+    saved = json.loads(source.read_text())
+    wan_emulation.write_markdown(tmp_path / "wan.md", [{"json": "benchmarks/wan_sync_h25_r6.json", **saved}],
+                                 this_machine=False)
+    text = (tmp_path / "wan.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| wan_sync_h25_r6.json | fp16 |"))
+    # 6 rounds x 4 peers: rounds 1-5 ranged 59-79% per peer, the last round 67-72%
+    assert row.endswith("| **68.2%** | 59–79% (last: 67–72%) |")
+    assert f"`benchmarks/wan_sync_h25_r6.json`: `{saved['command']}`" in text
+    assert "not recorded in these JSONs" in text  # not this machine's versions passed off as the run's
+
+
+def test_vs_hivemind_report_from_a_run_that_stopped_early_has_no_nan(tmp_path):
+    # benchmarks/vs_hivemind.json was kept from a run stopped at 8 x 10M: no wall_s, no load_after
+    out = tmp_path / "vs.md"
+    assert bench_vs_hivemind.main(["--report-only", str(ROOT / "benchmarks/vs_hivemind.json"), "--write-md", str(out)]) == 0
+    wall = next(line for line in out.read_text().splitlines() if line.startswith("- total wall time:"))
+    assert wall == "- total wall time: not recorded (this JSON was written before its run finished; the run did not reach its end)"
+    assert bench_vs_hivemind.wall_time_text(812.4, True) == "812 s"
+    assert bench_vs_hivemind.wall_time_text(300.0, False).startswith("300 s until the last configuration")
