@@ -14,15 +14,63 @@ def config(**sections) -> RunConfig:
     return RunConfig.from_dict(data)
 
 
-def test_two_receivers_compute_bit_identical_parameters():
+class ThreadCountRecorder:
+    """Stands in for a RoundMath's aggregator or outer optimizer: records torch's thread count
+    at each call (aggregator(...), outer.step(...)), then runs the real one."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.threads: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __call__(self, *args, **kwargs):
+        self.threads.append(torch.get_num_threads())
+        return self.inner(*args, **kwargs)
+
+    def step(self, *args, **kwargs):
+        self.threads.append(torch.get_num_threads())
+        return self.inner.step(*args, **kwargs)
+
+
+def test_apply_runs_single_threaded_and_gives_the_caller_back_its_thread_count():
+    """Every node must reach the same bits whatever torch's thread count is where it runs.
+    Today's rules are thread-invariant by construction (float64, content order: 1, 2, 4 and 8
+    threads give equal bits up to d = 3M), so comparing results alone could not fail; apply()'s
+    pin to one thread is what keeps a future rule with a plain float32 reduction honest, so the
+    pin itself is asserted, for the rule and the outer step, and that the caller's count comes back."""
+    cfg = config(aggregation={"name": "centered-clip"})
+    torch.manual_seed(0)
+    updates = [torch.randn(5000) * 0.01 for _ in range(3)]
+    results = []
+    for caller_threads in (1, 3):
+        torch.set_num_threads(caller_threads)  # tests/conftest restores the session's count afterwards
+        math = RoundMath(cfg, 5000)
+        math.aggregator = rule = ThreadCountRecorder(math.aggregator)
+        math.outer = outer_step = ThreadCountRecorder(math.outer)
+        params = torch.ones(5000)
+        math.apply(params, updates, round_=0)
+        assert (rule.threads, outer_step.threads) == ([1], [1])
+        assert torch.get_num_threads() == caller_threads
+        results.append(params)
+    assert torch.equal(results[0], results[1])
+
+    # Rows that fail inside the pinned block (unequal lengths): the caller's count still comes back.
+    math = RoundMath(cfg, 5000)
+    with pytest.raises(RuntimeError, match="equal size"):
+        math.apply(torch.ones(5000), [torch.zeros(5000), torch.zeros(4999), torch.zeros(5000)])
+    assert torch.get_num_threads() == 3
+
+
+def test_int8_updates_decoded_by_two_receivers_step_identically_to_nesterov_on_their_mean():
     cfg = config(compression={"codec": "int8"}, aggregation={"name": "mean"})
     torch.manual_seed(0)
     deltas = [torch.randn(5000) * 0.01 for _ in range(3)]
     senders = [RoundMath(cfg, 5000) for _ in deltas]
     payloads = [s.encode(d, 0) for s, d in zip(senders, deltas)]
     results = []
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
+    for _ in range(2):
         receiver = RoundMath(cfg, 5000)
         params = torch.ones(5000)
         receiver.apply(params, [receiver.decode(p, 0) for p in payloads])
