@@ -15,7 +15,9 @@ f attackers. The gap of a cell is its final validation loss relative to the clea
     .venv/bin/python scripts/byzantine_bench.py --phases main        # one phase
     .venv/bin/python scripts/byzantine_bench.py --report-only        # redo md/png from the JSON
 
-Writes benchmarks/byzantine.json (one record per run), byzantine.md and byzantine.png.
+Writes benchmarks/byzantine.json (one record per run), byzantine.md and byzantine.png (the last two
+through scripts/byzantine_report.py). This module holds the grid, the runs and the reading of their
+results (gap, loss_of, worst_case); the report module turns those into the table and the heatmap.
 """
 
 from __future__ import annotations
@@ -312,192 +314,6 @@ def support_demo(profile: Profile, seed: int = 0) -> list[dict[str, Any]]:
     return out
 
 
-# --- report ----------------------------------------------------------------------------------
-
-
-def _cell(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DENSE) -> str:
-    g, status = gap(results, agg, f, attack, codec)
-    if status != "ok":
-        return "not run" if status == "missing" else status
-    loss = loss_of(results, agg, f, attack, codec)
-    if g is None or loss is None:
-        return "?"
-    if not math.isfinite(loss) or g > 10:
-        return f"diverged (loss {loss:.1e})"
-    return f"{loss:.3f} ({100 * g:+.1f}%)"
-
-
-def _worst_text(results: dict[str, dict], agg: str, f: int, names: list[str], codec: str = DENSE) -> str:
-    w, attack, bad = worst_case(results, agg, f, names, codec)
-    text = "-" if w is None else ("diverged" if not math.isfinite(w) or w > 10 else f"{100 * w:+.1f}%") + f" ({attack})"
-    return text + (f"; {bad} did not run" if bad else "")
-
-
-def pick_default(results: dict[str, dict]) -> tuple[str | None, list[str]]:
-    """Best worst case over every attack at f=2 among rules within 1% of clean `mean` with no attacker
-    and with no attack that stops the run."""
-    lines, best = [], None
-    for agg in ALL_AGGREGATORS:
-        fp, st = gap(results, agg, 2, CLEAN)
-        w, attack, bad = worst_case(results, agg, 2, list(attacks.NAMES))
-        if st != "ok" or fp is None or w is None:
-            continue
-        missing = [a for a in attacks.NAMES if gap(results, agg, 2, a)[1] == "missing"]
-        ok = fp <= 0.01 and not bad and not missing
-        worst = "diverged" if not math.isfinite(w) or w > 10 else f"{100 * w:+.1f}%"
-        lines.append(f"{agg}: no-attacker gap {100 * fp:+.2f}%, worst {worst} ({attack})"
-                     + (f", stops on {bad}" if bad else "")
-                     + (f", only {len(attacks.NAMES) - len(missing)} attacks run" if missing else "")
-                     + ("" if ok else " -> not eligible"))
-        if ok and (best is None or w < best[1]):
-            best = (agg, w)
-    return (best[0] if best else None), lines
-
-
-def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict[str, Any]], out: Path) -> None:
-    names = list(attacks.NAMES)
-    md = ["# Byzantine robustness: attacks x aggregators (8 simulated peers)", ""]
-    md += ["Produced by `scripts/byzantine_bench.py` through `swarmloco simulate` (peer/cli/simulate.py: the real "
-           "round math; attackers are the first f virtual peers, omniscient: they see the round's honest updates; "
-           "every peer trains on its own shard of the corpus).", "", "## Machine and command", ""]
-    md += meta.get("machine", []) + [f"- command: `{meta.get('command', '?')}`",
-                                     f"- wall time of the last invocation: {meta.get('wall_min', 0):.1f} min, "
-                                     f"{meta.get('workers', '?')} worker processes x 1 torch thread"]
-    md += [f"- later re-run: {note}" for note in meta.get("reruns", [])] + [""]
-    p = meta.get("profile", {})
-    md += [f"Each run: n = {PEERS} peers, model d_model {p.get('d_model')}, {p.get('n_layer')} layer, seq "
-           f"{p.get('seq_len')}, batch {p.get('batch_size')}, H = {p.get('inner_steps')} inner AdamW steps, "
-           f"{p.get('rounds')} rounds, outer {p.get('outer')}, codec {DENSE} unless stated; "
-           f"seeds {meta.get('seeds')}. A cell is `final val loss (gap)`, both averaged over seeds; the gap is "
-           "relative to the clean run with `mean` (f = 0, no attacker) of the same seed. Attack options are the "
-           f"defaults of optim/attacks.py except {ATTACK_OPTIONS}. `error`: the run stopped (see notes); "
-           "`refused`: the rule cannot tolerate that f of 8.", ""]
-    md += ["Why fedavg and not the run's default outer Nesterov (lr 0.7, momentum 0.9): in a first pass of this grid "
-           "with Nesterov, 6 rounds, the clean `mean` run's val loss rose 3.34 -> 3.63 in the last round on seed 1 "
-           "and `multi-krum` with no attacker (6 of 8 honest updates) ended 9% above `mean` on seed 0: momentum "
-           "overshoot, a noise floor above the 1% and 5% targets. With fedavg (θ -= aggregate) the curves are "
-           "monotone and the two clean seeds end within 0.5% of each other, so a gap measures the aggregate.", ""]
-    clean = [results.get(Case("clean", "mean", 0, CLEAN, s).key) for s in meta.get("seeds", [])]
-    clean_losses = [f"{r['final_val_loss']:.4f}" for r in clean if r and r["status"] == "ok"]
-    md += [f"Clean reference (`mean`, f = 0) final val loss per seed: {', '.join(clean_losses)}.", ""]
-
-    md += ["## f = 2 of 8 attackers, every attack x every aggregator", ""]
-    header = ["aggregator", "no attacker (f=2 declared)", *names, "worst case"]
-    md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for agg in ALL_AGGREGATORS:
-        if gap(results, agg, 2, CLEAN)[1] == "missing":
-            continue
-        cells = [_cell(results, agg, 2, a) for a in [CLEAN, *names]]
-        md.append(f"| {agg} | " + " | ".join(cells) + f" | {_worst_text(results, agg, 2, names)} |")
-    md += ["", "Heatmap: `benchmarks/byzantine.png` (gap %, same cells).", ""]
-
-    md += ["## Negative control: `mean` with f = 2", ""]
-    for label in ["sign-flip", "sign-flip(scale=1.0)", "huge-norm", "gaussian", "nan"]:
-        md.append(f"- {label}: {_cell(results, 'mean', 2, label)}")
-    md += ["- `nan` updates never reach the aggregator: the receiver excludes non-finite updates before "
-           "aggregation (as the round manifest does), so `mean` averages the 6 honest ones.", ""]
-
-    fnames = sorted({_attack_label(r) for r in results.values() if r["phase"] == "fvalues" and r["attack"] != CLEAN})
-    if fnames:
-        md += ["## f = 1 and f = 3 (reduced grid: the attacks that hurt the robust rules most at f = 2)", ""]
-        header = ["f", "aggregator", "no attacker", *fnames, "worst case"]
-        md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for f in (1, 3):
-            for agg in AGGREGATORS:
-                why = refusal(agg, f)
-                if why:
-                    md.append(f"| {f} | {agg} | refused: {why} |" + " |" * (len(fnames) + 1))
-                elif gap(results, agg, f, CLEAN)[1] != "missing":
-                    cells = [_cell(results, agg, f, a) for a in [CLEAN, *fnames]]
-                    md.append(f"| {f} | {agg} | " + " | ".join(cells) + f" | {_worst_text(results, agg, f, fnames)} |")
-        md.append("")
-
-    if any(r["phase"] == "compression" for r in results.values()):
-        md += ["## Compression and robustness together (f = 2)", "",
-               "Gap still vs the dense clean `mean` run. `randk` draws one index set per round from the shared "
-               "codec seed, so every peer sends the same coordinates; `topk` lets each peer keep its own.", ""]
-        header = ["codec", "aggregator", "f=0 mean (codec only)", "no attacker", *COMPRESSION_ATTACKS,
-                  "worst vs dense mean", "worst vs this codec's f=0 mean"]
-        md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for codec, aggs in COMPRESSION.items():
-            base = _cell(results, "mean", 0, CLEAN, codec)
-            base_loss = loss_of(results, "mean", 0, CLEAN, codec)
-            for agg in aggs:
-                names = [CLEAN, *COMPRESSION_ATTACKS]
-                cells = [_cell(results, agg, 2, a, codec) for a in names]
-                losses = [x for x in (loss_of(results, agg, 2, a, codec) for a in names) if x is not None]
-                own = f"{100 * (max(losses) - base_loss) / base_loss:+.1f}%" if losses and base_loss else "-"
-                md.append(f"| {codec} | {agg} | {base} | " + " | ".join(cells)
-                          + f" | {_worst_text(results, agg, 2, names, codec)} | {own} |")
-        md.append("")
-    if demo:
-        md += ["### The sparse-support trap, measured directly", "",
-               "Real round-0 pseudo-gradients of the 8 peers, encoded and decoded with the codec, then aggregated "
-               "(f = 2, no attacker) and compared with the plain mean of the same decoded rows.", "",
-               "| codec | aggregator | cosine to mean | norm / mean's norm | nonzero coords / mean's | peers per kept coord |",
-               "|---|---|---|---|---|---|"]
-        for d in demo:
-            md.append(f"| {d['codec']} | {d['aggregator']} | {d['cosine_to_mean']:.3f} | {d['norm_ratio']:.3f} | "
-                      f"{d['nonzero_fraction']:.3f} | {d['peers_per_kept_coordinate']:.2f} |")
-        md.append("")
-
-    default, lines = pick_default(results)
-    md += ["## Default aggregator", "", f"Pick: **{default}** (rule: best worst case over every attack at f = 2 "
-           "among rules within 1% of clean `mean` with no attacker and that no attack stops).", ""]
-    md += [f"- {line}" for line in lines]
-    if default:
-        w, attack, _ = worst_case(results, default, 2, list(attacks.NAMES))
-        fp = gap(results, default, 2, CLEAN)[0]
-        flip = gap(results, "mean", 2, "sign-flip")[0]
-        md += ["", "Targets (f = 2 of 8): default's worst case over attacks "
-               f"{100 * w:+.1f}% ({attack}; target within 5%); with no attacker {100 * (fp or 0):+.2f}% vs `mean` "
-               f"(target within 1%); `mean` under sign-flip {100 * (flip or 0):+.1f}% (target at least 10% worse)."]
-    md += ["", "Variants (nnm, bucketing) ran on the two attacks that hurt the robust rules most at f = 2 "
-           "(`not run` elsewhere), so they are not eligible for the default; `centered-clip+bucket2` is refused "
-           "at f = 2 of 8 (4 buckets, 2f + 1 = 5 needed)."]
-    errors = sorted({f"{r['aggregator']} f={r['f']} {r['attack']}: {r['error']}" for r in results.values()
-                     if r["status"] == "error"})
-    if errors:
-        md += ["", "## Runs that stopped", ""] + [f"- {e}" for e in errors]
-    (out / "byzantine.md").write_text("\n".join(md) + "\n")
-    heatmap(results, out / "byzantine.png")
-
-
-def heatmap(results: dict[str, dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    cols = [CLEAN, *attacks.NAMES]
-    rows = [a for a in ALL_AGGREGATORS if gap(results, a, 2, CLEAN)[1] != "missing"]
-    if not rows:
-        return
-    grid = np.full((len(rows), len(cols)), np.nan)
-    labels = [["" for _ in cols] for _ in rows]
-    for i, agg in enumerate(rows):
-        for j, a in enumerate(cols):
-            g, status = gap(results, agg, 2, a)
-            if status != "ok" or g is None:
-                labels[i][j] = "not run" if status == "missing" else status
-            else:
-                grid[i, j] = min(100 * g, 1e4)
-                labels[i][j] = "div" if not math.isfinite(g) or g > 10 else f"{100 * g:+.1f}"
-    fig, ax = plt.subplots(figsize=(1.0 * len(cols) + 3, 0.5 * len(rows) + 2))
-    image = ax.imshow(np.clip(grid, -5, 30), cmap="RdYlGn_r", vmin=-5, vmax=30, aspect="auto")
-    for i in range(len(rows)):
-        for j in range(len(cols)):
-            ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=7)
-    ax.set_xticks(range(len(cols)), ["no attacker" if c == CLEAN else c for c in cols], rotation=40, ha="right")
-    ax.set_yticks(range(len(rows)), rows)
-    ax.set_title(f"final val loss gap vs clean mean (%), f=2 of {PEERS}, {DENSE}; colour clipped to [-5, 30]")
-    fig.colorbar(image, ax=ax, label="gap %")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 # --- CLI -------------------------------------------------------------------------------------
 
 
@@ -541,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         meta.update(machine=machine_lines(load_before, load_average()), command=command_line(),
                     wall_min=(time.perf_counter() - started) / 60)
         save(path, results, meta)
+    # Imported here: the report reads this module's grid and result helpers (no import cycle at load).
+    from scripts.byzantine_report import write_report
+
     write_report(results, meta, meta.get("support_demo", []), out)
     print(f"wrote {out / 'byzantine.md'} and {out / 'byzantine.png'}")
     return 0

@@ -1,4 +1,5 @@
-"""scripts/byzantine_bench.py: the gap arithmetic, the refusals, the default pick, and a tiny end-to-end run."""
+"""scripts/byzantine_bench.py: the gap arithmetic, the refusals, and a tiny end-to-end run;
+scripts/byzantine_report.py: the default pick."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import pytest
 
 from scripts import byzantine_bench as bench
+from scripts import byzantine_report as report
 
 
 def _record(agg: str, f: int, attack: str, seed: int, loss: float | None, status: str = "ok", codec: str = "fp16") -> dict:
@@ -52,7 +54,7 @@ def test_pick_default_takes_the_best_worst_case_among_rules_quiet_without_attack
     for agg, fp, worst in (("median", 4.2, 4.1), ("centered-clip", 4.02, 4.1), ("geometric-median", 4.0, 4.3)):
         records.append(_record(agg, 2, bench.CLEAN, 0, fp))  # median: +5% with no attacker -> not eligible
         records += [_record(agg, 2, a, 0, worst if a == "alie" else 4.0) for a in bench.attacks.NAMES]
-    default, lines = bench.pick_default(_results(*records))
+    default, lines = report.pick_default(_results(*records))
     assert default == "centered-clip"  # worst +2.5% beats geometric-median's +7.5%
     assert any(line.startswith("median:") and "not eligible" in line for line in lines)
 
