@@ -1,7 +1,8 @@
 """Smoke tests of the measurement scripts' small modes (no hivemind swarm, no namespaces needed).
 
-- the swarmloco exchange round of bench_vs_hivemind: two real gRPC peers in this process, exact
-  mean for fp32, bounded error for fp16/int8, every payload verified;
+- the swarmloco exchange round of bench_vs_hivemind: three real gRPC peers in this process apply
+  the run's rule (the coordinate median, not the mean) bit for bit to the decoded payloads, within
+  the codec's error of the exact median for fp16/int8, every payload verified;
 - measure_bandwidth's analysis on hand-written peer summaries (goodput, utilization, the
   coordinator vs peer split, codec sizes from the codec docstring's examples);
 - delay_proxy carries bytes and EOF unchanged; wan_emulation exits 0 with a message when it
@@ -43,26 +44,37 @@ def test_parse_numel_refuses_nonsense():
 
 
 @pytest.mark.parametrize("codec, tolerance", [("fp32", 1e-6), ("fp16", 2e-3), ("int8", 5e-2), ("topk:0.01+int8", None)])
-def test_exchange_round_two_real_peers(codec, tolerance):
+def test_exchange_round_three_real_peers_apply_the_runs_rule(codec, tolerance):
+    """Three peers, so the run's default rule shows: their coordinate median is not their mean."""
     from exchange_round import ExchangePeer
 
     d = 4096
-    updates = [torch.randn(d, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    updates = [torch.randn(d, generator=torch.Generator().manual_seed(i)) for i in range(3)]
     peers = [ExchangePeer(u) for u in updates]
     try:
         manifest = sorted((p.commit(codec, 1) for p in peers), key=lambda e: e[0])
-        results = [p.aggregate(manifest, codec, 1) for p in peers]
-        exact = (updates[0] + updates[1]) / 2
+        results = [p.aggregate(manifest, codec, 1)[0] for p in peers]
         # every honest peer computes the same bits from the same bytes in the same order
-        assert torch.equal(results[0][0], results[1][0])
-        if tolerance is not None:
-            assert float((results[0][0] + exact).abs().max()) < tolerance
-        else:  # top 1% of each: the result is -mean of the sparse updates, nonzero on <= 2% of coordinates
-            assert 0 < int((results[0][0] != 0).sum()) <= 2 * round(0.01 * d)
-        # each fetched exactly the other's payload over gRPC: counted bytes exceed the payload
-        payload = len(peers[0].payload)
-        assert peers[0].counter.total().received >= payload
-        assert peers[1].counter.total().sent >= payload
+        assert all(torch.equal(results[0], r) for r in results[1:])
+        math = peers[0].math(codec)
+        assert math.cfg.aggregation.name == "median" and math.cfg.outer.name == "fedavg"
+        # fedavg at lr 1 steps params = 0 to -aggregate: minus the middle of the 3 decoded values
+        # of each coordinate, bit for bit.
+        by_id = {p.peer_id: p for p in peers}
+        decoded = torch.stack([math.decode(by_id[peer_id].payload, 1) for peer_id, _, _ in manifest])  # (3, d)
+        assert torch.equal(results[0], -decoded.median(dim=0).values)
+        assert float((decoded.mean(dim=0) - decoded.median(dim=0).values).abs().max()) > 0.1  # median != mean here
+        if tolerance is not None:  # and the lossy codecs stay within their error of the exact median
+            exact = torch.stack(updates).median(dim=0).values
+            assert float((results[0] + exact).abs().max()) < tolerance
+        else:  # top 1% of each: a coordinate survives the median only where 2 of 3 peers kept it
+            assert int((results[0] != 0).sum()) < int((decoded != 0).any(dim=0).sum())
+        # each fetched the other two payloads over gRPC (its own is not fetched): counted bytes
+        # exceed the payloads
+        for peer in peers:
+            others = sum(len(o.payload) for o in peers if o is not peer)
+            assert peer.counter.total().received >= others
+            assert peer.counter.total().sent >= 2 * len(peer.payload)
     finally:
         for p in peers:
             p.close()
