@@ -339,6 +339,24 @@ def _table(summary: list[dict[str, Any]], fp32: dict[str, Any] | None, fp32_uplo
     return lines
 
 
+def _seed_spread(s: dict[str, Any]) -> str:
+    """How far apart a row's seeds ended: (max - min) / min of the final losses, in percent."""
+    finals = list(s["by_seed"].values())
+    return f"{100 * (max(finals) / min(finals) - 1):.1f}%"
+
+
+def _shared_settings(runs: list[dict[str, Any]]) -> str:
+    """Inner lr, batch and error feedback as the runs' stored configs have them (each value listed
+    once; more than one value means the runs differ)."""
+
+    def values(get) -> str:
+        return "/".join(sorted({str(get(r["config"])) for r in runs}))
+
+    return (f"inner lr {values(lambda c: c['inner']['lr'])}, batch {values(lambda c: c['data']['batch_size'])}x"
+            f"{values(lambda c: c['model']['seq_len'])} per peer, error feedback "
+            f"{values(lambda c: 'on' if c['compression']['error_feedback'] else 'off')} for the lossy codecs")
+
+
 def _per_seed(ref: dict[str, Any]) -> str:
     return ", ".join(f"{loss:.4f} (seed {seed})" for seed, loss in sorted(ref["by_seed"].items()))
 
@@ -360,8 +378,8 @@ def write_report(runs: list[dict[str, Any]], meta: dict[str, Any], notes: str = 
         "",
         f"Every row: the default model ({meta['numel']:,} parameters, byte-level GPT), the default corpus "
         f"(Python stdlib sources), {meta['peers']} peers on distinct shards, {steps} inner AdamW steps per peer "
-        f"({meta['rounds']} rounds x H={meta['inner_steps']} unless the row says otherwise; lr 1e-3, batch 8x128 "
-        "per peer), error feedback on for every lossy codec; codec, outer optimizer, aggregator, H x rounds and "
+        f"({meta['rounds']} rounds x H={meta['inner_steps']} unless the row says otherwise; {_shared_settings(runs)}); "
+        "codec, outer optimizer, aggregator, H x rounds and "
         "the seeds in each row's columns are read from its runs' stored configs (every row passes "
         "`--aggregator mean` explicitly: this table measures compression, not robustness). "
         "DDP: the same peers and per-peer batch, gradients averaged every step, one AdamW step; its bytes are "
@@ -369,7 +387,8 @@ def write_report(runs: list[dict[str, Any]], meta: dict[str, Any], notes: str = 
         "DiLoCo rows: bytes are measured payload lengths; per peer per round = its upload + the n-1 payloads it "
         "downloads. 'fewer bytes than fp32' compares upload payloads (fp32: 4 B/param + 4 B header). "
         "Final val loss: mean over seeds (± half the range) on the fixed validation batches. Gaps are paired: "
-        "computed on the seeds both rows have (seed 0 and 1 of DiLoCo fp32 differ by 1.5%, more than most codecs).",
+        "computed on the seeds both rows have" + (f" (DiLoCo fp32's seeds differ by {_seed_spread(fp32)}, more than most codecs)."
+                                                    if fp32 and len(fp32["by_seed"]) > 1 else "."),
         "",
         *_table(summary, fp32, fp32 and fp32["upload"]),
         "",
