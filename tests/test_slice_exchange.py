@@ -18,10 +18,10 @@ import torch
 from peer.run import slice_plan
 from peer.run.config import RunConfig
 from peer.run.round_math import RoundMath
-from peer.run.slice_exchange import SliceExchange
+from peer.run.slice_exchange import SliceExchange, sliced_manifest
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
-from protocol.envelope import ManifestEntry, RoundManifest, UpdateHeader, sign_manifest, sign_update, signed_to_json
+from protocol.envelope import ManifestEntry, UpdateHeader, sign_manifest, sign_update, signed_to_json
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload
@@ -91,9 +91,9 @@ def make_round(cfg: RunConfig, nodes: list[Node], r: int = 0, nan_author: int | 
         entries.append(ManifestEntry(peer_id=header.peer_id, payload_sha256=header.payload_sha256, payload_size=header.payload_size,
                                      header=signed_to_json(signed), holders=[node.endpoint], serves=True))
         hashes.append(header.payload_sha256)
-    entries.sort(key=lambda e: e.peer_id)
-    owners = slice_plan.assign_owners([e.peer_id for e in entries], 8, 2, slice_plan.owner_seed(cfg.run_id, r, hashes))
-    manifest = RoundManifest(run_id=cfg.run_id, round=r, base_param_hash="0" * 64, entries=entries, excluded={}, owners=owners)
+    manifest = sliced_manifest(nodes[0].math, r, entries, base_param_hash="0" * 64)
+    entries = manifest.entries
+    assert manifest.owners == slice_plan.assign_owners([e.peer_id for e in entries], 8, 2, slice_plan.owner_seed(cfg.run_id, r, hashes))
     signed_manifest = sign_manifest(Identity.generate(), manifest)
     rounds = [node.exchange.open_round(manifest, signed_manifest, r, node.verify_header) for node in nodes]
     return rounds, [updates[e.peer_id] for e in entries]

@@ -24,13 +24,25 @@ import torch
 
 from peer.run import slice_plan
 from peer.run.round_math import EXCLUDED_FOR_CAUSE, RoundMath, UpdateRejected
-from protocol.envelope import EnvelopeError, RoundManifest, UpdateHeader, signed_from_json
+from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, signed_from_json
 from protocol.payload_fetch import ChannelPool, FetchError, fetch_blob
 from protocol.payload_service import PayloadStore
 from protocol.slice_result import SliceResult, open_slice_result, sign_slice_result
 from protocol.wire import swarm_pb2
 
 log = logging.getLogger("swarmloco.exchange")
+
+
+def sliced_manifest(math: RoundMath, r: int, entries: list[ManifestEntry], *, base_param_hash: str,
+                    excluded: dict[str, str] | None = None) -> RoundManifest:
+    """The round's manifest with its owner draw: entries sorted by peer_id, each slice's owners
+    drawn among the serving authors from the listed payload hashes (what every node re-checks)."""
+    entries = sorted(entries, key=lambda e: e.peer_id)
+    seed = slice_plan.owner_seed(math.cfg.run_id, r, [e.payload_sha256 for e in entries])
+    owners = slice_plan.assign_owners([e.peer_id for e in entries if e.serves], math.layout.num_slices,
+                                      math.cfg.exchange.replicas, seed)
+    return RoundManifest(run_id=math.cfg.run_id, round=r, base_param_hash=base_param_hash, entries=entries,
+                         excluded=dict(excluded or {}), owners=owners)
 
 
 @dataclass(slots=True)
