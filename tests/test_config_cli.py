@@ -33,6 +33,8 @@ def test_example_config_loads_and_roundtrips():
         ({"bogus": 1}, "unknown run config key"),
         ({"inner": {"stepz": 3}}, "unknown key inner.stepz"),
         ({"allowed_peers": ["zz"]}, "64 hex"),
+        ({"outer": {"lr": "fast"}}, "outer.lr='fast': expected a number"),
+        ({"outer": {"lr": -1.0}}, "positive learning rate"),
     ],
 )
 def test_bad_config_says_what_to_change(data, fragment):

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.conftest import write_run_config
+from tests.conftest import tiny_run_config, write_run_config
 
 pytestmark = pytest.mark.integration
 
@@ -124,9 +124,9 @@ def test_resume_continues_bit_for_bit(tmp_path):
     the start) must differ, or the comparison proves nothing.
     """
     from peer.node.node import PeerNode, PeerOptions
-    from tests.test_coordinator_unit import round_clock, serve_coordinator, tiny_config
+    from tests.test_coordinator_unit import round_clock, serve_coordinator
 
-    cfg = tiny_config(rounds=4, expected_peers=1)
+    cfg = tiny_run_config(rounds={"rounds": 4, "expected_peers": 1})
 
     def run(identity_dir, stops: list[tuple[int, bool]]) -> str:
         """Run the swarm of one peer for rounds in `stops`: (rounds, resume) per peer lifetime."""

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from peer.run.config import ConfigError, RunConfig
-from peer.run.round_math import RoundMath, UpdateRejected, check_run_config, codec_seed
+from peer.run.config_rules import check_run_config, with_suitable_aggregator
+from peer.run.round_math import RoundMath, UpdateRejected, codec_seed
 
 
 def config(**sections) -> RunConfig:
@@ -109,8 +110,6 @@ def test_global_state_roundtrip_includes_stateful_aggregator():
 
 
 def test_default_median_becomes_centered_clip_on_sparse_codecs_unless_asked():
-    from peer.run.round_math import with_suitable_aggregator
-
     sparse = config(compression={"codec": "topk:0.01+int8"})
     assert sparse.aggregation.name == "median"
     assert with_suitable_aggregator(sparse, explicit=False).aggregation.name == "centered-clip"

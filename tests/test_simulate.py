@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
@@ -10,7 +9,8 @@ import pytest
 
 from optim import codecs
 from peer.run.config import RunConfig
-from peer.cli.simulate import SimulationOptions, add_arguments, main, run_simulation
+from peer.cli.main import main
+from peer.cli.simulate import SimulationOptions, run_simulation
 
 TINY = {
     "seed": 3,
@@ -104,8 +104,8 @@ def test_nan_attacker_is_excluded_and_training_stays_finite():
     [
         ({"peers": 0}, "--peers 0"),
         ({"byzantine": 4, "attack": "nan"}, "at least one honest peer"),
-        ({"byzantine": 1}, "needs --attack"),
-        ({"attack": "nan"}, "needs --byzantine"),
+        ({"byzantine": 1}, "need --attack"),
+        ({"attack": "nan"}, "needs --num-byzantine"),
         ({"byzantine": 1, "attack": "sign-flop"}, "unknown attack"),
         ({"baseline": "ddp", "byzantine": 1, "attack": "nan"}, "no aggregation"),
     ],
@@ -116,15 +116,13 @@ def test_bad_options_raise_clear_errors(kwargs, message):
 
 
 def run_cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return main(parser.parse_args(argv))
+    return main(["simulate", *argv])
 
 
 def test_cli_bad_flags_print_advice_and_return_2(capsys):
     assert run_cli(["--codec", "topk:2"]) == 2
     assert "FRACTION must be in (0, 1]" in capsys.readouterr().err
-    assert run_cli(["--aggregator", "krum", "--peers", "3", "--byzantine", "1", "--attack", "nan"]) == 2
+    assert run_cli(["--aggregator", "krum", "--peers", "3", "--num-byzantine", "1", "--attack", "nan"]) == 2
     assert "needs at least 5 peers" in capsys.readouterr().err
     assert run_cli(["--attack-option", "scale"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
@@ -137,11 +135,15 @@ def test_cli_writes_json(tmp_path, capsys):
         "[data]\nbatch_size = 4\nval_batches = 2\nmax_corpus_bytes = 300000\n"
     )
     out = tmp_path / "result.json"
-    argv = ["--config", str(config), "--peers", "2", "--rounds", "1", "--inner-steps", "2", "--codec", "int8",
-            "--outer", "nesterov", "--threads", "1", "--json", str(out)]
+    argv = ["--config", str(config), "--peers", "3", "--rounds", "1", "--inner-steps", "2", "--codec", "int8",
+            "--outer", "nesterov", "--aggregator", "mean", "--run-seed", "5", "--num-byzantine", "1", "--attack", "nan",
+            "--threads", "1", "--json", str(out)]
     assert run_cli(argv) == 0
     printed = capsys.readouterr().out
     assert "round   1/1 | val" in printed and "done in" in printed
     result = json.loads(out.read_text())
-    assert result["codec"] == "int8" and result["inner_steps"] == 2 and result["peers"] == 2
+    assert result["codec"] == "int8" and result["inner_steps"] == 2 and result["peers"] == 3 and result["seed"] == 5
     assert result["config"]["model"]["d_model"] == 32
+    # --num-byzantine with --attack: the first F peers attack, and the aggregator tolerates F.
+    assert result["byzantine"] == 1 and result["config"]["aggregation"]["num_byzantine"] == 1
+    assert [list(excluded) for excluded in result["excluded_per_round"]] == [["0"]]  # int8 cannot encode NaN

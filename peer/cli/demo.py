@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from peer.cli import interrupts
-from peer.cli.main import load_run_config
+from peer.cli.run_flags import load_run_config
 from peer.cli.launcher import Swarm
 from peer.run.progress import format_bytes
 

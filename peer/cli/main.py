@@ -1,8 +1,9 @@
 """`swarmloco`: coordinator, peer, demo, simulate, status.
 
 Network flags follow hivemind/Petals habits (--initial-peers, --host-maddrs, --announce-maddrs,
---identity-path, --client-mode). Run-config overrides (--rounds, --codec, ...) map onto the typed
-RunConfig; nothing here keeps a second copy of a default.
+--identity-path, --client-mode). Run-config overrides (--rounds, --codec, ...) come from one table
+mapped onto the typed RunConfig (peer/cli/run_flags.py), the same for every verb that runs.
+Each verb's module is imported only when that verb runs: `--help` and `status` never load torch.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import sys
 import threading
 
-from peer.run.config import ConfigError, RunConfig
+from peer.cli.run_flags import add_run_flags, load_run_config
 
 EPILOG_PEER = """examples:
   swarmloco peer --initial-peers /ip4/203.0.113.7/tcp/31337/p2p/12D3KooW...
@@ -21,49 +22,8 @@ EPILOG_PEER = """examples:
 """
 
 
-def add_run_overrides(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("run config (overrides --config; defaults: the small demo run)")
-    group.add_argument("--config", metavar="RUN.toml", help="run config file (see docs/run.example.toml)")
-    group.add_argument("--rounds", type=int, help="number of outer rounds")
-    group.add_argument("--inner-steps", type=int, help="inner AdamW steps per round (DiLoCo's H)")
-    group.add_argument("--codec", help="pseudo-gradient codec: fp32, fp16, bf16, int8, int4, int2, sign, topk:F, randk:F, chunk-topk:C:K, dct-topk:C:K, chained with +")
-    group.add_argument("--outer", choices=["nesterov", "demo", "fedavg"], help="outer optimizer")
-    group.add_argument("--outer-lr", type=float, help="outer learning rate")
-    group.add_argument("--aggregator", help="mean, median, trimmed-mean, krum, multi-krum, geometric-median, centered-clip")
-    group.add_argument("--num-byzantine", type=int, help="Byzantine peers the aggregator must tolerate (f)")
-    group.add_argument("--min-peers", type=int, help="quorum: updates needed to close a round")
-    group.add_argument("--run-seed", type=int, help="seed of the model init and data order")
-    group.add_argument("--overlap", action="store_true", default=None,
-                       help="overlap the exchange with the next round's inner steps (one-round-delayed outer update)")
-
-
-def load_run_config(args: argparse.Namespace) -> RunConfig:
-    cfg = RunConfig.from_toml(args.config) if getattr(args, "config", None) else RunConfig()
-    data = cfg.to_dict()
-    mapping = {
-        "rounds": ("rounds", "rounds"),
-        "inner_steps": ("inner", "steps"),
-        "codec": ("compression", "codec"),
-        "outer": ("outer", "name"),
-        "outer_lr": ("outer", "lr"),
-        "aggregator": ("aggregation", "name"),
-        "num_byzantine": ("aggregation", "num_byzantine"),
-        "min_peers": ("rounds", "min_peers"),
-        "expected_peers": ("rounds", "expected_peers"),
-        "overlap": ("rounds", "overlap_communication"),
-    }
-    for arg, (section, key) in mapping.items():
-        value = getattr(args, arg, None)
-        if value is not None:
-            data[section][key] = value
-    if getattr(args, "run_seed", None) is not None:
-        data["seed"] = args.run_seed
-    cfg = RunConfig.from_dict(data)
-    from peer.run.round_math import check_run_config, with_suitable_aggregator
-
-    cfg = with_suitable_aggregator(cfg, explicit=getattr(args, "aggregator", None) is not None)
-    check_run_config(cfg)
-    return cfg
+# optim.attacks.NAMES, spelled out so that --help does not import torch (tests check they agree).
+ATTACKS = ("sign-flip", "gaussian", "label-flip", "alie", "ipm", "mimic", "stale-replay", "free-rider", "nan", "huge-norm")
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -93,9 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--announce-maddrs", nargs="+", default=[], help="DHT multiaddrs to advertise (public address behind port forwarding)")
     c.add_argument("--identity-path", help="Ed25519 key file (created with mode 0600 if missing)")
     c.add_argument("--checkpoint", help="checkpoint file: written atomically every round, resumed from on restart")
-    c.add_argument("--expected-peers", type=int, help="wait for this many peers before round 1 (bounded by rounds.start_timeout_s)")
     c.add_argument("--summary-json", help="write the final status here when the run ends")
-    add_run_overrides(c)
+    add_run_flags(c, "coordinator")
 
     # peer
     p = sub.add_parser("peer", help="join a swarm and train", epilog=EPILOG_PEER, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,18 +86,24 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--peers", type=int, default=4, help="number of peer processes")
     d.add_argument("--json", metavar="PATH", help="write the results (losses, measured bytes, config) here")
     d.add_argument("--workdir", help="keep identities, checkpoints and logs here (default: a temporary folder)")
-    add_run_overrides(d)
+    add_run_flags(d, "demo")
 
     # simulate
     s = sub.add_parser("simulate", help="N virtual peers in one process (same math, no network) for fast experiments")
-    from peer.cli import simulate
-
-    simulate.add_arguments(s)
+    s.add_argument("--peers", type=int, default=4, help="virtual peers")
+    s.add_argument("--attack", metavar="NAME", help=f"the first --num-byzantine peers attack: {', '.join(ATTACKS)} (optim/attacks.py)")
+    s.add_argument("--attack-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="attack option, repeatable, e.g. --attack-option scale=4 (values parsed as JSON when possible)")
+    s.add_argument("--baseline", choices=("diloco", "ddp"), default="diloco", help="diloco, or ddp: synchronous data-parallel on the same peers")
+    s.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: robust when other processes share the cores)")
+    s.add_argument("--json", metavar="PATH", help="write the results (losses, measured bytes, config) here")
+    add_run_flags(s, "simulate")
 
     # status
     st = sub.add_parser("status", help="ask a coordinator for the round, hashes and every peer's state")
     st.add_argument("--coordinator", required=True, metavar="HOST:PORT", help="the coordinator's gRPC port")
     st.add_argument("--json", action="store_true", help="print the raw JSON")
+    st.add_argument("--connect-timeout", type=float, help="seconds to wait for the coordinator (default: the gRPC client's connect timeout)")
     return parser
 
 
@@ -198,6 +163,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
     )
     node = PeerNode(options)
     from peer.cli import interrupts
+    from peer.node.node import PeerExit
 
     interrupts.install()
     try:
@@ -212,14 +178,29 @@ def cmd_peer(args: argparse.Namespace) -> int:
                 json.dump(result, f, indent=2)
         print(f"peer {node.short} | finished at round {node.round} | hash {node.current_hash[:12]}", flush=True)
         return 0
+    except PeerExit as exc:
+        print(f"swarmloco peer: {exc}", file=sys.stderr)
+        return 1
     finally:
         node.close()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from peer.cli import demo
+
+    return demo.main(args)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from peer.cli import simulate
+
+    return simulate.main(args)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from peer.cli.status import print_status
 
-    return print_status(args.coordinator, as_json=args.json)
+    return print_status(args.coordinator, as_json=args.json, connect_timeout_s=args.connect_timeout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,27 +210,22 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-    from peer.node.coordinator_client import CoordinatorUnavailable
-    from peer.node.node import PeerExit
-    from protocol.discovery import DiscoveryError
-    from protocol.identity import IdentityError
-
     handlers = {
         "coordinator": cmd_coordinator,
         "peer": cmd_peer,
+        "demo": cmd_demo,
+        "simulate": cmd_simulate,
         "status": cmd_status,
-        "demo": lambda a: __import__("peer.cli.demo", fromlist=["main"]).main(a),
-        "simulate": lambda a: __import__("peer.cli.simulate", fromlist=["main"]).main(a),
     }
     try:
         return handlers[args.verb](args)
     except KeyboardInterrupt:
         print("interrupted: stopped cleanly", file=sys.stderr)
         return 130
-    except (ConfigError, IdentityError, ValueError) as exc:
+    except ValueError as exc:  # bad input: ConfigError, IdentityError, a bad flag value
         print(f"swarmloco {args.verb}: {exc}", file=sys.stderr)
         return 2
-    except (DiscoveryError, CoordinatorUnavailable, ConnectionError, PeerExit, OSError) as exc:
+    except OSError as exc:  # cannot reach or use something: DiscoveryError, CoordinatorUnavailable, files
         print(f"swarmloco {args.verb}: {exc}", file=sys.stderr)
         return 1
 

@@ -23,7 +23,6 @@ poisons their batches. `--baseline ddp` runs synchronous data-parallel on the sa
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -35,11 +34,12 @@ from typing import Any, Literal
 import torch
 
 from optim import aggregate, attacks
+from peer.cli.run_flags import load_run_config, resolve_run_config
 from peer.run.config import RunConfig
 from peer.learn.data import ShardSampler, load_corpus, validation_batches
 from peer.learn.model import build_model, flat_params, load_flat_params, num_params
 from peer.cli.simulate_ddp import ConcatenatedSampler, ring_allreduce_bytes
-from peer.run.round_math import RoundMath, UpdateRejected, build_codec, count_for_cause, with_suitable_aggregator
+from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
 from peer.learn.training import InnerTrainer, evaluate
 
 Baseline = Literal["diloco", "ddp"]
@@ -47,18 +47,24 @@ Baseline = Literal["diloco", "ddp"]
 
 @dataclass(kw_only=True)
 class SimulationOptions:
-    """What to simulate. None overrides keep the value of `config` (the run config's defaults)."""
+    """What to simulate: simulate's own options and the run config.
+
+    The CLI passes `config` as loaded from its run-config flags (peer/cli/run_flags.py, the same
+    loader every verb uses). Scripts may name overrides here instead (None keeps the config's
+    value); run_config() applies them through that loader.
+    """
 
     peers: int = 4
-    rounds: int = 8
+    rounds: int | None = None  # None: config.rounds.rounds
     inner_steps: int | None = None  # H; None: config.inner.steps
     codec: str | None = None  # e.g. "topk:0.01+int8"; None: config.compression.codec
     outer: str | None = None  # nesterov | demo | fedavg; None: config.outer.name
     aggregator: str | None = None  # None: config.aggregation.name
-    byzantine: int = 0  # the first `byzantine` peers attack
+    seed: int | None = None  # None: config.seed (model init, shards' sampling streams, codec seeds)
+    # The first `byzantine` peers attack; the aggregator tolerates as many unless the config says more.
+    byzantine: int = 0
     attack: str | None = None
     attack_options: dict[str, Any] = field(default_factory=dict)
-    seed: int | None = None  # None: config.seed (model init, shards' sampling streams, codec seeds)
     baseline: Baseline = "diloco"
     # torch intra-op threads. 1 by default: the model's 128-wide matmuls gain ~25% from a second
     # thread on an idle machine, but with any other process on the cores OpenMP's spinning threads
@@ -70,56 +76,42 @@ class SimulationOptions:
     def __post_init__(self) -> None:
         if self.peers < 1:
             raise ValueError(f"--peers {self.peers}: simulate at least 1 peer")
-        if self.rounds < 1:
-            raise ValueError(f"--rounds {self.rounds}: simulate at least 1 round")
-        if self.inner_steps is not None and self.inner_steps < 1:
-            raise ValueError(f"--inner-steps {self.inner_steps}: use at least 1 inner step per round")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads {self.threads}: use at least 1 thread")
         if self.baseline not in ("diloco", "ddp"):
             raise ValueError(f"--baseline {self.baseline!r}: choose diloco or ddp")
         if not 0 <= self.byzantine < self.peers:
             raise ValueError(
-                f"--byzantine {self.byzantine} with --peers {self.peers}: need 0 <= byzantine < peers "
+                f"--num-byzantine {self.byzantine} attackers with --peers {self.peers}: need 0 <= attackers < peers "
                 "(at least one honest peer must remain)"
             )
         if self.byzantine > 0 and self.attack is None:
-            raise ValueError(f"--byzantine {self.byzantine} needs --attack NAME; valid names: {', '.join(attacks.NAMES)}")
+            raise ValueError(f"{self.byzantine} Byzantine peers need --attack NAME; valid names: {', '.join(attacks.NAMES)}")
         if self.attack is not None and self.byzantine == 0:
-            raise ValueError(f"--attack {self.attack} needs --byzantine F (how many of the peers attack), F >= 1")
+            raise ValueError(f"--attack {self.attack} needs --num-byzantine F (the first F peers attack), F >= 1")
         if self.baseline == "ddp" and self.byzantine:
-            raise ValueError("--baseline ddp has no aggregation to attack; drop --byzantine/--attack")
+            raise ValueError("--baseline ddp has no aggregation to attack; drop --attack")
         if self.attack is not None:
             attacks.build(self.attack, **self.attack_options)  # unknown name/option -> ValueError here
 
     def run_config(self) -> RunConfig:
-        """The run config with this simulation's overrides applied (and validated)."""
-        cfg = self.config
-        agg = cfg.aggregation
-        # The aggregator must be told how many attackers to tolerate unless the config says so already.
-        f = agg.num_byzantine or self.byzantine
-        resolved = dataclasses.replace(
-            cfg,
-            seed=cfg.seed if self.seed is None else self.seed,
-            inner=dataclasses.replace(cfg.inner, steps=self.inner_steps or cfg.inner.steps),
-            outer=dataclasses.replace(cfg.outer, name=self.outer or cfg.outer.name),
-            compression=dataclasses.replace(cfg.compression, codec=self.codec or cfg.compression.codec),
-            aggregation=dataclasses.replace(agg, name=self.aggregator or agg.name, num_byzantine=f),
-            rounds=dataclasses.replace(cfg.rounds, rounds=self.rounds),
-        )
-        resolved = with_suitable_aggregator(resolved, explicit=self.aggregator is not None)
-        build_codec(resolved)  # bad codec spec -> ConfigError naming the valid forms
-        if resolved.aggregation.name not in aggregate.NAMES:
+        """The run config with this simulation's overrides applied, validated like every verb's."""
+        named = {
+            "rounds.rounds": self.rounds, "inner.steps": self.inner_steps, "compression.codec": self.codec,
+            "outer.name": self.outer, "aggregation.name": self.aggregator, "seed": self.seed,
+        }
+        overrides = {path: value for path, value in named.items() if value is not None}
+        if self.byzantine and not self.config.aggregation.num_byzantine:
+            overrides["aggregation.num_byzantine"] = self.byzantine
+        cfg = resolve_run_config(self.config, overrides)
+        f = cfg.aggregation.num_byzantine
+        need = aggregate.minimum_rows(cfg.aggregation.name, f)
+        if self.baseline == "diloco" and self.peers < need:
             raise ValueError(
-                f"--aggregator {resolved.aggregation.name!r}: valid names: {', '.join(aggregate.NAMES)}"
+                f"--aggregator {cfg.aggregation.name} tolerating {f} Byzantine peer(s) needs at least {need} "
+                f"peers, got --peers {self.peers}: add peers or lower --num-byzantine"
             )
-        if self.baseline == "diloco" and self.peers < aggregate.minimum_rows(resolved.aggregation.name, f):
-            need = aggregate.minimum_rows(resolved.aggregation.name, f)
-            raise ValueError(
-                f"--aggregator {resolved.aggregation.name} tolerating {f} Byzantine peer(s) needs at least {need} "
-                f"peers, got --peers {self.peers}: add peers or lower --byzantine"
-            )
-        return resolved
+        return cfg
 
 
 @dataclass
@@ -192,7 +184,7 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
     receiver = RoundMath(cfg, numel)  # aggregator + outer global state, shared by all honest nodes
     curve = _Curve(numel=numel, initial_val_loss=evaluate(global_model, val_batches))
 
-    for r in range(opts.rounds):
+    for r in range(cfg.rounds.rounds):
         t0 = time.perf_counter()
         deltas, losses = [], []
         for peer in peers:
@@ -262,7 +254,7 @@ def _run_ddp(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
     trainer = InnerTrainer(model, cfg.inner, ConcatenatedSampler(samplers))  # type: ignore[arg-type]
     curve = _Curve(numel=numel, initial_val_loss=evaluate(model, val_batches))
     per_round = ring_allreduce_bytes(numel, opts.peers) * cfg.inner.steps  # sent + received, per peer
-    for r in range(opts.rounds):
+    for r in range(cfg.rounds.rounds):
         t0 = time.perf_counter()
         stats = trainer.run(cfg.inner.steps)
         curve.val_loss.append(evaluate(model, val_batches))
@@ -284,7 +276,7 @@ def _log_round(opts: SimulationOptions, cfg: RunConfig, curve: _Curve, r: int, s
     moved = (sum(up) + sum(down)) / len(up)
     excluded = curve.excluded[-1]
     opts.log(
-        f"round {r + 1:>3}/{opts.rounds} | val {curve.val_loss[-1]:.4f} | train {curve.train_loss[-1]:.4f} | "
+        f"round {r + 1:>3}/{cfg.rounds.rounds} | val {curve.val_loss[-1]:.4f} | train {curve.train_loss[-1]:.4f} | "
         f"up {_human(sum(up) / len(up))}/peer | up+down {_human(moved)}/peer | "
         f"excluded {len(excluded)}{' ' + str(sorted(excluded.items())) if excluded else ''} | {seconds:.1f}s"
     )
@@ -299,7 +291,7 @@ def _human(n: float) -> str:
 
 
 def _result(opts: SimulationOptions, cfg: RunConfig, curve: _Curve, wall_s: float) -> dict[str, Any]:
-    n, rounds, steps = opts.peers, opts.rounds, cfg.inner.steps
+    n, rounds, steps = opts.peers, cfg.rounds.rounds, cfg.inner.steps
     per_round_total = [sum(u) + sum(d) for u, d in zip(curve.upload_bytes, curve.download_bytes)]
     total = sum(per_round_total)
     uploads = sum(sum(u) for u in curve.upload_bytes)
@@ -346,27 +338,6 @@ def _result(opts: SimulationOptions, cfg: RunConfig, curve: _Curve, wall_s: floa
 # --- CLI -------------------------------------------------------------------------------------
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--peers", type=int, default=4, help="virtual peers (default 4)")
-    parser.add_argument("--rounds", type=int, default=8, help="outer rounds (default 8)")
-    parser.add_argument("--inner-steps", type=int, default=None, help="inner AdamW steps per round, H (default: config)")
-    parser.add_argument("--codec", default=None, help="codec spec, e.g. fp16, int8, topk:0.01+int8 (default: config)")
-    parser.add_argument("--outer", default=None, help="outer optimizer: nesterov, demo, fedavg (default: config)")
-    parser.add_argument("--aggregator", default=None, help=f"one of {', '.join(aggregate.NAMES)} (default: config)")
-    parser.add_argument("--byzantine", type=int, default=0, help="how many peers attack (the first F)")
-    parser.add_argument("--attack", default=None, help=f"one of {', '.join(attacks.NAMES)}")
-    parser.add_argument(
-        "--attack-option", action="append", default=[], metavar="KEY=VALUE",
-        help="attack option, repeatable, e.g. --attack-option scale=4 (values parsed as JSON when possible)",
-    )
-    parser.add_argument("--seed", type=int, default=None, help="run seed (default: config)")
-    parser.add_argument("--baseline", choices=("diloco", "ddp"), default="diloco", help="diloco (default) or ddp")
-    parser.add_argument("--config", default=None, metavar="run.toml", help="run config file (default: demo defaults)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch CPU threads (default 1: robust when other processes share the cores)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the results here as JSON")
-
-
 def _parse_attack_options(items: list[str]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for item in items:
@@ -381,11 +352,12 @@ def _parse_attack_options(items: list[str]) -> dict[str, Any]:
 
 
 def options_from_args(args: argparse.Namespace) -> SimulationOptions:
-    config = RunConfig.from_toml(args.config) if args.config else RunConfig()
+    """`swarmloco simulate`'s flags (peer/cli/main.py) -> options; with --attack, the first
+    --num-byzantine peers attack."""
+    config = load_run_config(args)
     return SimulationOptions(
-        peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, codec=args.codec, outer=args.outer,
-        aggregator=args.aggregator, byzantine=args.byzantine, attack=args.attack,
-        attack_options=_parse_attack_options(args.attack_option), seed=args.seed, baseline=args.baseline,
+        peers=args.peers, byzantine=config.aggregation.num_byzantine if args.attack else 0, attack=args.attack,
+        attack_options=_parse_attack_options(args.attack_option), baseline=args.baseline,
         threads=args.threads, config=config, log=lambda line: print(line, flush=True),
     )
 
@@ -400,7 +372,7 @@ def main(args: argparse.Namespace) -> int:
             else f"diloco codec={cfg.compression.codec} outer={cfg.outer.name} aggregator={cfg.aggregation.name}"
             + (f" attack={opts.attack} x{opts.byzantine}" if opts.attack else "")
         )
-        print(f"simulate: {opts.peers} peers x {opts.rounds} rounds x {cfg.inner.steps} inner steps, {what}", flush=True)
+        print(f"simulate: {opts.peers} peers x {cfg.rounds.rounds} rounds x {cfg.inner.steps} inner steps, {what}", flush=True)
         result = run_simulation(opts)
     except ValueError as exc:
         print(f"swarmloco simulate: error: {exc}", file=sys.stderr)

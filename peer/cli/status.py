@@ -3,29 +3,32 @@
 from __future__ import annotations
 
 import json
+import sys
+from datetime import timedelta
 
 import grpc
 
 from peer.run.progress import format_bytes
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
-from protocol.channels import DEFAULT_DEADLINE, create_channel, wait_ready
+from protocol.channels import CONNECT_TIMEOUT, DEFAULT_DEADLINE, create_channel, wait_ready
 
 
-def fetch_status(endpoint: str) -> dict:
+def fetch_status(endpoint: str, connect_timeout: timedelta = CONNECT_TIMEOUT) -> dict:
     channel = create_channel(endpoint)
     try:
-        wait_ready(channel, endpoint)
+        wait_ready(channel, endpoint, connect_timeout)
         reply = swarm_pb2_grpc.CoordinatorStub(channel).Status(swarm_pb2.StatusRequest(), timeout=DEFAULT_DEADLINE.total_seconds())
         return json.loads(reply.json)
     finally:
         channel.close()
 
 
-def print_status(endpoint: str, *, as_json: bool) -> int:
+def print_status(endpoint: str, *, as_json: bool, connect_timeout_s: float | None = None) -> int:
+    timeout = CONNECT_TIMEOUT if connect_timeout_s is None else timedelta(seconds=connect_timeout_s)
     try:
-        status = fetch_status(endpoint)
+        status = fetch_status(endpoint, timeout)
     except grpc.RpcError as exc:
-        print(f"swarmloco status: {endpoint} answered {exc.code().name}: {exc.details()}")
+        print(f"swarmloco status: {endpoint} answered {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
     if as_json:
         print(json.dumps(status, indent=2))

@@ -20,6 +20,10 @@ from typing import Any, Literal
 
 OuterName = Literal["nesterov", "demo", "fedavg"]
 
+# Outer learning rate when outer.lr is unset: DiLoCo's Nesterov 0.7; 1.0 makes fedavg plain
+# averaging (θ_{r+1} = θ_r − mean Δ); DeMo's sign step is outer.demo_lr.
+OUTER_DEFAULT_LR: dict[str, float] = {"nesterov": 0.7, "fedavg": 1.0}
+
 
 class ConfigError(ValueError):
     """A run config value that cannot work; the message says what to change."""
@@ -28,6 +32,15 @@ class ConfigError(ValueError):
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ConfigError(message)
+
+
+def _documented(default: Any, help: str) -> Any:
+    """A field whose `help` is also its CLI help (peer/cli/run_flags.py maps flags onto fields)."""
+    return field(default=default, metadata={"help": help})
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -71,7 +84,7 @@ class DataConfig:
 class InnerConfig:
     """Inner AdamW, run for `steps` (DiLoCo's H) between synchronizations; its state persists."""
 
-    steps: int = 25
+    steps: int = _documented(25, "inner AdamW steps per round (DiLoCo's H)")
     lr: float = 1e-3
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -90,30 +103,47 @@ class InnerConfig:
 class OuterConfig:
     """Outer optimizer applied to the aggregated pseudo-gradient once per round."""
 
-    name: OuterName = "nesterov"
-    lr: float = 0.7  # DiLoCo: 0.7 (nesterov); DeMo uses its own sign-step lr (demo_lr)
-    momentum: float = 0.9
+    name: OuterName = _documented("nesterov", "outer optimizer: nesterov (DiLoCo), demo (DeMo's sign step), fedavg (averaging)")
+    lr: float | None = _documented(
+        None,
+        "learning rate of the chosen outer optimizer (unset: "
+        + ", ".join(f"{name} {lr:g}" for name, lr in OUTER_DEFAULT_LR.items()) + ", demo outer.demo_lr)",
+    )
+    momentum: float = 0.9  # nesterov
     demo_decay: float = 0.999  # DeMo: local momentum decay
     demo_chunk: int = 64  # DeMo: DCT chunk size
     demo_topk: int = 4  # DeMo: components kept per chunk
-    demo_lr: float = 1e-3  # DeMo: step size of the sign update
+    # DeMo's sign step when outer.lr is unset. (Its own key, as stored benchmark configs have it.)
+    demo_lr: float = 1e-3
 
     def __post_init__(self) -> None:
         _require(
             self.name in ("nesterov", "demo", "fedavg"),
             f"outer.name={self.name!r}: choose one of nesterov, demo, fedavg",
         )
-        _require(self.lr > 0, f"outer.lr={self.lr}: use a positive learning rate")
+        _require(self.lr is None or _is_number(self.lr), f"outer.lr={self.lr!r}: expected a number")
+        _require(self.lr is None or self.lr > 0, f"outer.lr={self.lr}: use a positive learning rate")
         _require(0 <= self.momentum < 1, f"outer.momentum={self.momentum}: use a value in [0, 1)")
         _require(0 < self.demo_decay <= 1, "outer.demo_decay must be in (0, 1]")
         _require(1 <= self.demo_topk <= self.demo_chunk <= 4096, "outer: need 1 <= demo_topk <= demo_chunk <= 4096")
+
+    @property
+    def effective_lr(self) -> float:
+        """The step size the outer optimizer runs with: `lr`, or the chosen optimizer's default."""
+        if self.lr is not None:
+            return self.lr
+        return self.demo_lr if self.name == "demo" else OUTER_DEFAULT_LR[self.name]
 
 
 @dataclass(kw_only=True, slots=True)
 class CompressionConfig:
     """Codec spec string (optim/codecs.py), e.g. `fp16`, `int8`, `topk:0.01+int8`, `dct-topk:64:4`."""
 
-    codec: str = "fp16"
+    codec: str = _documented(
+        "fp16",
+        "pseudo-gradient codec: fp32, fp16, bf16, int8, int4, int2, sign, topk:F, randk:F, chunk-topk:C:K, "
+        "dct-topk:C:K, chained with + (e.g. topk:0.01+int8)",
+    )
     error_feedback: bool = True  # the sender keeps what the codec dropped and adds it next round
 
     def __post_init__(self) -> None:
@@ -130,8 +160,12 @@ class AggregationConfig:
     aggregator is named explicitly: median zeroes out coordinates that only some peers sent.
     """
 
-    name: str = "median"
-    num_byzantine: int = 0
+    name: str = _documented(
+        "median",
+        "robust aggregator: mean, median, trimmed-mean, krum, multi-krum, geometric-median, centered-clip "
+        "(default median; centered-clip on sparse codecs unless named)",
+    )
+    num_byzantine: int = _documented(0, "Byzantine peers the aggregator must tolerate (f)")
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -142,9 +176,9 @@ class AggregationConfig:
 class RoundConfig:
     """Round clock: how many rounds, how long to wait, how many peers make a quorum."""
 
-    rounds: int = 20
-    min_peers: int = 1  # quorum: a round closes only with at least this many valid updates
-    expected_peers: int = 0  # wait for this many peers before round 0 starts (0 = no wait)
+    rounds: int = _documented(20, "number of outer rounds")
+    min_peers: int = _documented(1, "quorum: a round closes only with at least this many valid updates")
+    expected_peers: int = _documented(0, "wait for this many peers before round 0 starts (0 = no wait; bounded by rounds.start_timeout_s)")
     start_timeout_s: float = 120.0  # give up waiting for expected_peers after this long
     deadline_s: float = 120.0  # initial deadline after the first commitment of a round
     min_deadline_s: float = 5.0
@@ -154,7 +188,9 @@ class RoundConfig:
     # Overlap communication with computation: a peer starts round r+1's inner steps as soon as it
     # has committed round r, and folds θ_{r+1} in when the exchange finishes (a one-round-delayed
     # outer update, as in streaming/eager DiLoCo variants). Hides the exchange behind compute.
-    overlap_communication: bool = False
+    overlap_communication: bool = _documented(
+        False, "overlap the exchange with the next round's inner steps (one-round-delayed outer update)"
+    )
 
     def __post_init__(self) -> None:
         _require(self.rounds > 0, f"rounds.rounds={self.rounds}: use at least 1 round")
@@ -195,7 +231,7 @@ class ExchangeConfig:
 @dataclass(kw_only=True, slots=True)
 class RunConfig:
     run_id: str = "swarmloco-demo"
-    seed: int = 0
+    seed: int = _documented(0, "seed of the model init, the data order and the codecs' shared random choices")
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     inner: InnerConfig = field(default_factory=InnerConfig)
@@ -265,16 +301,20 @@ class RunConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "RunConfig":
-        path = Path(path)
-        if path.suffix == ".json" and path.exists():
-            return cls.from_json(path.read_text())
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"run config {path} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"run config {path} is not valid TOML: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_config_file(path))
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The raw tables of a run config file (TOML, or the JSON a coordinator writes), unvalidated."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"run config {path} does not exist") from None
+    try:
+        return json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"run config {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
 
 
 def _build_section(section_type: type, name: str, values: dict[str, Any]) -> Any:

@@ -42,11 +42,12 @@ class UpdateRejected(ValueError):
 
 
 def outer_options(cfg: OuterConfig) -> dict:
+    """The keyword options of optim.outer.build for this config; every optimizer takes outer.lr."""
     if cfg.name == "nesterov":
-        return {"lr": cfg.lr, "momentum": cfg.momentum}
+        return {"lr": cfg.effective_lr, "momentum": cfg.momentum}
     if cfg.name == "demo":
-        return {"lr": cfg.demo_lr, "decay": cfg.demo_decay, "chunk": cfg.demo_chunk, "topk": cfg.demo_topk}
-    return {}
+        return {"lr": cfg.effective_lr, "decay": cfg.demo_decay, "chunk": cfg.demo_chunk, "topk": cfg.demo_topk}
+    return {"lr": cfg.effective_lr}
 
 
 def codec_seed(cfg: RunConfig, round_: int) -> int:
@@ -280,36 +281,3 @@ class RoundMath:
         self.step_with_aggregate(params, combined)
         return None
 
-
-SPARSE_CODEC_PREFIXES = ("topk:", "chunk-topk:", "dct-topk:")
-COORDINATE_WISE_RULES = ("median", "trimmed-mean")
-
-
-DEFAULT_AGGREGATOR = "median"
-SPARSE_DEFAULT_AGGREGATOR = "centered-clip"
-
-
-def is_sparse_codec(codec: str) -> bool:
-    """Sparsifiers whose kept coordinates differ between peers (randk shares one index set)."""
-    return any(stage.strip().startswith(SPARSE_CODEC_PREFIXES) for stage in codec.split("+"))
-
-
-def with_suitable_aggregator(cfg: RunConfig, *, explicit: bool) -> RunConfig:
-    """The default median, on a sparse codec and not asked for explicitly, becomes centered-clip."""
-    if explicit or cfg.aggregation.name != DEFAULT_AGGREGATOR or not is_sparse_codec(cfg.compression.codec):
-        return cfg
-    import dataclasses
-
-    return dataclasses.replace(cfg, aggregation=dataclasses.replace(cfg.aggregation, name=SPARSE_DEFAULT_AGGREGATOR))
-
-
-def check_run_config(cfg: RunConfig) -> None:
-    """Refuse codec/optimizer/aggregator combinations that cannot work, with what to use instead."""
-    build_codec(cfg)
-    build_aggregator(cfg)
-    if is_sparse_codec(cfg.compression.codec) and cfg.aggregation.name in COORDINATE_WISE_RULES:
-        raise ConfigError(
-            f"aggregator {cfg.aggregation.name!r} is coordinate-wise: on {cfg.compression.codec!r} updates whose "
-            "supports differ between peers it zeroes out the signal. Use a shared index set (codec randk:F, same "
-            "indices on every peer each round) or a norm-based rule (centered-clip, krum, geometric-median)"
-        )

@@ -1,0 +1,54 @@
+"""Rules that span sections of a run config: which aggregator suits a codec, which pairs cannot work.
+
+peer/run/config.py validates each field alone; these rules need the codec and aggregator
+registries (optim/), so they live apart from it and run once per load (finalize, called by
+peer/cli/run_flags.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from peer.run.config import ConfigError, RunConfig
+
+SPARSE_CODEC_PREFIXES = ("topk:", "chunk-topk:", "dct-topk:")
+COORDINATE_WISE_RULES = ("median", "trimmed-mean")
+
+DEFAULT_AGGREGATOR = "median"
+SPARSE_DEFAULT_AGGREGATOR = "centered-clip"
+
+
+def is_sparse_codec(codec: str) -> bool:
+    """Sparsifiers whose kept coordinates differ between peers (randk shares one index set)."""
+    return any(stage.strip().startswith(SPARSE_CODEC_PREFIXES) for stage in codec.split("+"))
+
+
+def with_suitable_aggregator(cfg: RunConfig, *, explicit: bool) -> RunConfig:
+    """The default median, on a sparse codec and not asked for explicitly, becomes centered-clip."""
+    if explicit or cfg.aggregation.name != DEFAULT_AGGREGATOR or not is_sparse_codec(cfg.compression.codec):
+        return cfg
+    return dataclasses.replace(cfg, aggregation=dataclasses.replace(cfg.aggregation, name=SPARSE_DEFAULT_AGGREGATOR))
+
+
+def check_run_config(cfg: RunConfig) -> None:
+    """Refuse codec/optimizer/aggregator combinations that cannot work, with what to use instead."""
+    from peer.run.round_math import build_aggregator, build_codec  # torch: only once a run is loaded
+
+    build_codec(cfg)
+    build_aggregator(cfg)
+    if is_sparse_codec(cfg.compression.codec) and cfg.aggregation.name in COORDINATE_WISE_RULES:
+        raise ConfigError(
+            f"aggregator {cfg.aggregation.name!r} is coordinate-wise: on {cfg.compression.codec!r} updates whose "
+            "supports differ between peers it zeroes out the signal. Use a shared index set (codec randk:F, same "
+            "indices on every peer each round) or a norm-based rule (centered-clip, krum, geometric-median)"
+        )
+
+
+def finalize(cfg: RunConfig, *, explicit_aggregator: bool) -> RunConfig:
+    """A loaded config made ready to run: the aggregator that suits its codec, the outer lr
+    written out (so the served config and every record show the step size that ran), all rules checked."""
+    cfg = with_suitable_aggregator(cfg, explicit=explicit_aggregator)
+    if cfg.outer.lr is None:
+        cfg = dataclasses.replace(cfg, outer=dataclasses.replace(cfg.outer, lr=cfg.outer.effective_lr))
+    check_run_config(cfg)
+    return cfg
