@@ -45,16 +45,6 @@ class ByteCounter:
             entry.received += received
             entry.calls += int(call)
 
-    def round_total(self, round_: int) -> Traffic:
-        with self._lock:
-            total = Traffic()
-            for (r, _), t in self._traffic.items():
-                if r == round_:
-                    total.sent += t.sent
-                    total.received += t.received
-                    total.calls += t.calls
-            return total
-
     def total(self) -> Traffic:
         with self._lock:
             return Traffic(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,13 +45,14 @@ def main(args: argparse.Namespace) -> int:
         timeout = 600 + 60 * cfg.rounds.rounds
         try:
             swarm.wait(coordinator, timeout)
-        except Exception:
+        except subprocess.TimeoutExpired:
             raise TimeoutError(f"the demo did not finish within {timeout}s; see the logs in {workdir}") from None
         for peer in peers:
             try:
                 swarm.wait(peer, 30)
-            except Exception:
-                pass
+            except subprocess.TimeoutExpired:  # the summary reads the peers that did finish
+                print(f"swarmloco demo: {peer.name} was still running 30 s after the run finished; stopping it "
+                      f"(log: {peer.log_path})", file=sys.stderr, flush=True)
     wall = time.monotonic() - started
     summary = json.loads((workdir / "coordinator.json").read_text())
     peer_summaries = [json.loads(p.read_text()) for p in sorted(workdir.glob("peer*.json"))]

@@ -11,9 +11,6 @@ import os
 import signal
 from typing import Callable
 
-_MAIN_PID = os.getpid()
-
-
 def install(on_signal: Callable[[], None] | None = None) -> None:
     """On SIGINT/SIGTERM: call `on_signal` if given, else raise KeyboardInterrupt, in this process only."""
     main_pid = os.getpid()
