@@ -14,6 +14,9 @@ attack: the update is honest work on poisoned batches, see
 :func:`poison_batch`), ``alie`` (z), ``ipm`` (eps), ``mimic`` (peer),
 ``stale-replay`` (delay), ``free-rider`` (mode), ``nan`` (inf),
 ``huge-norm`` (factor).
+
+A data attack needs no hook in the trainer: wrap the attacker's sampler,
+``InnerTrainer(model, cfg, PoisonedSampler(sampler))``.
 """
 
 from __future__ import annotations
@@ -62,6 +65,24 @@ def poison_batch(x: torch.Tensor, y: torch.Tensor, vocab: int = 256) -> tuple[to
     if y.numel() and (int(y.min()) < 0 or int(y.max()) >= vocab):
         raise ValueError(f"poison_batch: targets must lie in [0, {vocab}), got [{int(y.min())}, {int(y.max())}]")
     return x, (vocab - 1) - y
+
+
+class PoisonedSampler:
+    """A sampler whose batches go through :func:`poison_batch` (label flipping);
+    its state (for --resume) is the wrapped sampler's."""
+
+    def __init__(self, sampler: Any, vocab: int = 256) -> None:
+        self.sampler, self.vocab = sampler, vocab
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.sampler.next_batch()  # (B, T) each
+        return poison_batch(x, y, self.vocab)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
 
 
 class Attack:
@@ -149,7 +170,7 @@ def _gaussian(o: dict[str, Any], *, own: torch.Tensor, rng: torch.Generator, **_
 
 
 def _label_flip(o: dict[str, Any], *, own: torch.Tensor, **_: Any) -> torch.Tensor:
-    # The poison is in the data (poison_batch); the update itself is submitted as computed.
+    # The poison is in the data (PoisonedSampler); the update itself is submitted as computed.
     return own.clone()
 
 

@@ -15,7 +15,7 @@ import grpc
 from protocol._generated import swarm_pb2, swarm_pb2_grpc
 from protocol.envelope import EnvelopeError, UpdateHeader, check_payload
 from protocol.ratelimit import CallerLimits
-from protocol.rpc_errors import RpcAbort, guarded
+from protocol.rpc_errors import RpcAbort, guarded, refusal_for
 from protocol.streaming import TransferError, iter_chunks, receive_chunks
 
 
@@ -90,7 +90,6 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         store: PayloadStore,
         *,
         verify_header: Callable[[swarm_pb2.Signed], UpdateHeader],
-        on_push: Callable[[StoredPayload], None] | None = None,
         accept_pushes: bool = True,
         on_reject: Callable[[str], None] | None = None,
         limits: CallerLimits | None = None,
@@ -98,7 +97,6 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
     ) -> None:
         self.store = store
         self.verify_header = verify_header
-        self.on_push = on_push
         self.accept_pushes = accept_pushes
         self.on_reject = on_reject or (lambda reason: None)
         self.limits = limits or CallerLimits(per_peer_rate=50.0, per_peer_burst=200.0)
@@ -112,29 +110,28 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         else:
             blob = self.store.get_blob_item(request.sha256)
             if blob is None:
-                raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no payload {request.sha256[:16]}… here; try another holder")
+                raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no payload {request.sha256[:16]}… here; try another holder", swarm_pb2.NOT_HELD)
             data, round_ = blob.payload, blob.round
         if not 0 <= request.offset <= len(data):
             self.on_reject("bad-offset")
-            raise RpcAbort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(data)}")
+            raise RpcAbort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(data)}", swarm_pb2.MALFORMED)
         yield from iter_chunks(data, offset=request.offset, round_=round_, sha256=request.sha256)
 
     @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), cost=5.0, max_stream_s=lambda s: s.max_stream_s)
     def PushPayload(self, request_iterator, context: grpc.ServicerContext):
         if not self.accept_pushes:
-            raise RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, "this node does not relay payloads; push to the coordinator")
+            raise RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, "this node does not relay payloads; push to the coordinator", swarm_pb2.NO_RELAY)
         iterator = iter(request_iterator)
         try:
             first = next(iterator)
         except StopIteration:
             self.on_reject("malformed")
-            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "empty push: the first message must carry the signed header")
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "empty push: the first message must carry the signed header", swarm_pb2.MALFORMED)
         try:
             header = self.verify_header(first.header)
-        except EnvelopeError as exc:
+        except EnvelopeError as exc:  # refused as a commitment would be: in the reply, typed
             self.on_reject(exc.reason)
-            denied = exc.reason in ("bad-signature", "forged", "not-allowed", "banned", "unknown-peer", "equivocation")
-            raise RpcAbort(grpc.StatusCode.PERMISSION_DENIED if denied else grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return swarm_pb2.PushReply(accepted=False, reason=f"{exc.reason}: {exc}", refusal=refusal_for(exc.reason))
 
         def chunks():
             offset = 0
@@ -160,9 +157,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
             self.store.put(item, verified=True)  # receive_chunks matched the signed size and sha256
         except (TransferError, EnvelopeError) as exc:
             self.on_reject(getattr(exc, "reason", "bad-transfer"))
-            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"push refused: {exc}")
-        if self.on_push is not None:
-            self.on_push(item)
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"push refused: {exc}", swarm_pb2.INVALID_UPDATE)
         return swarm_pb2.PushReply(accepted=True, sha256=header.payload_sha256)
 
 

@@ -1,10 +1,15 @@
-"""Handler errors as clean gRPC statuses: no request may raise out of a handler.
+"""Handler errors as clean gRPC statuses, and typed refusals on both sides of the wire.
 
-Handlers `raise RpcAbort(code, message)` for refusals; `guarded` turns those into the status,
-counts the reason, rate-limits per caller and per host, bounds how long a stream may hold a
-server thread, and turns anything unexpected into INTERNAL with a message while the server keeps
-serving. (grpc's own `context.abort` raises a bare Exception, which would be indistinguishable
-from a bug, hence this one type.)
+Handlers `raise RpcAbort(code, message, refusal)` for RPC-level errors; `guarded` turns those
+into the status (the refusal's name in the trailing metadata key `swarmloco-refusal`),
+rate-limits per caller and per host, bounds how long a stream may hold a server thread, and
+turns anything unexpected into INTERNAL with a message while the server keeps serving. (grpc's
+own `context.abort` raises a bare Exception, which would be indistinguishable from a bug, hence
+this one type.)
+
+Refusals of well-formed requests travel in the reply's `refusal` field instead. Either way a
+client reads them with `refusal_of` (a gRPC error) or `Refused.check` (a reply) and branches on
+the `swarm_pb2.Refusal` value, never on the human text.
 """
 
 from __future__ import annotations
@@ -19,18 +24,105 @@ from typing import Any, Callable, Iterator
 
 import grpc
 
+from protocol._generated import swarm_pb2
 from protocol.accounting import PEER_HEADER
 from protocol.ratelimit import CallerLimits
 
 log = logging.getLogger("swarmloco.rpc")
+REFUSAL_KEY = "swarmloco-refusal"  # trailing metadata: the swarm_pb2.Refusal name of a refused call
+Refusal = int  # a swarm_pb2.Refusal value
+
+# The reasons the servers count (registry rejections, EnvelopeError/SignatureError.reason) -> the
+# typed refusal a client sees. A reason not listed is REFUSAL_UNSPECIFIED.
+_REFUSAL_OF_REASON: dict[str, Refusal] = {
+    "unknown-peer": swarm_pb2.UNKNOWN_PEER,
+    "wrong-endpoint": swarm_pb2.WRONG_ENDPOINT,
+    "stale-round": swarm_pb2.STALE_ROUND,
+    "wrong-round": swarm_pb2.STALE_ROUND,
+    "wrong-base": swarm_pb2.WRONG_BASE,
+    "equivocation": swarm_pb2.EQUIVOCATION,
+    "banned": swarm_pb2.BANNED,
+    "run-finished": swarm_pb2.RUN_FINISHED,
+    "wrong-run": swarm_pb2.WRONG_RUN,
+    "stale-join": swarm_pb2.CLOCK_SKEW,
+    "stale-heartbeat": swarm_pb2.CLOCK_SKEW,
+    "not-allowed": swarm_pb2.NOT_ALLOWED,
+    "bad-signature": swarm_pb2.BAD_SIGNATURE,
+    "forged": swarm_pb2.BAD_SIGNATURE,
+    "bad-key": swarm_pb2.BAD_SIGNATURE,
+    "wrong-tag": swarm_pb2.BAD_SIGNATURE,
+    "wrong-codec": swarm_pb2.INVALID_UPDATE,
+    "wrong-layout": swarm_pb2.INVALID_UPDATE,
+    "size-mismatch": swarm_pb2.INVALID_UPDATE,
+    "hash-mismatch": swarm_pb2.INVALID_UPDATE,
+    "bad-transfer": swarm_pb2.INVALID_UPDATE,
+    "malformed": swarm_pb2.MALFORMED,
+    "oversized": swarm_pb2.MALFORMED,
+    "bad-offset": swarm_pb2.MALFORMED,
+    "rate-limited": swarm_pb2.RATE_LIMITED,
+    "admission-limited": swarm_pb2.RATE_LIMITED,
+    "registry-full": swarm_pb2.REGISTRY_FULL,
+}
+
+
+def refusal_for(reason: str) -> Refusal:
+    """The typed refusal for a counted reason such as 'stale-round' (REFUSAL_UNSPECIFIED if none)."""
+    return _REFUSAL_OF_REASON.get(reason, swarm_pb2.REFUSAL_UNSPECIFIED)
 
 
 class RpcAbort(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str, reason: str = "") -> None:
+    """Fail the call with `code`; `refusal` travels in the trailing metadata for the client."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, refusal: Refusal = swarm_pb2.REFUSAL_UNSPECIFIED) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.refusal = refusal
+
+
+def refusal_of(exc: grpc.RpcError) -> Refusal:
+    """Client side: the typed refusal a failed call carries (REFUSAL_UNSPECIFIED when none, e.g.
+    a transport error or a server that predates refusals)."""
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == REFUSAL_KEY:
+            try:
+                return swarm_pb2.Refusal.Value(str(value))
+            except ValueError:  # a refusal newer than this build
+                return swarm_pb2.REFUSAL_UNSPECIFIED
+    return swarm_pb2.REFUSAL_UNSPECIFIED
+
+
+class Refused(Exception):
+    """A request the other side refused: `refusal` (a swarm_pb2.Refusal) to branch on, `reason`
+    the human text (what happened, what to do)."""
+
+    def __init__(self, refusal: Refusal, reason: str, *, current_round: int | None = None) -> None:
+        super().__init__(f"{swarm_pb2.Refusal.Name(refusal) if refusal in swarm_pb2.Refusal.values() else refusal}: {reason}")
+        self.refusal = refusal
         self.reason = reason
+        self.current_round = current_round
+
+    @property
+    def name(self) -> str:
+        return swarm_pb2.Refusal.Name(self.refusal)
+
+    @classmethod
+    def from_rpc_error(cls, exc: grpc.RpcError) -> "Refused | None":
+        """The refusal a gRPC error carries, or None for errors that are not refusals."""
+        refusal = refusal_of(exc)
+        if refusal == swarm_pb2.REFUSAL_UNSPECIFIED:
+            return None
+        return cls(refusal, exc.details() if hasattr(exc, "details") else str(exc))
+
+    @classmethod
+    def check(cls, reply):  # a JoinReply, CommitReply, PushReply, HeartbeatReply
+        """Return `reply` if it was not refused, else raise Refused with its refusal and reason."""
+        refused = reply.refusal != swarm_pb2.REFUSAL_UNSPECIFIED or (hasattr(reply, "accepted") and not reply.accepted)
+        if refused:
+            current = getattr(reply, "current_round", None)
+            raise cls(reply.refusal, reply.reason or "refused", current_round=current)
+        return reply
 
 
 def caller_of(context: grpc.ServicerContext) -> str:
@@ -109,8 +201,8 @@ def guarded(
     def decorate(method: Callable) -> Callable:
         def fail(self: Any, context: grpc.ServicerContext, exc: Exception) -> None:
             if isinstance(exc, RpcAbort):
-                if exc.reason:
-                    on_reject(self, exc.reason)
+                if exc.refusal != swarm_pb2.REFUSAL_UNSPECIFIED:
+                    context.set_trailing_metadata(((REFUSAL_KEY, swarm_pb2.Refusal.Name(exc.refusal)),))
                 context.abort(exc.code, exc.message)
             on_reject(self, "internal-error")
             log.exception("handler %s failed", method.__name__)
@@ -119,6 +211,7 @@ def guarded(
         def admit(self: Any, context: grpc.ServicerContext) -> list[bool] | None:
             if not limits(self).allow(caller_of(context), host_of(context), cost):
                 on_reject(self, "rate-limited")
+                context.set_trailing_metadata(((REFUSAL_KEY, "RATE_LIMITED"),))
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many requests from this peer: slow down and retry")
             return WATCHDOG.watch(context, max_stream_s(self)) if max_stream_s is not None else None
 

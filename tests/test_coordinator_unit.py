@@ -23,15 +23,18 @@ import pytest
 import torch
 
 from peer.run.config import RunConfig
+from peer.coordinator.server import build_coordinator_server
+from peer.coordinator.service import CoordinatorServicer
 from peer.coordinator.state import Coordinator
-from peer.coordinator.service import HEARTBEAT_TAG, JOIN_TAG, CoordinatorServicer
+from peer.node.coordinator_client import CoordinatorClient
 from peer.run.round_math import RoundMath
+from protocol.accounting import ByteCounter
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
-from protocol.channels import create_server
-from protocol.envelope import UpdateHeader, sign_update
+from protocol.envelope import HEARTBEAT_TAG, JOIN_TAG, UpdateHeader, sign_update
 from protocol.identity import Identity, verify_signature
 from protocol.payload_service import PayloadServicer, push_chunks
 from protocol.ratelimit import CallerLimits
+from protocol.rpc_errors import Refused, refusal_of
 from protocol.signing import sign_body
 
 
@@ -71,29 +74,21 @@ def serve_coordinator(
     limits: CallerLimits | None = None,
     **servicer_options,
 ) -> Iterator[Served]:
-    """Coordinator + CoordinatorServicer + PayloadServicer on one server, as coordinator_main wires them."""
+    """A Coordinator on 127.0.0.1, served by build_coordinator_server exactly as the CLI serves it."""
     coordinator = Coordinator(cfg, Identity.generate(), checkpoint_path=checkpoint_path)
-    server, port = create_server(coordinator.counter, host="127.0.0.1", port=0)
-    coordinator.endpoint = f"127.0.0.1:{port}"
     if generous_limits:  # let hostile calls reach the handlers (rate limiting has its own test)
         limits = CallerLimits(per_peer_rate=1e6, per_peer_burst=1e6)
-    servicer = CoordinatorServicer(coordinator, limits=limits, **servicer_options)
-    payloads = PayloadServicer(
-        coordinator.store, verify_header=coordinator.verify_pushed_header, on_reject=coordinator.registry.reject, limits=limits,
-        max_stream_s=servicer_options.get("max_stream_s", 120.0),
-    )
-    swarm_pb2_grpc.add_CoordinatorServicer_to_server(servicer, server)
-    swarm_pb2_grpc.add_PeerServicer_to_server(payloads, server)
-    server.start()
+    built = build_coordinator_server(coordinator, host="127.0.0.1", port=0, limits=limits, **servicer_options)
+    built.server.start()
     channel = grpc.insecure_channel(coordinator.endpoint)
     try:
         yield Served(
-            coordinator, servicer, payloads, coordinator.endpoint, channel,
+            coordinator, built.servicer, built.payloads, coordinator.endpoint, channel,
             swarm_pb2_grpc.CoordinatorStub(channel), swarm_pb2_grpc.PeerStub(channel),
         )
     finally:
         channel.close()
-        server.stop(0).wait(5)
+        built.server.stop(0).wait(5)
         coordinator.fetchers.shutdown(wait=False, cancel_futures=True)
         coordinator.channels.close()
 
@@ -170,7 +165,7 @@ def test_equivocation_bans_and_keeps_both_signed_headers(cfg):
         second, _, _ = make_update(served, cheat, seed=2)
         assert push_and_commit(served, first, payload_a).accepted
         reply = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=second), timeout=10)
-        assert not reply.accepted and reply.reason.startswith("equivocation")
+        assert not reply.accepted and reply.refusal == swarm_pb2.EQUIVOCATION and "banned" in reply.reason
 
         status = served.status()
         record = next(p for p in status["peers"] if p["peer_id"] == cheat.peer_id)
@@ -182,7 +177,8 @@ def test_equivocation_bans_and_keeps_both_signed_headers(cfg):
         assert status["rejections"]["equivocation"] == 1
         assert status["open_round"]["excluded"] == {cheat.peer_id: "equivocation"}
         # Banned for the run: rejoining is refused, so are its heartbeats' claims.
-        assert not join(served, cheat).accepted
+        rejoin = join(served, cheat)
+        assert not rejoin.accepted and rejoin.refusal == swarm_pb2.BANNED
         assert heartbeat(served, cheat).banned
         # The honest peer is untouched.
         signed, payload, _ = make_update(served, honest, seed=3)
@@ -197,9 +193,8 @@ def test_second_different_push_in_a_round_is_equivocation(cfg):
         b, payload_b, _ = make_update(served, cheat, seed=2)
         assert served.peer_stub.PushPayload(push_chunks(a, payload_a), timeout=10).accepted
         assert served.peer_stub.PushPayload(push_chunks(a, payload_a), timeout=10).accepted  # a retry is fine
-        with pytest.raises(grpc.RpcError) as info:
-            served.peer_stub.PushPayload(push_chunks(b, payload_b), timeout=10)
-        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED and "equivocation" in info.value.details()
+        refused = served.peer_stub.PushPayload(push_chunks(b, payload_b), timeout=10)
+        assert not refused.accepted and refused.refusal == swarm_pb2.EQUIVOCATION
         assert served.coordinator.registry.is_banned(cheat.peer_id)
         assert served.rejections()["equivocation"] == 1
 
@@ -212,12 +207,12 @@ def test_replayed_and_forged_updates_are_refused_with_their_reason(cfg):
         # Replay: a header signed for another round.
         old, _, _ = make_update(served, alice, round_=c.round + 5)
         reply = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=old), timeout=10)
-        assert not reply.accepted and reply.reason.startswith("stale-round") and reply.current_round == c.round
+        assert not reply.accepted and reply.refusal == swarm_pb2.STALE_ROUND and reply.current_round == c.round
         # Forgery 1: Mallory signs a header that names Alice.
         _, _, header = make_update(served, alice, seed=4)
         forged = sign_body(mallory, "swarmloco/update-header/v1", {f: getattr(header, f) for f in header.__slots__})
         reply = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=forged), timeout=10)
-        assert not reply.accepted and reply.reason.startswith("forged")
+        assert not reply.accepted and reply.refusal == swarm_pb2.BAD_SIGNATURE and "forged" in reply.reason
         # Forgery 2: Alice's header with Mallory's signature and key swapped in / a flipped body byte.
         genuine, _, _ = make_update(served, alice, seed=5)
         swapped = swarm_pb2.Signed(body=genuine.body, signature=mallory.sign(genuine.body), public_key=alice.public_key)
@@ -225,7 +220,7 @@ def test_replayed_and_forged_updates_are_refused_with_their_reason(cfg):
                                     public_key=alice.public_key)
         for bad in (swapped, tampered):
             reply = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=bad), timeout=10)
-            assert not reply.accepted and reply.reason.startswith("bad-signature")
+            assert not reply.accepted and reply.refusal == swarm_pb2.BAD_SIGNATURE
         # A wrong-run header, pushed: refused before a byte of payload is read.
         counts = served.rejections()
         assert (counts["stale-round"], counts["forged"], counts["bad-signature"]) == (1, 1, 2)
@@ -238,10 +233,10 @@ def test_commitment_cannot_redirect_the_fetcher(cfg):
         assert join(served, peer, endpoint="127.0.0.1:40001").accepted
         signed, _, _ = make_update(served, peer)
         reply = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=signed, endpoint="10.0.0.1:22"), timeout=10)
-        assert not reply.accepted and reply.reason.startswith("wrong-endpoint")
+        assert not reply.accepted and reply.refusal == swarm_pb2.WRONG_ENDPOINT
         with pytest.raises(grpc.RpcError) as info:
             served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=signed, endpoint="not an endpoint"), timeout=10)
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and refusal_of(info.value) == swarm_pb2.MALFORMED
 
 
 def test_peers_bans_and_history_survive_a_coordinator_restart(cfg, tmp_path):
@@ -272,3 +267,34 @@ def test_peers_bans_and_history_survive_a_coordinator_restart(cfg, tmp_path):
         assert c.registry.active(c.round) == [honest.peer_id]
         signed, payload, _ = make_update(served, honest, seed=4)
         assert push_and_commit(served, signed, payload).accepted
+
+
+def test_unknown_peer_is_the_same_typed_refusal_on_every_path(cfg):
+    """Heartbeat, push and commit from a peer the coordinator does not know (e.g. after a restart)
+    all come out of the peer's client as Refused(UNKNOWN_PEER), its cue to join again; an
+    RPC-level error carries its refusal too (trailing metadata), read by the same client."""
+    with serve_coordinator(cfg) as served:
+        stranger = Identity.generate()
+        signed, payload, _ = make_update(served, stranger)
+        client = CoordinatorClient(served.endpoint, ByteCounter(stranger.peer_id))
+        beat = lambda: client.heartbeat(sign_body(stranger, HEARTBEAT_TAG, {"peer_id": stranger.peer_id, "timestamp": time.time()}))
+        paths = {
+            "heartbeat": beat,
+            "push": lambda: client.push(push_chunks(signed, payload)),
+            "commit": lambda: client.submit(signed, ""),
+        }
+        try:
+            for name, call in paths.items():
+                with pytest.raises(Refused) as info:
+                    call()
+                assert info.value.refusal == swarm_pb2.UNKNOWN_PEER, name
+                assert "Join" in info.value.reason, name
+            with pytest.raises(Refused) as info:
+                client.submit(signed, "not an endpoint")  # INVALID_ARGUMENT, typed through the metadata
+            assert info.value.refusal == swarm_pb2.MALFORMED
+            assert join(served, stranger).accepted  # what the node does on UNKNOWN_PEER; then every path works
+            assert not beat().banned
+            assert client.push(push_chunks(signed, payload)).accepted
+            assert client.submit(signed, "").accepted
+        finally:
+            client.close()

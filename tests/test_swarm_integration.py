@@ -109,7 +109,7 @@ def test_status_command_reads_a_live_coordinator(swarm, tmp_path):
 
 
 def test_byzantine_peers_in_a_real_swarm_are_excluded_or_outvoted(swarm, tmp_path):
-    """Two real peers attack (test-only option): one sends NaN, one a sign-flipped update x4.
+    """Two real peers attack (tests/byzantine_peer.py): one sends NaN, one a sign-flipped update x4.
     The NaN update never reaches aggregation (the manifest names why, identically for all);
     the median outvotes the flipped one; status shows each peer's share and exclusion."""
     config = write_run_config(
@@ -119,8 +119,9 @@ def test_byzantine_peers_in_a_real_swarm_are_excluded_or_outvoted(swarm, tmp_pat
     )
     coordinator = swarm.start_coordinator(["--config", str(config)])
     honest = [swarm.start_peer(f"honest{i}", ["--shard", f"{i}/4"]) for i in range(2)]
-    nan_peer = swarm.start_peer("nan", ["--shard", "2/4", "--test-attack", "nan"])
-    flipper = swarm.start_peer("flip", ["--shard", "3/4", "--test-attack", 'sign-flip:{"scale": 4.0}'])
+    byzantine = "tests.byzantine_peer"
+    nan_peer = swarm.start_peer("nan", ["--shard", "2/4", "--attack", "nan"], module=byzantine)
+    flipper = swarm.start_peer("flip", ["--shard", "3/4", "--attack", 'sign-flip:{"scale": 4.0}'], module=byzantine)
     assert swarm.wait(coordinator, 240) == 0
     for peer in (*honest, nan_peer, flipper):
         assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]

@@ -42,11 +42,11 @@ class Swarm:
         self.coordinator_endpoint = ""
         self._lock = threading.Lock()
 
-    def _spawn(self, name: str, args: list[str]) -> Child:
+    def _spawn(self, name: str, args: list[str], module: str = "peer.cli.main") -> Child:
         log_path = self.workdir / f"{name}.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         process = subprocess.Popen(
-            [sys.executable, "-m", "peer.cli.main", *args],
+            [sys.executable, "-m", module, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -84,12 +84,14 @@ class Swarm:
             time.sleep(0.1)
         raise TimeoutError(f"coordinator did not print its address within {timeout_s:.0f}s:\n{''.join(child.lines)[-3000:]}")
 
-    def start_peer(self, name: str, extra: list[str], *, via_dht: bool = True) -> Child:
+    def start_peer(self, name: str, extra: list[str], *, via_dht: bool = True, module: str = "peer.cli.main") -> Child:
+        """`module`: what `python -m` runs with the `peer` verb's arguments (tests start a
+        Byzantine peer from tests/byzantine_peer.py)."""
         where = ["--initial-peers", *self.initial_peers] if via_dht else ["--coordinator", self.coordinator_endpoint]
         args = ["peer", *where, "--host", "127.0.0.1", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
                 "--identity-path", str(self.workdir / f"{name}.pem"), "--summary-json", str(self.workdir / f"{name}.json"),
                 "--threads", "1", *extra]
-        return self._spawn(name, args)
+        return self._spawn(name, args, module)
 
     def kill(self, child: Child, sig: int = signal.SIGKILL) -> None:
         try:

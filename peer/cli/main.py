@@ -79,7 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rounds", type=int, help="leave after this many rounds")
     p.add_argument("--summary-json", help="write this peer's per-round record here at exit")
     p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the DHT / coordinator")
-    p.add_argument("--test-attack", help=argparse.SUPPRESS)  # test-only: make this peer Byzantine
 
     # demo
     d = sub.add_parser("demo", help="a coordinator and N peers as separate processes on loopback")
@@ -131,13 +130,10 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_peer(args: argparse.Namespace) -> int:
+def cmd_peer(args: argparse.Namespace, make_node=None) -> int:
+    """`make_node(options)` builds the node (default PeerNode; tests/byzantine_peer.py passes a subclass)."""
     from peer.node.node import PeerNode, PeerOptions
 
-    attack, attack_options = None, {}
-    if args.test_attack:
-        name, _, opts = args.test_attack.partition(":")
-        attack, attack_options = name, json.loads(opts) if opts else {}
     options = PeerOptions(
         coordinator=args.coordinator,
         initial_peers=args.initial_peers,
@@ -158,10 +154,8 @@ def cmd_peer(args: argparse.Namespace) -> int:
         resume=args.resume,
         log_every=args.log_every,
         connect_timeout_s=args.connect_timeout,
-        attack=attack,
-        attack_options=attack_options,
     )
-    node = PeerNode(options)
+    node = (make_node or PeerNode)(options)
     from peer.cli import interrupts
     from peer.node.node import PeerExit
 

@@ -11,14 +11,12 @@ from pathlib import Path
 
 from peer.run.config import RunConfig
 from peer.coordinator.state import Coordinator
-from peer.coordinator.service import CoordinatorServicer
+from peer.coordinator.server import build_coordinator_server
+from peer.run import faults
 from peer.run.progress import coordinator_line, format_bytes
 from protocol import discovery
-from protocol.wire import swarm_pb2_grpc
 from protocol.accounting import ByteCounter
-from protocol.channels import create_server
 from protocol.identity import Identity
-from protocol.payload_service import PayloadServicer
 
 log = logging.getLogger("swarmloco.coordinator")
 
@@ -39,6 +37,7 @@ class CoordinatorOptions:
 
 
 def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = None) -> dict:
+    faults.check_environment()  # a bad SWARMLOCO_FAIL_AT fails here, before anything starts
     stop = stop or threading.Event()
     cfg = options.config
     identity = Identity.load_or_create(options.identity_path) if options.identity_path else Identity.generate()
@@ -50,16 +49,9 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
     server = None
     try:
         coordinator = Coordinator(cfg, identity, checkpoint_path=options.checkpoint_path, counter=counter)
-        server, port = create_server(counter, host=options.host, port=options.port)
-        coordinator.endpoint = f"{options.announce_host}:{port}"
-        swarm_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(coordinator), server)
-        payloads = PayloadServicer(
-            coordinator.store,
-            verify_header=coordinator.verify_pushed_header,
-            on_push=lambda item: None,
-            on_reject=coordinator.registry.reject,
-        )
-        swarm_pb2_grpc.add_PeerServicer_to_server(payloads, server)
+        server = build_coordinator_server(
+            coordinator, host=options.host, port=options.port, announce_host=options.announce_host
+        ).server
         server.start()
         if dht is not None:
             coordinator.initial_peers = discovery.visible_maddrs(dht)

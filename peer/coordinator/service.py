@@ -23,7 +23,7 @@ from peer.coordinator.registry import PeerRecord, RegistryFull
 from protocol import streaming
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.ratelimit import CallerLimits, RateLimiter
-from protocol.rpc_errors import RpcAbort, guarded
+from protocol.rpc_errors import RpcAbort, guarded, refusal_for
 from protocol.signing import SignatureError, open_signed
 
 log = logging.getLogger("swarmloco.coordinator")
@@ -96,7 +96,7 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
             return open_signed(request, tag)
         except SignatureError as exc:
             self.coordinator.registry.reject(exc.reason)
-            raise RpcAbort(grpc.StatusCode.UNAUTHENTICATED, f"{what} refused: {exc}") from None
+            raise RpcAbort(grpc.StatusCode.UNAUTHENTICATED, f"{what} refused: {exc}", refusal_for(exc.reason)) from None
 
     @_guarded
     def Join(self, request, context):
@@ -104,28 +104,38 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
         fields, peer_id = self._open(request, JOIN_TAG, "join")
         if fields.get("run_id") != c.cfg.run_id:
             c.registry.reject("wrong-run")
-            return swarm_pb2.JoinReply(accepted=False, reason=f"this coordinator runs {c.cfg.run_id!r}, not {fields.get('run_id')!r}")
+            return swarm_pb2.JoinReply(
+                accepted=False, refusal=swarm_pb2.WRONG_RUN, reason=f"this coordinator runs {c.cfg.run_id!r}, not {fields.get('run_id')!r}"
+            )
         if not _fresh(fields):
             c.registry.reject("stale-join")
-            return swarm_pb2.JoinReply(accepted=False, reason="join timestamp is too old or in the future: check the clock")
+            return swarm_pb2.JoinReply(
+                accepted=False, refusal=swarm_pb2.CLOCK_SKEW, reason="join timestamp is too old or in the future: check the clock"
+            )
         if c.cfg.allowed_peers and request.public_key.hex() not in {k.lower() for k in c.cfg.allowed_peers}:
             c.registry.reject("not-allowed")
-            raise RpcAbort(grpc.StatusCode.PERMISSION_DENIED, f"peer {peer_id} is not on this run's allow-list; ask the run owner to add its public key {request.public_key.hex()}")
+            raise RpcAbort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"peer {peer_id} is not on this run's allow-list; ask the run owner to add its public key {request.public_key.hex()}",
+                swarm_pb2.NOT_ALLOWED,
+            )
         endpoint = fields.get("endpoint", "")
         if not isinstance(endpoint, str) or not valid_endpoint(endpoint):
             c.registry.reject("malformed")
-            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "endpoint must be a HOST:PORT string (or empty with --client-mode)")
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "endpoint must be a HOST:PORT string (or empty with --client-mode)", swarm_pb2.MALFORMED)
         with c.lock:
             if c.registry.is_banned(peer_id):
-                return swarm_pb2.JoinReply(accepted=False, reason=f"banned: {c.registry.get(peer_id).banned_reason}")
+                return swarm_pb2.JoinReply(accepted=False, refusal=swarm_pb2.BANNED, reason=f"banned: {c.registry.get(peer_id).banned_reason}")
             if c.registry.get(peer_id) is None and not self.admission.allow("new-peer"):
                 c.registry.reject("admission-limited")
-                raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many new peers are joining right now: retry in a few seconds")
+                raise RpcAbort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, "too many new peers are joining right now: retry in a few seconds", swarm_pb2.RATE_LIMITED
+                )
             try:
                 self._admit(peer_id, request, fields, endpoint)
             except RegistryFull as exc:
                 c.registry.reject("registry-full")
-                raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+                raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), swarm_pb2.REGISTRY_FULL)
             log.info("peer %s joined at round %d (%s)", peer_id[:8], c.round, endpoint or "client mode")
             return swarm_pb2.JoinReply(accepted=True, peer_id=peer_id, round=c.round, param_hash=c.param_hash)
 
@@ -150,11 +160,14 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
         fields, peer_id = self._open(request, HEARTBEAT_TAG, "heartbeat")
         if not _fresh(fields):
             c.registry.reject("stale-heartbeat")
-            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "heartbeat timestamp is stale: check the clock")
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "heartbeat timestamp is stale: check the clock", swarm_pb2.CLOCK_SKEW)
         with c.lock:
             record = c.registry.get(peer_id)
-            if record is None:
-                raise RpcAbort(grpc.StatusCode.NOT_FOUND, "unknown peer: Join first")
+            if record is None:  # a restarted coordinator that lost it, or it never joined
+                return swarm_pb2.HeartbeatReply(
+                    round=c.round, param_hash=c.param_hash, finished=c.finished,
+                    refusal=swarm_pb2.UNKNOWN_PEER, reason="unknown peer: Join the run first",
+                )
             record.last_seen = time.monotonic()
             for name, kind in (("state", str), ("param_hash", str)):
                 value = fields.get(name)
@@ -173,14 +186,9 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
                 record.round_bytes = {
                     str(k)[:16]: v for k, v in list(fields["round_bytes"].items())[:4] if isinstance(v, int) and 0 <= v < 1 << 62
                 }
-            reported_round = fields.get("round")
-            resync = (
-                reported_round == c.round and isinstance(fields.get("param_hash"), str) and fields["param_hash"] != c.param_hash
-            )
             return swarm_pb2.HeartbeatReply(
                 round=c.round,
                 param_hash=c.param_hash,
-                resync=bool(resync),
                 banned=bool(record.banned_reason),
                 reason=record.banned_reason,
                 finished=c.finished,
@@ -190,7 +198,7 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
     def SubmitCommitment(self, request, context):
         if not valid_endpoint(request.endpoint):
             self.coordinator.registry.reject("malformed")
-            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "endpoint must be HOST:PORT, or empty for a pushed payload")
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "endpoint must be HOST:PORT, or empty for a pushed payload", swarm_pb2.MALFORMED)
         return self.coordinator.submit(request.header, request.endpoint)
 
     @_guarded
@@ -214,7 +222,7 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
             data, round_ = c.checkpoint_bytes, c.round
         if not 0 <= request.offset <= len(data):
             c.registry.reject("bad-offset")
-            raise RpcAbort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(data)}")
+            raise RpcAbort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(data)}", swarm_pb2.MALFORMED)
         yield from streaming.iter_chunks(data, offset=request.offset, round_=round_)
 
     @_guarded

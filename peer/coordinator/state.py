@@ -21,6 +21,7 @@ from typing import Any
 
 from peer.run import checkpoint
 from peer.run.config import RunConfig
+from peer.run.faults import fail_point
 from peer.learn.data import load_corpus, validation_batches
 from peer.learn.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
 from peer.coordinator.registry import PeerRegistry
@@ -34,8 +35,10 @@ from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, Updat
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool, fetch_payload
 from protocol.payload_service import PayloadStore, StoredPayload
+from protocol.rpc_errors import refusal_for
 
 log = logging.getLogger("swarmloco.coordinator")
+EQUIVOCATION_TEXT = "equivocation: two different updates in one round; banned"
 
 
 @dataclass(slots=True)
@@ -164,53 +167,46 @@ class Coordinator:
                 first = (committed.header, committed.signed)
             if first is not None and first[0].payload_sha256 != header.payload_sha256:
                 self._ban_equivocator(header, first[1], signed)
-                raise EnvelopeError("equivocation", "equivocation: two different updates in one round; banned")
+                raise EnvelopeError("equivocation", EQUIVOCATION_TEXT)
             self.book.pushed.setdefault(header.peer_id, (header, signed))
             return header
 
     # --- commitments ---------------------------------------------------------------------
 
+    def _refuse(self, reason: str, message: str, *, count: bool = True) -> swarm_pb2.CommitReply:
+        """A refused commitment: `reason` is the counted name and picks the typed refusal."""
+        if count:
+            self.registry.reject(reason)
+        return swarm_pb2.CommitReply(accepted=False, reason=message, refusal=refusal_for(reason), current_round=self.round)
+
     def submit(self, signed: swarm_pb2.Signed, endpoint: str) -> swarm_pb2.CommitReply:
         with self.lock:
             if self.finished:
-                return swarm_pb2.CommitReply(accepted=False, reason="the run has finished", current_round=self.round)
+                return self._refuse("run-finished", "the run has finished", count=False)
             try:
                 header = self.verify_header(signed)
             except EnvelopeError as exc:
-                self.registry.reject(exc.reason)
-                return swarm_pb2.CommitReply(accepted=False, reason=f"{exc.reason}: {exc}", current_round=self.round)
+                return self._refuse(exc.reason, f"{exc.reason}: {exc}")
             if header.round != self.round:
-                self.registry.reject("stale-round")
-                return swarm_pb2.CommitReply(
-                    accepted=False,
-                    reason=f"stale-round: round {header.round} is not open (current round {self.round}); resynchronise",
-                    current_round=self.round,
+                return self._refuse(
+                    "stale-round", f"stale-round: round {header.round} is not open (current round {self.round}); resynchronise"
                 )
             record = self.registry.get(header.peer_id)
             if record is not None and endpoint != record.endpoint:
                 # Only the endpoint the peer joined with: a commitment cannot aim our fetcher elsewhere.
-                self.registry.reject("wrong-endpoint")
-                return swarm_pb2.CommitReply(
-                    accepted=False, reason=f"wrong-endpoint: joined with {record.endpoint!r}; Join again to change it", current_round=self.round
-                )
+                return self._refuse("wrong-endpoint", f"wrong-endpoint: joined with {record.endpoint!r}; Join again to change it")
             if header.base_param_hash != self.param_hash:
-                self.registry.reject("wrong-base")
-                return swarm_pb2.CommitReply(
-                    accepted=False,
-                    reason="wrong-base: the update was computed from other parameters; download the checkpoint",
-                    current_round=self.round,
-                )
+                return self._refuse("wrong-base", "wrong-base: the update was computed from other parameters; download the checkpoint")
             pushed_first = self.book.pushed.get(header.peer_id)
             if pushed_first is not None and pushed_first[0].payload_sha256 != header.payload_sha256:
-                self.registry.reject("equivocation")
                 self._ban_equivocator(header, pushed_first[1], signed)
-                return swarm_pb2.CommitReply(accepted=False, reason="equivocation: two different updates in one round; banned", current_round=self.round)
+                return self._refuse("equivocation", EQUIVOCATION_TEXT)
             existing = self.book.commitments.get(header.peer_id)
             if existing is not None:
                 if existing.header.payload_sha256 == header.payload_sha256:
                     return swarm_pb2.CommitReply(accepted=True, reason="already committed", current_round=self.round)
-                self._equivocation(existing, header, signed)
-                return swarm_pb2.CommitReply(accepted=False, reason="equivocation: two different updates in one round; banned", current_round=self.round)
+                self._equivocation(existing, header, signed)  # counts it
+                return self._refuse("equivocation", EQUIVOCATION_TEXT, count=False)
             now = time.monotonic()
             commitment = Commitment(header=header, signed=signed, endpoint=endpoint, arrived=now)
             self.book.commitments[header.peer_id] = commitment
@@ -332,6 +328,7 @@ class Coordinator:
             run_id=self.cfg.run_id, round=book.round, base_param_hash=self.param_hash, entries=entries, excluded=dict(book.excluded)
         )
         self.manifests[book.round] = sign_manifest(self.identity, manifest)
+        fail_point("manifest-signed", book.round)
         for old in [r for r in self.manifests if r < book.round - 4]:
             del self.manifests[old]
 

@@ -1,4 +1,8 @@
-"""A peer's calls to its coordinator, with deadlines on every call and backoff on transient failures."""
+"""A peer's calls to its coordinator, with deadlines on every call and backoff on transient failures.
+
+Every refusal, whether the reply carries it or a gRPC error does, comes out as one typed exception,
+`Refused` (protocol.rpc_errors), whose `refusal` the node branches on.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import grpc
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.accounting import ByteCounter
 from protocol.channels import DEFAULT_DEADLINE, TRANSFER_DEADLINE, create_channel, wait_ready
+from protocol.rpc_errors import Refused
 from protocol.streaming import TransferError, receive_chunks
 
 log = logging.getLogger("swarmloco.peer")
@@ -51,7 +56,8 @@ class CoordinatorClient:
         wait_ready(self.channel, self.endpoint, timeout)
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
-        """Run fn, retrying transient failures with exponential backoff (jittered) up to retry_for."""
+        """Run fn, retrying transient failures with exponential backoff (jittered) up to retry_for.
+        A gRPC error that carries a refusal is raised as Refused."""
         deadline = time.monotonic() + self.retry_for.total_seconds()
         delay = 0.25
         while True:
@@ -65,7 +71,7 @@ class CoordinatorClient:
                             f"coordinator {self.endpoint} unreachable for {self.retry_for.total_seconds():.0f}s ({what}): "
                             f"{exc.details() if hasattr(exc, 'details') else exc}"
                         ) from None
-                    raise
+                    raise Refused.from_rpc_error(exc) or exc
                 log.info("%s: coordinator unavailable (%s), retrying in %.1fs", what, code, delay)
                 if code == grpc.StatusCode.UNAVAILABLE:
                     self._reconnect()
@@ -76,53 +82,66 @@ class CoordinatorClient:
         return self.call("run info", lambda: self.stub.GetRunInfo(swarm_pb2.RunInfoRequest(), timeout=DEFAULT_DEADLINE.total_seconds()))
 
     def join(self, signed: swarm_pb2.Signed) -> swarm_pb2.JoinReply:
-        return self.call("join", lambda: self.stub.Join(signed, timeout=DEFAULT_DEADLINE.total_seconds()))
+        """The accepted JoinReply; raises Refused (e.g. BANNED, NOT_ALLOWED) otherwise."""
+        return Refused.check(self.call("join", lambda: self.stub.Join(signed, timeout=DEFAULT_DEADLINE.total_seconds())))
 
     def heartbeat(self, signed: swarm_pb2.Signed) -> swarm_pb2.HeartbeatReply:
-        """One try (the next heartbeat is the retry); a lost coordinator gets a fresh channel."""
+        """One try (the next heartbeat is the retry); a lost coordinator gets a fresh channel.
+        Raises Refused (UNKNOWN_PEER: join again) when the heartbeat was not recorded."""
         try:
-            return self.stub.Heartbeat(signed, timeout=DEFAULT_DEADLINE.total_seconds())
+            reply = self.stub.Heartbeat(signed, timeout=DEFAULT_DEADLINE.total_seconds())
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 self._reconnect()
-            raise
+            raise Refused.from_rpc_error(exc) or exc
+        return Refused.check(reply)
 
     def submit(self, signed: swarm_pb2.Signed, endpoint: str) -> swarm_pb2.CommitReply:
+        """The accepted CommitReply; raises Refused (STALE_ROUND, WRONG_BASE, UNKNOWN_PEER, ...) otherwise."""
         request = swarm_pb2.CommitRequest(header=signed, endpoint=endpoint)
-        return self.call("commit", lambda: self.stub.SubmitCommitment(request, timeout=DEFAULT_DEADLINE.total_seconds()))
+        return Refused.check(
+            self.call("commit", lambda: self.stub.SubmitCommitment(request, timeout=DEFAULT_DEADLINE.total_seconds()))
+        )
 
     def manifest(self, round_: int, wait_s: float) -> swarm_pb2.ManifestReply:
         request = swarm_pb2.ManifestRequest(round=round_, wait_s=wait_s)
         return self.call("manifest", lambda: self.stub.GetManifest(request, timeout=wait_s + DEFAULT_DEADLINE.total_seconds()))
 
     def push(self, chunks) -> swarm_pb2.PushReply:
+        """Client mode: hand our payload to the coordinator; raises Refused as submit() does."""
         stub = swarm_pb2_grpc.PeerStub(self.channel)
-        return stub.PushPayload(chunks, timeout=TRANSFER_DEADLINE.total_seconds())
+        try:
+            reply = stub.PushPayload(chunks, timeout=TRANSFER_DEADLINE.total_seconds())
+        except grpc.RpcError as exc:
+            raise Refused.from_rpc_error(exc) or exc
+        return Refused.check(reply)
 
     def checkpoint(self) -> tuple[bytes, int]:
         """Download the current checkpoint; resume from the byte a broken transfer stopped at, and
         keep trying (with backoff, over a fresh channel) for up to retry_for: the coordinator may be restarting."""
         received = b""
-        sha = None
+        sha = None  # the object `received` is a prefix of
         deadline = time.monotonic() + self.retry_for.total_seconds()
         delay = 0.5
         while True:
-            stream = self.stub.StreamCheckpoint(
+            stream = _Observed(self.stub.StreamCheckpoint(
                 swarm_pb2.CheckpointRequest(offset=len(received)), timeout=TRANSFER_DEADLINE.total_seconds()
-            )
+            ))
             try:
                 data, first = receive_chunks(stream, max_size=MAX_CHECKPOINT_BYTES, expected_sha256=sha, prefix=received)
                 return data, first.round
             except TransferError as exc:
-                # The same object may continue where it broke; a new round's checkpoint starts over.
-                if "different object" in str(exc) or "outside 0.." in str(exc):
+                # The same object continues where it broke; a new round's checkpoint (another sha256,
+                # or shorter than what we hold: offset out of range) starts over.
+                changed = sha is not None and stream.sha256 not in (None, sha)
+                if changed or stream.code == grpc.StatusCode.OUT_OF_RANGE:
                     received, sha = b"", None
                 else:
-                    received = exc.received
+                    received, sha = exc.received, sha or stream.sha256
                 if time.monotonic() + delay > deadline:
                     raise CoordinatorUnavailable(f"could not download the checkpoint from {self.endpoint}: {exc}") from None
                 log.info("checkpoint transfer broke (%s), resuming at byte %d", exc, len(received))
-                if "UNAVAILABLE" in str(exc):
+                if stream.code == grpc.StatusCode.UNAVAILABLE:
                     self._reconnect()
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 5.0)
@@ -130,3 +149,22 @@ class CoordinatorClient:
     def close(self) -> None:
         for channel in [*self._retired, self.channel]:
             channel.close()
+
+
+class _Observed:
+    """A response stream that remembers the first chunk's sha256 and the gRPC code it failed with."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.sha256: str | None = None
+        self.code: grpc.StatusCode | None = None
+
+    def __iter__(self):
+        try:
+            for chunk in self.stream:
+                if self.sha256 is None:
+                    self.sha256 = chunk.sha256
+                yield chunk
+        except grpc.RpcError as exc:
+            self.code = exc.code()
+            raise

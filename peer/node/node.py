@@ -16,12 +16,10 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import grpc
 import torch
 
 from peer import VERSION
@@ -29,71 +27,43 @@ from peer import VERSION
 from peer.run import checkpoint
 from peer.run.config import RunConfig
 from peer.node.coordinator_client import CoordinatorClient
+from peer.node.errors import PeerExit
+from peer.node.options import PeerOptions
+from peer.node.phase import RoundPhase
 from peer.learn.data import DeviceSampler, ShardSampler, load_corpus, shard_for_peer
 from peer.learn.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
 from peer.node.heartbeat import heartbeat_loop
+from peer.run.faults import check_environment, fail_point
 from peer.node.overlap import run_overlapped
 from peer.run.progress import format_bytes, round_line, step_line
 from peer.node.round_exchange import Exchange, ManifestFetcher, Update
 from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
 from peer.learn.training import InnerTrainer
 from protocol import discovery
-from protocol.wire import swarm_pb2_grpc
+from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
 from protocol.envelope import JOIN_TAG, EnvelopeError, UpdateHeader, open_manifest, sign_update
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload, push_chunks
+from protocol.rpc_errors import Refused
 from protocol.signing import sign_body
 
+__all__ = ["PeerExit", "PeerNode", "PeerOptions"]  # the first and last live in peer.node.errors / .options
 log = logging.getLogger("swarmloco.peer")
 MANIFEST_POLL_S = 5.0  # long-poll slice; between slices the peer re-checks that its commitment is held
-
-
-class PeerExit(Exception):
-    """The peer must stop; the message says why and what to do."""
-
-
-@dataclass(kw_only=True, slots=True)
-class PeerOptions:
-    coordinator: str | None = None  # HOST:PORT of the coordinator's gRPC port
-    initial_peers: list[str] = field(default_factory=list)  # DHT multiaddrs
-    run_id: str | None = None
-    identity_path: str | None = None
-    data: str | None = None
-    client_mode: bool = False
-    device: str = "cpu"
-    host: str = "0.0.0.0"
-    port: int = 0
-    announce_host: str = "127.0.0.1"
-    host_maddrs: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
-    announce_maddrs: list[str] = field(default_factory=list)
-    shard: int | None = None
-    num_shards: int | None = None
-    threads: int | None = None
-    state_dir: str | None = None  # where --resume state is kept (default: next to the identity)
-    resume: bool = False
-    log_every: int = 5
-    connect_timeout_s: float = 10.0
-    attack: str | None = None  # test-only: a Byzantine peer for integration tests
-    attack_options: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.coordinator and not self.initial_peers:
-            raise ValueError("give --coordinator HOST:PORT or --initial-peers MULTIADDR (the coordinator prints both)")
-        if self.coordinator and (":" not in self.coordinator or not self.coordinator.rsplit(":", 1)[1].isdigit()):
-            raise ValueError(f"--coordinator {self.coordinator!r}: expected HOST:PORT, e.g. 127.0.0.1:31338")
-        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"--device {self.device!r}: use cpu or cuda")
-        if (self.shard is None) != (self.num_shards is None):
-            raise ValueError("--shard needs the form I/N")
-        if self.log_every < 1:
-            raise ValueError("--log-every must be at least 1")
+REJOIN = {swarm_pb2.UNKNOWN_PEER, swarm_pb2.WRONG_ENDPOINT}  # join again, then commit the same update
+RESYNC = {swarm_pb2.STALE_ROUND, swarm_pb2.WRONG_BASE}  # download the checkpoint instead
+FATAL = {swarm_pb2.EQUIVOCATION, swarm_pb2.BANNED}
 
 
 class PeerNode:
+    """One training peer. A round's phases are public methods (train, make_update, commit,
+    exchange, finish_round), composed by one_round (synchronous) or peer.node.overlap."""
+
     def __init__(self, options: PeerOptions) -> None:
+        check_environment()  # a bad SWARMLOCO_FAIL_AT fails here, before anything starts
         self.options = options
         state_dir = Path(options.state_dir or (Path(options.identity_path).parent if options.identity_path else "."))
         self.identity = Identity.load_or_create(options.identity_path) if options.identity_path else Identity.generate()
@@ -103,10 +73,16 @@ class PeerNode:
         self.dht = None
         self.server = None
         self.client: CoordinatorClient | None = None
+        self.endpoint = ""  # HOST:PORT of our payload server; "" in client mode
+        self.pool: ChannelPool | None = None
+        self.fetchers: ThreadPoolExecutor | None = None
+        self.writer: ThreadPoolExecutor | None = None
+        self.heartbeat_thread: threading.Thread | None = None
         self.stop = threading.Event()
         self.heartbeat_now = threading.Event()
-        self.state = "starting"
+        self.phase = RoundPhase.STARTING
         self.round = 0
+        self._hash = ""  # sha256 of self.params once built; the heartbeat thread reads it
         self.step = 0
         self.last_loss: float | None = None
         self.finished = False
@@ -150,7 +126,10 @@ class PeerNode:
         self.manifest_fetcher = ManifestFetcher(
             self.store, self.pool, self.fetchers, self.math, self._verify_header, self.endpoint
         )
-        self._join()
+        self.send_join()
+        self.announce()
+        self.heartbeat_thread = threading.Thread(target=heartbeat_loop, args=(self,), name="swarmloco-heartbeat", daemon=True)
+        self.heartbeat_thread.start()
 
     def _build(self, info) -> None:
         cfg, o = self.cfg, self.options
@@ -159,6 +138,7 @@ class PeerNode:
         self.model = build_model(cfg.model, cfg.seed).to(o.device)
         self.layout_hash = layout_hash(self.model)
         self.params = flat_params(self.model).cpu()  # θ_r on CPU: the round math is CPU float32
+        self._hash = param_hash(self.params)
         self.numel = self.params.numel()
         self.math = RoundMath(cfg, self.numel)
         data_cfg = cfg.data if o.data is None else dataclasses.replace(cfg.data, path=o.data)
@@ -171,15 +151,7 @@ class PeerNode:
         self.sampler = ShardSampler(
             corpus.train, shard=shard, num_shards=num_shards, batch_size=cfg.data.batch_size, seq_len=cfg.model.seq_len, seed=cfg.seed
         )
-        poison = None
-        self.attack = None
-        if o.attack:
-            from optim import attacks
-
-            self.attack = attacks.build(o.attack, **o.attack_options)
-            if self.attack.data_poisoning:
-                poison = attacks.poison_batch
-        self.trainer = InnerTrainer(self.model, cfg.inner, DeviceSampler(self.sampler, o.device), poison_batch=poison)
+        self.trainer = InnerTrainer(self.model, cfg.inner, DeviceSampler(self.sampler, o.device))
         self.round = info.round
         self.store = PayloadStore(keep_rounds=2)
         self.pool = ChannelPool(self.counter)
@@ -199,17 +171,15 @@ class PeerNode:
         self.server.start()
         self.endpoint = f"{o.announce_host}:{port}"
 
-    def _join(self) -> None:
-        self._send_join()
+    def announce(self) -> None:
+        """(Re)write our DHT record; the heartbeat refreshes it before it expires."""
         if self.dht is not None:
             discovery.announce_peer(
                 self.dht, self.identity, run_id=self.cfg.run_id, endpoint=self.endpoint,
                 client_mode=self.options.client_mode, version=VERSION,
             )
-        self.heartbeat_thread = threading.Thread(target=heartbeat_loop, args=(self,), name="swarmloco-heartbeat", daemon=True)
-        self.heartbeat_thread.start()
 
-    def _send_join(self) -> None:
+    def send_join(self) -> None:
         """Join (or rejoin: a restarted coordinator that lost us, a new endpoint); same identity."""
         assert self.client is not None
         body = {
@@ -219,11 +189,12 @@ class PeerNode:
             "version": VERSION,
             "timestamp": time.time(),
         }
-        reply = self.client.join(sign_body(self.identity, JOIN_TAG, body))
-        if not reply.accepted:
-            if reply.reason.startswith("banned"):
-                self.banned_reason = reply.reason
-            raise PeerExit(f"the coordinator refused to admit this peer: {reply.reason}")
+        try:
+            reply = self.client.join(sign_body(self.identity, JOIN_TAG, body))
+        except Refused as exc:
+            if exc.refusal == swarm_pb2.BANNED:
+                self.banned_reason = exc.reason
+            raise PeerExit(f"the coordinator refused to admit this peer: {exc.reason}") from None
         log.info("peer %s joined run %s at round %d (%d params, codec %s)", self.short, self.cfg.run_id, reply.round, self.numel, self.cfg.compression.codec)
 
     def _verify_header(self, signed, round_: int | None) -> UpdateHeader:
@@ -243,7 +214,7 @@ class PeerNode:
 
     def resync(self, why: str) -> None:
         """Download the coordinator's checkpoint and continue from it (keeps local optimizer state)."""
-        self.state = "syncing"
+        self.phase = RoundPhase.SYNCING
         data, round_ = self.client.checkpoint()
         ckpt = checkpoint.from_bytes(data)
         if ckpt.config_hash != self.cfg.config_hash():
@@ -256,7 +227,6 @@ class PeerNode:
 
     def run(self, max_rounds: int | None = None) -> dict[str, Any]:
         info = self.client.run_info()
-        self._hash = param_hash(self.params)
         if info.param_hash != self._hash or info.round != self.round:
             self.resync("joining" if not self.options.resume else "resume state is behind the swarm")
         done = 0
@@ -269,7 +239,7 @@ class PeerNode:
             done += 1
             if max_rounds is not None and done >= max_rounds:
                 break
-        self.state = "finished" if self.finished else "stopped"
+        self.phase = RoundPhase.FINISHED if self.finished else RoundPhase.STOPPED
         return {"rounds": done, "round": self.round, "param_hash": self._hash, "history": self.history}
 
     def one_round(self) -> None:
@@ -277,13 +247,13 @@ class PeerNode:
         r, base = self.round, self.params.clone()  # θ_r, (d,)
         started = time.monotonic()
         before = self.counter.total()
-        stats, compute = self._train(r)
+        stats, compute = self.train(r)
         local = flat_params(self.model).cpu()
-        update = self._make_update(r, base - local)  # pseudo-gradient Δ = θ_r − θ_local
-        if not self._commit(update.signed, update.payload, r):
+        update = self.make_update(r, base - local)  # pseudo-gradient Δ = θ_r − θ_local
+        if not self.commit(update, r):
             return
-        result = self._exchange(r, base, update)
-        self._finish_round(r, result, update, stats, compute, started, before)
+        result = self.exchange(r, base, update)
+        self.finish_round(r, result, update, stats, compute, started, before)
 
     def utilization(self) -> float:
         """Share of wall time spent in inner steps since the first one (start-up excluded)."""
@@ -291,11 +261,12 @@ class PeerNode:
             return 0.0
         return self.compute_s / max(1e-9, time.monotonic() - self.training_started)
 
-    def _train(self, r: int) -> tuple[Any, float]:
+    def train(self, r: int) -> tuple[Any, float]:
+        """H inner steps on the model (θ_r, or θ_r plus progress when overlapped): (stats, seconds)."""
         if self.training_started is None:
             self.training_started = time.monotonic()
         self.counter.round = r
-        self.state = "training"
+        self.phase = RoundPhase.TRAINING
         cfg = self.cfg
         first_step = self.trainer.step
         t0 = time.monotonic()
@@ -312,15 +283,13 @@ class PeerNode:
         stats = self.trainer.run(cfg.inner.steps, on_step)
         compute = time.monotonic() - t0
         self.compute_s += compute
+        fail_point("trained", r)
         return stats, compute
 
-    def _make_update(self, r: int, delta: torch.Tensor) -> Update:
-        """Encode and sign this peer's pseudo-gradient for round r; serve it from our store."""
+    def make_update(self, r: int, delta: torch.Tensor) -> Update:
+        """Encode and sign this peer's pseudo-gradient Δ (d,) for round r; serve it from our store."""
         t0 = time.monotonic()
         cfg = self.cfg
-        if self.attack is not None and not self.attack.data_poisoning:
-            gen = torch.Generator().manual_seed(r)
-            delta = self.attack(delta, delta[None, :], round=r, rng=gen, num_byzantine=1, history=None)
         payload = self.math.encode(delta, r)
         header = UpdateHeader(
             run_id=cfg.run_id, round=r, peer_id=self.identity.peer_id, codec=cfg.compression.codec, numel=self.numel,
@@ -329,18 +298,18 @@ class PeerNode:
         )
         signed = sign_update(self.identity, header)
         self.store.put(StoredPayload(header, signed, payload), verified=True)  # we just hashed it
-        self.state = "committing"
+        self.phase = RoundPhase.COMMITTING
         return Update(signed=signed, payload=payload, encode_s=time.monotonic() - t0)
 
-    def _exchange(self, r: int, base: torch.Tensor, update: Update) -> Exchange:
+    def exchange(self, r: int, base: torch.Tensor, update: Update) -> Exchange:
         """Wait for round r's manifest, fetch and verify its updates, aggregate: θ_{r+1}.
 
         Touches neither the model nor self.params, so it can run beside the next inner phase.
         """
         cfg = self.cfg
         t_wait = time.monotonic()
-        if self.state != "training":
-            self.state = "waiting"
+        if self.phase != RoundPhase.TRAINING:  # overlapped: the next inner phase is running
+            self.phase = RoundPhase.WAITING
         manifest_reply = None
         while not self.stop.is_set():
             manifest_reply = self.client.manifest(r, wait_s=MANIFEST_POLL_S)
@@ -348,7 +317,7 @@ class PeerNode:
                 break
             # Still open: make sure the coordinator holds our commitment; a restarted coordinator
             # has forgotten it (re-committing the same header is idempotent).
-            if not self._commit(update.signed, update.payload, r, resync=False):
+            if not self.commit(update, r, resync=False):
                 return Exchange(resync="our update was refused")
         wait_s = time.monotonic() - t_wait
         if manifest_reply is None or not manifest_reply.ready:
@@ -356,6 +325,7 @@ class PeerNode:
                 return Exchange(finished=True, wait_s=wait_s)
             return Exchange(resync=f"missed the manifest of round {r}", wait_s=wait_s)
         manifest = open_manifest(manifest_reply.manifest, coordinator_key=self.coordinator_key, run_id=cfg.run_id, round_=r)
+        fail_point("manifest", r)
 
         t_fetch = time.monotonic()
         try:
@@ -366,21 +336,24 @@ class PeerNode:
             log.warning("peer %s: cannot use an update of round %d (%s)", self.short, r, exc)
             return Exchange(resync="could not verify a manifest entry", wait_s=wait_s)
         fetch_s = time.monotonic() - t_fetch
+        fail_point("fetched", r)
 
         t_agg = time.monotonic()
         new_params = base.clone()
         self.math.apply(new_params, updates, round_=r, excluded_for_cause=count_for_cause(manifest.excluded))
         aggregate_s = time.monotonic() - t_agg
+        fail_point("aggregated", r)
         return Exchange(
             params=new_params, updates=len(updates), excluded=manifest.excluded,
             wait_s=wait_s, fetch_s=fetch_s, aggregate_s=aggregate_s,
             info=self.client.run_info(),  # the coordinator's hash of θ_{r+1}, to compare with ours
         )
 
-    def _finish_round(self, r: int, result: Exchange, update: Update, stats: Any, compute: float,
-                      started: float, before: Any, round_s: float | None = None, after: Any = None) -> None:
-        """`round_s`: this round's own wall time when it is not now − started (overlapped phases)."""
-        """Adopt θ_{r+1}, check it against the coordinator's hash, record and print the round."""
+    def finish_round(self, r: int, result: Exchange, update: Update, stats: Any, compute: float,
+                     started: float, before: Any, round_s: float | None = None, after: Any = None) -> None:
+        """Adopt θ_{r+1}, check it against the coordinator's hash, record and print the round.
+
+        `round_s`: this round's own wall time when it is not now − started (overlapped phases)."""
         if result.finished:
             self.finished = True
             return
@@ -413,7 +386,7 @@ class PeerNode:
         if info.finished:
             self.finished = True
 
-    def _commit(self, signed, payload: bytes, r: int, *, resync: bool = True) -> bool:
+    def commit(self, update: Update, r: int, *, resync: bool = True) -> bool:
         """Push (client mode) and commit the round's update; False when we resynchronised instead.
 
         A coordinator that does not know us (it restarted from a checkpoint without us, or we
@@ -422,26 +395,23 @@ class PeerNode:
         for attempt in range(2):
             try:
                 if self.options.client_mode:
-                    self.client.push(push_chunks(signed, payload))
-                reply = self.client.submit(signed, self.endpoint)
-            except grpc.RpcError as exc:
-                if attempt == 0 and exc.code() == grpc.StatusCode.PERMISSION_DENIED and "unknown peer" in (exc.details() or ""):
-                    self._send_join()
+                    self.client.push(push_chunks(update.signed, update.payload))
+                self.client.submit(update.signed, self.endpoint)
+            except Refused as exc:
+                refused = exc
+                if attempt == 0 and exc.refusal in REJOIN:
+                    self.send_join()
                     continue
-                raise
-            if reply.accepted:
-                return True
-            if attempt == 0 and reply.reason.startswith(("unknown-peer", "wrong-endpoint")):
-                self._send_join()
-                continue
-            break
-        log.warning("peer %s: round %d update refused: %s", self.short, r, reply.reason)
-        if reply.reason.startswith(("stale-round", "wrong-base")):
+                break
+            fail_point("committed", r)
+            return True
+        log.warning("peer %s: round %d update refused: %s", self.short, r, refused.reason)
+        if refused.refusal in RESYNC:
             if resync:
-                self.resync(reply.reason.split(":")[0])
+                self.resync(f"update refused: {refused.name}")
             return False
-        if reply.reason.startswith("equivocation") or "banned" in reply.reason:
-            raise PeerExit(reply.reason)
+        if refused.refusal in FATAL:
+            raise PeerExit(refused.reason)
         return True  # e.g. the run just finished: the manifest wait tells
 
     # --- local state (--resume) ---------------------------------------------------------
@@ -480,9 +450,8 @@ class PeerNode:
         """Stop background calls so the byte counters hold still (for a final summary)."""
         self.stop.set()
         self.heartbeat_now.set()
-        thread = getattr(self, "heartbeat_thread", None)
-        if thread is not None:
-            thread.join(timeout=15)
+        if self.heartbeat_thread is not None:
+            self.heartbeat_thread.join(timeout=15)
 
     def close(self) -> None:
         self.quiesce()
@@ -490,11 +459,11 @@ class PeerNode:
             self.server.stop(grace=1.0).wait(2.0)
         if self.client is not None:
             self.client.close()
-        if getattr(self, "pool", None) is not None:
+        if self.pool is not None:
             self.pool.close()
-        if getattr(self, "fetchers", None) is not None:
+        if self.fetchers is not None:
             self.fetchers.shutdown(wait=False, cancel_futures=True)
-        if getattr(self, "writer", None) is not None:
+        if self.writer is not None:
             self.writer.shutdown(wait=True)  # a state write in flight must land whole
         if self.dht is not None:
             self.dht.shutdown()

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from peer.learn.model import flat_params, load_flat_params
+from peer.node.errors import PeerExit
 
 if TYPE_CHECKING:
     from peer.node.node import PeerNode
@@ -24,8 +25,6 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
     before θ_{r+1} is known. When it is, the local progress is moved onto it:
     θ_local = θ_{r+1} + (θ_local − P), so Δ_{r+1} = −(progress made in round r+1).
     """
-    from peer.node.node import PeerExit  # here: peer.node.node imports this module
-
     done = 0
     pending = None  # (future, round, update, stats, compute, started, before)
     anchor = node.params.clone()  # where the current inner phase started, (d,)
@@ -37,7 +36,7 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
                 break
             r = node.round + (1 if pending is not None else 0)  # the round this phase's update is for
             started, before = time.monotonic(), node.counter.total()
-            stats, compute = node._train(r)
+            stats, compute = node.train(r)
             progress = flat_params(node.model).cpu() - anchor  # (d,)
             if pending is not None:
                 future, *context = pending
@@ -48,7 +47,7 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
                 result.exchange_s, result.wait_s = result.wait_s + result.fetch_s + result.aggregate_s, time.monotonic() - t_join
                 previous_started = context[4]
                 # The round's own share of time and traffic: from its phase's start to this one's.
-                node._finish_round(*context[:1], result, *context[1:], round_s=started - previous_started, after=before)
+                node.finish_round(*context[:1], result, *context[1:], round_s=started - previous_started, after=before)
                 done += 1
                 if node.round != r or node.finished or (max_rounds is not None and done >= max_rounds):
                     # Resynchronised or finished: this phase's progress has no valid base.
@@ -56,18 +55,18 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
                     continue
             local = node.params + progress  # θ_r + this phase's progress
             load_flat_params(node.model, local.to(node.options.device))
-            update = node._make_update(r, -progress)
-            if not node._commit(update.signed, update.payload, r):
+            update = node.make_update(r, -progress)
+            if not node.commit(update, r):
                 anchor = node.params.clone()
                 load_flat_params(node.model, anchor.to(node.options.device))
                 continue
-            future = background.submit(node._exchange, r, node.params.clone(), update)
+            future = background.submit(node.exchange, r, node.params.clone(), update)
             pending = (future, r, update, stats, compute, started, before)
             anchor = local
             if r + 1 >= node.cfg.rounds.rounds:
                 break  # the last round: nothing left to overlap with
         if pending is not None:
             future, *context = pending
-            node._finish_round(*context[:1], future.result(), *context[1:])
+            node.finish_round(*context[:1], future.result(), *context[1:])
             done += 1
     return done
