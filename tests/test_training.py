@@ -78,16 +78,23 @@ def test_resume_from_state_dict_continues_bit_identically():
     assert torch.equal(flat_params(resumed_model), expected)
 
 
-def test_poison_batch_is_applied_to_every_batch():
-    calls = []
+def test_poisoned_sampler_flips_every_label_and_keeps_the_sampler_state():
+    from optim.attacks import PoisonedSampler
 
-    def flip_labels(x, y):
-        calls.append(x.shape)
-        return x, 255 - y
-
-    trainer = InnerTrainer(build_model(TINY, seed=0), InnerConfig(), _sampler(), poison_batch=flip_labels)
-    trainer.run(3)
-    assert calls == [torch.Size([8, 16])] * 3
+    clean, poisoned = _sampler(), PoisonedSampler(_sampler())
+    for _ in range(3):
+        (x, y), (px, py) = clean.next_batch(), poisoned.next_batch()
+        assert torch.equal(px, x) and torch.equal(py, 255 - y)  # inputs intact, every target flipped
+    resumed = _sampler()  # its state is the wrapped sampler's: a resume continues the same data order
+    resumed.load_state_dict(poisoned.state_dict())
+    assert torch.equal(resumed.next_batch()[1], 255 - poisoned.next_batch()[1])
+    # Trained on, it moves the model differently from the same sampler unpoisoned.
+    runs = []
+    for sampler in (_sampler(), PoisonedSampler(_sampler())):
+        model = build_model(TINY, seed=0)
+        InnerTrainer(model, InnerConfig(), sampler).run(2)
+        runs.append(flat_params(model))
+    assert not torch.equal(*runs)
 
 
 def test_evaluate_is_token_mean_and_restores_mode():

@@ -178,8 +178,9 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
     peers: list[VirtualPeer] = []
     for i, sampler in enumerate(samplers):
         model = build_model(cfg.model, cfg.seed)
-        poison = attacks.poison_batch if attack is not None and attack.data_poisoning and i < opts.byzantine else None
-        trainer = InnerTrainer(model, cfg.inner, sampler, poison_batch=poison)
+        if attack is not None and attack.data_poisoning and i < opts.byzantine:
+            sampler = attacks.PoisonedSampler(sampler)  # label flip: the attacker trains on poisoned batches
+        trainer = InnerTrainer(model, cfg.inner, sampler)
         peers.append(VirtualPeer(i, model, trainer, RoundMath(cfg, numel)))
     receiver = RoundMath(cfg, numel)  # aggregator + outer global state, shared by all honest nodes
     curve = _Curve(numel=numel, initial_val_loss=evaluate(global_model, val_batches))

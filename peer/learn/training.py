@@ -22,7 +22,6 @@ from peer.run.config import InnerConfig
 from peer.learn.data import ShardSampler
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # x, y: (B, T) long
-PoisonBatch = Callable[[torch.Tensor, torch.Tensor], Batch]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,15 +36,13 @@ class InnerStats:
 class InnerTrainer:
     """AdamW on one model and one sampler, kept across rounds.
 
-    poison_batch (simulation of data-poisoning attacks only): applied to each (x, y) batch
-    before the step, e.g. a label flip that returns (x, 255 - y).
+    The sampler is anything with next_batch() -> (x, y) and state_dict()/load_state_dict()
+    (a ShardSampler, or a wrapper: DeviceSampler, the simulator's optim.attacks.PoisonedSampler).
     Weight decay goes to matrices and embeddings only (dim >= 2), not to biases and LayerNorm
     gains, as in GPT-2/nanoGPT: decaying a gain toward 0 only fights the normalization."""
 
-    def __init__(
-        self, model: nn.Module, cfg: InnerConfig, sampler: ShardSampler, *, poison_batch: PoisonBatch | None = None
-    ) -> None:
-        self.model, self.cfg, self.sampler, self.poison_batch = model, cfg, sampler, poison_batch
+    def __init__(self, model: nn.Module, cfg: InnerConfig, sampler: ShardSampler) -> None:
+        self.model, self.cfg, self.sampler = model, cfg, sampler
         params = [p for p in model.parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
@@ -71,8 +68,6 @@ class InnerTrainer:
         tokens = 0
         for _ in range(steps):
             x, y = self.sampler.next_batch()  # (B, T) each
-            if self.poison_batch is not None:
-                x, y = self.poison_batch(x, y)
             lr = self.lr_at(self.step)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
