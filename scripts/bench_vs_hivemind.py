@@ -1,27 +1,36 @@
-"""One swarmloco exchange-and-aggregate round vs one hivemind DecentralizedAverager all-reduce.
+"""One swarmloco exchange round (the real exchange code) vs one hivemind DecentralizedAverager all-reduce.
 
 Same peers, same tensor, same wire precision, same processes, run alternately:
 
-    .venv/bin/python scripts/bench_vs_hivemind.py                       # the full grid (~15 min on 2 cores)
+    .venv/bin/python scripts/bench_vs_hivemind.py --peers 8 --numel 1M 10M --precision fp16 --json benchmarks/vs_hivemind.json --write-md
     .venv/bin/python scripts/bench_vs_hivemind.py --peers 2 --numel 10000 --precision fp32 --repeats 1  # smoke
 
 Each of N worker processes hosts BOTH systems: a hivemind DHT + DecentralizedAverager (started
-first: hivemind forks, gRPC is not fork-safe) and a swarmloco Peer gRPC server (PayloadService,
-byte-counting interceptors, ChannelPool: the real transport of peer/node/node.py).
+first: hivemind forks, gRPC is not fork-safe) and, per swarmloco variant timed (`--exchange`), an
+ExchangePeer of scripts/exchange_round.py: a gRPC Peer server (PayloadService, byte-counting
+interceptors), a ChannelPool, 8 fetch threads and the real SliceExchange / ManifestFetcher.
 
-swarmloco round, timed in every worker from a shared barrier to its aggregate:
-  RoundMath.encode (fedavg outer, run codec, error feedback) -> sha256 -> signed UpdateHeader ->
-  PayloadStore; headers go through the parent (the coordinator's manifest in a real run); then,
-  one entry after another in peer_id order: verify each signed header (open_update), fetch the n-1
-  other payloads over gRPC (fetch_payload: chunked stream, size + sha256 checked), decode,
-  RoundMath.apply (mean). This harness (scripts/exchange_round.py) re-implements the exchange and
-  fetches one payload at a time; peer/node has fetched a round's payloads in parallel since 176e4a9,
-  so the fetch column here is what a sequential fetch costs, not what a node pays.
-hivemind round: matchmaking runs BEFORE the barrier (step(require_trigger=True) until the group
-  of n is formed, as hivemind.Optimizer pre-schedules it), then the barrier, then
-  allow_allreduce() -> result(): butterfly all-reduce with its compression, averaged in place.
-The round time is the slowest worker's. hivemind is thus timed WITHOUT its matchmaking, while
-swarmloco's header relay is inside its timing: the comparison leans toward hivemind.
+swarmloco round, timed in every worker from a shared barrier until its θ_{r+1} is computed:
+  encode    RoundMath.encode, sha256 of the payload and of every slice, signed header, stored, slices served
+  manifest  the header to the parent, which plays the coordinator (verifies every header, builds the
+            manifest with sliced_manifest's owner draw, signs it with its own key) and sends the signed
+            bytes back: includes waiting for the slowest peer's header
+  reduce    open_manifest + SliceExchange.open_round (every header verified, owner draw re-checked) and
+            reduce_owned: each owned slice's n inputs fetched over gRPC (8 threads), checked, decoded,
+            reduced (rule `mean`), signed
+  results   the signed slice results to the parent and the full list back (the coordinator's "results
+            final"): includes waiting for the slowest owner
+  gather    SliceExchange.gather (each aggregated slice fetched from one of its owners, 4 slices at a
+            time; `--spot-checks` slices recomputed from their inputs) + the outer step (fedavg, lr 1)
+all-to-all: encode, manifest as above; gather = every other payload fetched in parallel (ManifestFetcher),
+  decoded, RoundMath.apply; reduce and results are empty.
+hivemind round: matchmaking runs BEFORE the barrier (step(require_trigger=True) until the group of n
+  is formed, as hivemind.Optimizer pre-schedules it), then the barrier, then allow_allreduce() ->
+  result(): butterfly all-reduce with its compression, averaged in place.
+The round time is the slowest worker's. hivemind is timed WITHOUT its matchmaking, while swarmloco's
+header, manifest and result relays are inside its timing: the comparison leans toward hivemind.
+Both are checked against the exact fp32 mean of the N tensors; every swarmloco peer's θ_{r+1} must be
+bit-identical (sha256 compared).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,8 +56,7 @@ PRECISIONS = {  # wire precision -> (swarmloco codec, hivemind compression class
     "fp16": ("fp16", "Float16Compression"),
     "8-bit": ("int8", "Uniform8BitQuantization"),
 }
-COMPRESSED_CODEC = "topk:0.01+int8"
-DEFAULT_CODEC = "fp16"  # peer/run/config.py CompressionConfig.codec
+SPLIT_KEYS = ("encode_s", "manifest_s", "reduce_s", "results_s", "gather_s")
 
 
 def parse_numel(text: str) -> int:
@@ -62,12 +71,28 @@ def parse_numel(text: str) -> int:
     return value
 
 
+def parse_sliced(text: str) -> dict:
+    """S:R:K[:noef] -> the sliced exchange's settings of one timed variant."""
+    parts = text.split(":")
+    try:
+        slices, replicas, spot_checks = (int(p) for p in parts[:3])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sliced {text!r}: use S:R:K[:noef], e.g. 32:2:1 or 8:1:0:noef") from None
+    if len(parts) > 4 or (len(parts) == 4 and parts[3] != "noef"):
+        raise argparse.ArgumentTypeError(f"--sliced {text!r}: the only option after S:R:K is noef")
+    return {"slices": slices, "replicas": replicas, "spot_checks": spot_checks, "error_feedback": len(parts) == 3}
+
+
 # --- worker process ------------------------------------------------------------------------
 
 
-def _worker(rank: int, n: int, numel: int, precision: str, conn, barrier, match_s: float, profile_path: str) -> None:
+def _worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[dict], conn, barrier, match_s: float,
+            profile_path: str) -> None:
     os.setsid()  # own process group: the parent can kill hivemind's p2pd with us
     mp.set_start_method("fork", force=True)  # hivemind forks its DHT and averager processes
+    import hashlib
+    import resource
+
     import torch
     import hivemind
     from hivemind.averaging.control import AveragingStage
@@ -77,6 +102,7 @@ def _worker(rank: int, n: int, numel: int, precision: str, conn, barrier, match_
     dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
     if rank == 0:
         conn.send([str(m) for m in dht.get_visible_maddrs()])
+
     def update_of(r: int) -> torch.Tensor:
         return torch.randn(numel, generator=torch.Generator().manual_seed(r))  # (d,) peer r's update
 
@@ -89,33 +115,44 @@ def _worker(rank: int, n: int, numel: int, precision: str, conn, barrier, match_
     )
 
     # gRPC only now: hivemind's DHT and averager have forked their children.
-    from exchange_round import ExchangePeer
+    from exchange_round import ExchangePeer, ExchangeSpec
+    from profiling import ThreadProfiles
 
-    peer = ExchangePeer(local)
-    profiler = None
-    if profile_path and rank == 0:
-        import cProfile
+    specs = [ExchangeSpec(**fields) for fields in spec_fields]
+    peers = [ExchangePeer(local, spec) for spec in specs]
+    profiles = [ThreadProfiles.attach(p) if profile_path and rank == 0 else None for p in peers]
+    conn.send(("ready", [(p.peer_id, p.endpoint) for p in peers]))
 
-        profiler = cProfile.Profile()
-    conn.send(("ready", peer.peer_id, peer.endpoint))
-
-    def swarm_round(codec: str, round_: int) -> dict:
-        peer.math(codec)  # build codec state outside the timing
+    def swarm_round(i: int, round_: int, coordinator_key: bytes) -> dict:
+        peer, profile = peers[i], profiles[i]
         barrier.wait()
+        before = peer.counter.total()
         t0 = time.perf_counter()
-        if profiler:
-            profiler.enable()
-        conn.send(("header", *peer.commit(codec, round_)))
-        t_encoded = time.perf_counter()
-        manifest = conn.recv()  # [(peer_id, signed header bytes, endpoint)] sorted by peer_id
-        t_manifest = time.perf_counter()
-        params, split = peer.aggregate(manifest, codec, round_)
-        t_end = time.perf_counter()
-        if profiler:
-            profiler.disable()
-        error = float((params + exact_mean).abs().max())  # fedavg lr 1 stepped params to -mean
-        return {"round_s": t_end - t0, "max_abs_error": error, "encode_s": t_encoded - t0, "manifest_s": t_manifest - t_encoded,
-                **split, "payload_bytes": len(peer.payload)}
+        with profile or _nothing():
+            conn.send(("header", *peer.commit(round_)))
+            t_encoded = time.perf_counter()
+            signed_manifest = conn.recv()
+            t_manifest = time.perf_counter()
+            peer.open(signed_manifest, coordinator_key, round_)
+            conn.send(("results", peer.reduce()))
+            t_reduced = time.perf_counter()
+            results = conn.recv()
+            t_results = time.perf_counter()
+            params = peer.gather(results, round_)
+            t_end = time.perf_counter()
+        after = peer.counter.total()
+        outcome = peer.outcome
+        return {
+            "round_s": t_end - t0, "encode_s": t_encoded - t0, "manifest_s": t_manifest - t_encoded,
+            "reduce_s": t_reduced - t_manifest, "results_s": t_results - t_reduced, "gather_s": t_end - t_results,
+            "max_abs_error": float((params + exact_mean).abs().max()),  # fedavg lr 1 stepped θ = 0 to -aggregate
+            "params_sha256": hashlib.sha256(params.numpy().tobytes()).hexdigest(),
+            "payload_bytes": len(peer.payload), "sent_bytes": after.sent - before.sent,
+            "received_bytes": after.received - before.received,
+            "recomputed": len(outcome.recomputed) if outcome is not None else 0,
+            "liars": len(outcome.liars) if outcome is not None else 0,
+            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
 
     def hivemind_round() -> dict:
         with averager.get_tensors() as tensors:
@@ -132,42 +169,50 @@ def _worker(rank: int, n: int, numel: int, precision: str, conn, barrier, match_
             error = float((tensors[0] - exact_mean).abs().max())
         return {"round_s": t_end - t0, "group_size": len(group) if group else 0, "max_abs_error": error}
 
-    round_ = 0
     try:
         while True:
             command = conn.recv()
             if command[0] == "stop":
                 break
             if command[0] == "swarm":
-                round_ += 1
-                conn.send(("result", swarm_round(command[1], round_)))
+                conn.send(("result", swarm_round(*command[1:])))
             elif command[0] == "hivemind":
                 conn.send(("result", hivemind_round()))
     finally:
-        if profiler:
-            import pstats
-
-            with open(profile_path, "w") as f:
-                pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(30)
-        peer.close()
+        if profile_path and rank == 0:
+            ThreadProfiles.write(profile_path, [(s.label, p) for s, p in zip(specs, profiles)],
+                                 header=f"worker 0 of {n} peers x {numel:,} floats, {precision}")
+        for p in peers:
+            p.close()
         averager.shutdown()
         dht.shutdown()
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 # --- parent ---------------------------------------------------------------------------------
 
 
 class WorkerPool:
-    """N workers that each host a swarmloco peer and a hivemind averager; always torn down."""
+    """N workers that each host swarmloco peers and a hivemind averager; the parent is the coordinator."""
 
-    def __init__(self, n: int, numel: int, precision: str, match_s: float, profile_path: str = "") -> None:
+    def __init__(self, n: int, numel: int, precision: str, specs: list, match_s: float, profile_path: str = "") -> None:
+        from exchange_round import BenchCoordinator
+
         ctx = mp.get_context("spawn")
         self.barrier = ctx.Barrier(n)
         self.conns, self.procs = [], []
+        self.rounds = 0
         try:
             for rank in range(n):
                 parent_end, child_end = ctx.Pipe()
-                proc = ctx.Process(target=_worker, args=(rank, n, numel, precision, child_end, self.barrier, match_s, profile_path))
+                proc = ctx.Process(target=_worker, args=(rank, n, numel, precision, [asdict(s) for s in specs], child_end, self.barrier, match_s, profile_path))
                 proc.start()
                 self.conns.append(parent_end)
                 self.procs.append(proc)
@@ -176,7 +221,10 @@ class WorkerPool:
                     initial = self._recv(parent_end, 120)
                 else:
                     parent_end.send(initial)
-            self.peers = [self._recv(c, 180)[1:] for c in self.conns]  # [(peer_id, endpoint)]
+            for c in self.conns:
+                self._recv(c, 180)
+            # gRPC in the parent only after every worker has forked its hivemind children.
+            self.coordinators = [BenchCoordinator(spec, numel) for spec in specs]
         except BaseException:
             self.close()
             raise
@@ -186,13 +234,22 @@ class WorkerPool:
             raise TimeoutError(f"a benchmark worker did not answer within {timeout_s:.0f}s (overloaded machine?)")
         return conn.recv()
 
-    def swarm_round(self, codec: str) -> list[dict]:
+    def swarm_round(self, i: int) -> tuple[list[dict], float]:
+        """One round of variant i; (each worker's figures, the coordinator's manifest seconds)."""
+        self.rounds += 1
+        coordinator = self.coordinators[i]
         for c in self.conns:
-            c.send(("swarm", codec))
-        headers = sorted((self._recv(c, 300)[1:] for c in self.conns), key=lambda h: h[0])
+            c.send(("swarm", i, self.rounds, coordinator.public_key))
+        headers = [tuple(self._recv(c, 300)[1:]) for c in self.conns]
+        t = time.perf_counter()
+        signed_manifest = coordinator.manifest(headers, self.rounds)
+        coordinator_s = time.perf_counter() - t
         for c in self.conns:
-            c.send(headers)
-        return [self._recv(c, 600)[1] for c in self.conns]
+            c.send(signed_manifest)
+        results = [r for c in self.conns for r in self._recv(c, 600)[1]]
+        for c in self.conns:
+            c.send(results)
+        return [self._recv(c, 600)[1] for c in self.conns], coordinator_s
 
     def hivemind_round(self) -> list[dict]:
         for c in self.conns:
@@ -217,55 +274,73 @@ class WorkerPool:
             p.join(timeout=5)
 
 
-def run_config(n: int, numel: int, precision: str, repeats: int, codecs: list[str], match_s: float, profile: str) -> list[dict]:
-    """Alternate swarmloco (each codec) and hivemind rounds `repeats` times after one warm-up."""
-    times: dict[str, list[float]] = {c: [] for c in codecs} | {"hivemind": []}
-    splits: dict[str, list[dict]] = {c: [] for c in codecs}
-    payload: dict[str, int] = {}
+def run_config(n: int, numel: int, precision: str, repeats: int, specs: list, match_s: float, profile: str) -> list[dict]:
+    """Alternate swarmloco (each variant) and hivemind rounds `repeats` times after one warm-up."""
+    from machine_info import load_average
+
+    labels = [s.label for s in specs]
+    times: dict[str, list[float]] = {label: [] for label in labels} | {"hivemind": []}
+    slowest: dict[str, list[dict]] = {label: [] for label in labels}
+    coordinator_s: dict[str, list[float]] = {label: [] for label in labels}
+    identical = {label: True for label in labels}
     groups: list[int] = []
-    errors = {c: 0.0 for c in times}  # max |result - exact mean| over peers and repetitions
-    pool = WorkerPool(n, numel, precision, match_s, profile)
+    errors = {label: 0.0 for label in times}  # max |result - exact mean| over peers and repetitions
+    load_before = load_average()
+    pool = WorkerPool(n, numel, precision, specs, match_s, profile)
     try:
         for rep in range(repeats + 1):
-            for codec in codecs:
-                results = pool.swarm_round(codec)
+            line = []
+            for i, label in enumerate(labels):
+                results, coord_s = pool.swarm_round(i)
+                identical[label] &= len({r["params_sha256"] for r in results}) == 1
+                worst = max(results, key=lambda r: r["round_s"])
+                line.append(f"{label} {worst['round_s']:.3f}s")
                 if rep:
-                    slowest = max(results, key=lambda r: r["round_s"])
-                    times[codec].append(slowest["round_s"])
-                    splits[codec].append(slowest)
-                    errors[codec] = max(errors[codec], *(r["max_abs_error"] for r in results))
-                payload[codec] = results[0]["payload_bytes"]
+                    times[label].append(worst["round_s"])
+                    slowest[label].append(worst | {"max_received_bytes": max(r["received_bytes"] for r in results),
+                                                   "max_sent_bytes": max(r["sent_bytes"] for r in results),
+                                                   "max_rss_mb": max(r["max_rss_mb"] for r in results)})
+                    coordinator_s[label].append(coord_s)
+                    errors[label] = max(errors[label], *(r["max_abs_error"] for r in results))
             results = pool.hivemind_round()
+            hive_s = max(r["round_s"] for r in results)
             if rep:
-                times["hivemind"].append(max(r["round_s"] for r in results))
+                times["hivemind"].append(hive_s)
                 groups.append(min(r["group_size"] for r in results))
                 errors["hivemind"] = max(errors["hivemind"], *(r["max_abs_error"] for r in results))
             print(f"  {n} peers {numel:,} {precision} rep {rep}{' (warm-up)' if not rep else ''}: "
-                  + ", ".join(f"{c} {times[c][-1] if rep else results[0]['round_s']:.3f}s" for c in ([*codecs, 'hivemind'] if rep else ['hivemind'])),
-                  flush=True)
+                  + ", ".join([*line, f"hivemind {hive_s:.3f}s"]), flush=True)
     finally:
         pool.close()
     hive = statistics.median(times["hivemind"])
     rows = []
-    for codec in codecs:
-        ours = statistics.median(times[codec])
-        split = {k: statistics.median(s[k] for s in splits[codec]) for k in ("encode_s", "manifest_s", "fetch_s", "decode_s", "aggregate_s")}
+    for spec, label in zip(specs, labels):
+        ours = statistics.median(times[label])
+        figures = slowest[label]
         rows.append({
-            "peers": n, "numel": numel, "precision": precision, "codec": codec,
-            "hivemind_compression": PRECISIONS[precision][1], "payload_bytes": payload[codec],
+            "peers": n, "numel": numel, "precision": precision, **asdict(spec), "label": label,
+            "hivemind_compression": PRECISIONS[precision][1], "payload_bytes": figures[0]["payload_bytes"],
             "swarmloco_round_s": ours, "hivemind_round_s": hive, "ratio": ours / hive,
-            "swarmloco_times_s": times[codec], "hivemind_times_s": times["hivemind"],
-            "hivemind_group_sizes": groups, "swarmloco_max_abs_error": errors[codec],
-            "hivemind_max_abs_error": errors["hivemind"], "swarmloco_split_s": split, "repeats": repeats,
+            "swarmloco_times_s": times[label], "hivemind_times_s": times["hivemind"], "hivemind_group_sizes": groups,
+            "swarmloco_max_abs_error": errors[label], "hivemind_max_abs_error": errors["hivemind"],
+            "swarmloco_identical_on_every_peer": identical[label],
+            "swarmloco_split_s": {k: statistics.median(f[k] for f in figures) for k in SPLIT_KEYS},
+            "coordinator_manifest_s": statistics.median(coordinator_s[label]),
+            "received_bytes_per_peer": statistics.median(f["max_received_bytes"] for f in figures),
+            "sent_bytes_per_peer": statistics.median(f["max_sent_bytes"] for f in figures),
+            "recomputed_slices": max(f["recomputed"] for f in figures), "liars": max(f["liars"] for f in figures),
+            "max_rss_mb": max(f["max_rss_mb"] for f in figures), "repeats": repeats,
+            "load_before": load_before, "load_after": load_average(),
         })
     return rows
 
 
-def worker_bytes(n: int, numel: int) -> int:
-    """Peak memory of one worker, measured at 8 x 10M (2.7 GB RSS): its update, the exact mean,
-    hivemind's tensors, and for swarmloco n payloads + n decoded rows + the stacked (n, d) copy +
-    the aggregator's two (n, d) float64 temporaries, about 4 * d * (6n + 10) bytes."""
-    return 4 * numel * (6 * n + 10)
+def worker_bytes(n: int, numel: int, specs: list) -> int:
+    """Peak memory of one worker. all-to-all, measured at 8 x 10M (2.7 GB RSS before the aggregator
+    lost its float64 copies): n payloads + n decoded rows + the stacked (n, d) copy, about
+    4·d·(6n + 10) bytes. sliced: its update, the exact mean, hivemind's tensors, the payload and its
+    served slices, the owned slices' inputs (~r·n/m·d values), the gathered (d,) and θ: ~4·d·16."""
+    return max(4 * numel * (6 * n + 10) if s.mode == "all-to-all" else 4 * numel * 16 for s in specs)
 
 
 def available_bytes() -> int:
@@ -284,82 +359,42 @@ def repeats_for(n: int, numel: int, requested: int | None) -> int:
     return 2 if n * numel >= 40_000_000 else 3 if n * numel >= 10_000_000 else 5
 
 
-def wall_time_text(wall_s: float | None, finished: bool | None) -> str:
-    """The md's wall-time line: a JSON kept from a run that stopped early has no total to state."""
-    if wall_s is None:
-        return "not recorded (this JSON was written before its run finished; the run did not reach its end)"
-    if finished is False:
-        return f"{wall_s:.0f} s until the last configuration written here (the run did not finish)"
-    return f"{wall_s:.0f} s"
-
-
-def saved_machine_lines(saved: dict) -> list[str]:
-    """The machine lines of an earlier run, from what its JSON recorded (not this machine's)."""
-    v = saved.get("versions", {})
-    return [
-        f"- CPU: {saved.get('cpu', '?')}, {saved.get('cores', '?')} cores visible (shared with other jobs)",
-        f"- load average (1/5/15 min) before: {saved.get('load_before', '?')}; "
-        f"after: {saved.get('load_after') or '(not recorded)'}",
-        f"- {saved.get('os', 'OS not recorded')}, Python {v.get('python', '?')}, torch {v.get('torch', '?')}, hivemind {v.get('hivemind', '?')}, "
-        f"grpcio {v.get('grpc', '?')}",
-    ]
-
-
-def write_markdown(path: Path, rows: list[dict], load_before: str, load_after: str, wall_s: float | None,
-                   command: str | None = None, finished: bool | None = True, machine: list[str] | None = None) -> None:
-    """`machine`: the machine lines (default: this machine, for a report written by the run itself)."""
-    from machine_info import command_line, machine_lines, write_keeping_notes
-
-    lines = [
-        "# swarmloco exchange round vs hivemind all-reduce",
-        "",
-        "Written by `scripts/bench_vs_hivemind.py` (method in its docstring). One row = one (peers, tensor,",
-        "precision); both systems ran alternately in the same worker processes on loopback; medians over",
-        "the repetitions after one warm-up; round time = the slowest peer's. hivemind is timed from the",
-        "trigger after matchmaking (its matchmaking excluded); swarmloco from encode to aggregate, header",
-        "relay (the coordinator's manifest) included. ratio = swarmloco / hivemind (< 1: swarmloco faster).",
-        "max err = largest |result - exact mean of the N fp32 tensors| over all peers and repetitions (randn data).",
-        "",
-        *(machine or machine_lines(load_before, load_after)),
-        f"- total wall time: {wall_time_text(wall_s, finished)}",
-        f"- command: `{command or command_line()}`",
-        "",
-        "| peers | floats | precision | swarmloco codec | payload (B) | swarmloco (s) | hivemind (s) | ratio | reps "
-        "| max err swarmloco | max err hivemind |",
-        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(f"| {r['peers']} | {r['numel']:,} | {r['precision']} ({r['hivemind_compression']}) | {r['codec']} | "
-                     f"{r['payload_bytes']:,} | {r['swarmloco_round_s']:.3f} | {r['hivemind_round_s']:.3f} | "
-                     f"{r['ratio']:.2f} | {r['repeats']} | {r['swarmloco_max_abs_error']:.2g} | {r['hivemind_max_abs_error']:.2g} |")
-    lines += ["", "swarmloco round split (median, slowest peer, seconds): encode+sign | manifest relay | fetch | decode | aggregate", "",
-              "| peers | floats | codec | encode | relay | fetch | decode | aggregate |", "|---:|---:|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        s = r["swarmloco_split_s"]
-        lines.append(f"| {r['peers']} | {r['numel']:,} | {r['codec']} | {s['encode_s']:.3f} | {s['manifest_s']:.3f} | "
-                     f"{s['fetch_s']:.3f} | {s['decode_s']:.3f} | {s['aggregate_s']:.3f} |")
-    write_keeping_notes(path, "\n".join(lines))
+def profile_path(base: str, n: int, numel: int, precision: str) -> str:
+    """One profile file per configuration: PATH.txt -> PATH_8x1M_fp16.txt."""
+    path = Path(base)
+    size = f"{numel // 1_000_000}M" if numel % 1_000_000 == 0 else f"{numel // 1000}K" if numel % 1000 == 0 else str(numel)
+    return str(path.with_name(f"{path.stem}_{n}x{size}_{precision}{path.suffix or '.txt'}"))
 
 
 def main(argv: list[str] | None = None) -> int:
+    from exchange_round import ExchangeSpec  # gRPC modules: never imported by the workers before hivemind forks
+    from vs_hivemind_report import write_markdown, write_saved_markdown
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--peers", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--peers", type=int, nargs="+", default=[8])
     parser.add_argument("--numel", type=parse_numel, nargs="+", default=[1_000_000, 10_000_000], help="floats per peer (1M, 10M)")
-    parser.add_argument("--precision", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
+    parser.add_argument("--precision", nargs="+", choices=list(PRECISIONS), default=["fp16"])
+    parser.add_argument("--exchange", nargs="+", choices=["sliced", "all-to-all"], default=["sliced"],
+                        help="swarmloco exchange modes to time (each beside hivemind)")
+    parser.add_argument("--all-to-all-max-numel", type=parse_numel, default=2_000_000,
+                        help="time all-to-all only up to this size (its (n, d) aggregation is what OOMed at 8 x 10M)")
+    parser.add_argument("--sliced", type=parse_sliced, nargs="+", default=[parse_sliced("32:2:1")], metavar="S:R:K[:noef]",
+                        help="sliced variants: exchange.slices S, replicas R, spot_checks K; noef = no error feedback "
+                             "(default 32:2:1, the run config's defaults)")
+    parser.add_argument("--no-error-feedback", action="store_true", help="all-to-all without error feedback")
+    parser.add_argument("--aggregator", default="mean", help="aggregation rule (mean: checkable against the exact mean)")
     parser.add_argument("--repeats", type=int, help="timed rounds per config (default: 5, fewer for big configs)")
-    parser.add_argument("--extra-codecs", nargs="*", default=[COMPRESSED_CODEC], help="swarmloco codecs timed beside the matched one")
     parser.add_argument("--match-s", type=float, default=1.0, help="hivemind min_matchmaking_time (outside the timing)")
     parser.add_argument("--json", metavar="PATH", help="write all rows here")
     parser.add_argument("--write-md", nargs="?", const=str(ROOT / "benchmarks/vs_hivemind.md"), metavar="PATH")
-    parser.add_argument("--profile", metavar="PATH", help="cProfile worker 0's swarmloco rounds into this text file")
+    parser.add_argument("--profile", metavar="PATH", help="cProfile worker 0's swarmloco rounds (every thread) into this text file")
     parser.add_argument("--force", action="store_true", help="run configurations that look too big for the free memory")
-    parser.add_argument("--report-only", metavar="JSON", help="rewrite --write-md from an earlier --json file; run nothing")
+    parser.add_argument("--report-only", metavar="JSON", nargs="+", help="rewrite --write-md from earlier --json files (rows in "
+                        "the order given); run nothing")
     args = parser.parse_args(argv)
     if args.report_only:
-        saved = json.loads(Path(args.report_only).read_text())
-        write_markdown(Path(args.write_md or ROOT / "benchmarks/vs_hivemind.md"), saved["rows"], saved.get("load_before", "?"),
-                       saved.get("load_after") or "(not recorded)", saved.get("wall_s"), saved.get("command"),
-                       saved.get("finished"), saved_machine_lines(saved))
+        write_saved_markdown(Path(args.write_md or ROOT / "benchmarks/vs_hivemind.md"),
+                             [(_shown(Path(p)), json.loads(Path(p).read_text())) for p in args.report_only])
         return 0
     if any(n < 2 for n in args.peers):
         parser.error("--peers: an all-reduce needs at least 2 peers")
@@ -372,35 +407,46 @@ def main(argv: list[str] | None = None) -> int:
     for numel in args.numel:
         for n in args.peers:
             for precision in args.precision:
-                need, free = n * worker_bytes(n, numel), available_bytes()
+                codec = PRECISIONS[precision][0]
+                specs = [ExchangeSpec(codec=codec, mode="sliced", aggregator=args.aggregator, **variant)
+                         for variant in args.sliced if "sliced" in args.exchange]
+                if "all-to-all" in args.exchange and numel <= args.all_to_all_max_numel:
+                    specs.append(ExchangeSpec(codec=codec, mode="all-to-all", aggregator=args.aggregator,
+                                              error_feedback=not args.no_error_feedback))
+                need, free = n * worker_bytes(n, numel, specs), available_bytes()
                 if need > 0.9 * free and not args.force:
                     print(f"skipping {n} peers x {numel:,} {precision}: needs ~{need / 2**30:.1f} GiB, "
                           f"{free / 2**30:.1f} GiB available (--force to try anyway)", flush=True)
                     continue
-                codecs = list(dict.fromkeys([PRECISIONS[precision][0], *args.extra_codecs]))
-                rows += run_config(n, numel, precision, repeats_for(n, numel, args.repeats), codecs, args.match_s, args.profile or "")
+                profile = profile_path(args.profile, n, numel, precision) if args.profile else ""
+                rows += run_config(n, numel, precision, repeats_for(n, numel, args.repeats), specs, args.match_s, profile)
                 if args.json:  # keep partial results if a later config fails; say they are partial
                     _write_json(Path(args.json), rows, load_before, wall_s=time.monotonic() - started, finished=False)
-    print(f"\n{'peers':>5} {'floats':>11} {'precision':>9} {'codec':>15} {'swarmloco s':>11} {'hivemind s':>10} {'ratio':>6}")
+    print(f"\n{'peers':>5} {'floats':>11} {'exchange':>38} {'swarmloco s':>11} {'hivemind s':>10} {'ratio':>6}")
     for r in rows:
-        print(f"{r['peers']:>5} {r['numel']:>11,} {r['precision']:>9} {r['codec']:>15} {r['swarmloco_round_s']:>11.3f} "
+        print(f"{r['peers']:>5} {r['numel']:>11,} {r['label']:>38} {r['swarmloco_round_s']:>11.3f} "
               f"{r['hivemind_round_s']:>10.3f} {r['ratio']:>6.2f}")
+    load_after, wall_s = load_average(), time.monotonic() - started  # the same figures in the JSON and the md
     if args.json:
-        _write_json(Path(args.json), rows, load_before, load_average(), time.monotonic() - started, finished=True)
+        _write_json(Path(args.json), rows, load_before, load_after, wall_s, finished=True)
     if args.write_md:
-        write_markdown(Path(args.write_md), rows, load_before, load_average(), time.monotonic() - started)
+        write_markdown(Path(args.write_md), rows, load_before, load_after, wall_s,
+                       json_name=_shown(Path(args.json)) if args.json else None)
         print(f"wrote {args.write_md}")
     return 0
+
+
+def _shown(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def _write_json(path: Path, rows: list[dict], load_before: str, load_after: str = "", wall_s: float | None = None,
                 finished: bool = False) -> None:
     from machine_info import command_line, cpu_model, versions
 
-    first = rows[0] if rows else {}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
-        "swarmloco_round_s": first.get("swarmloco_round_s"), "hivemind_round_s": first.get("hivemind_round_s"),
         "rows": rows, "cpu": cpu_model(), "cores": os.cpu_count(), "load_before": load_before, "load_after": load_after,
         "wall_s": wall_s, "finished": finished, "os": f"{platform.system()} {platform.release()}",
         "versions": versions(), "command": command_line(),

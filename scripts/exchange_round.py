@@ -1,48 +1,122 @@
-"""One swarmloco exchange-and-aggregate round, on the real transport, without the coordinator.
+"""One swarmloco exchange round through the real exchange code, minus training and the coordinator process.
 
-Used by scripts/bench_vs_hivemind.py (one ExchangePeer per worker process) and its smoke test
-(two in one process). What peer/node/node.py does per round minus training and the coordinator:
+Used by scripts/bench_vs_hivemind.py (one ExchangePeer per worker process, the parent process as
+BenchCoordinator) and by its smoke test (a few peers in one process). Every step is the code a
+node and the coordinator run; only the transport of headers, manifest and results between them
+is the caller's (a pipe instead of the coordinator's gRPC service).
 
-    commit():    RoundMath.encode (outer transmit, codec, error feedback) -> sha256 -> signed
-                 UpdateHeader -> PayloadStore, served by the gRPC Peer service
-    aggregate(): for every (peer_id, signed header, endpoint) in peer_id order: verify the header
-                 (open_update: signature, run, round, codec, layout, size bound), fetch the payload
-                 over gRPC unless it is our own (fetch_payload: chunked, size + sha256 checked),
-                 decode (finite check), then RoundMath.apply (fedavg lr 1: params -= mean).
+sliced (`exchange.mode = "sliced"`, peer/run/slice_exchange.py):
+    ExchangePeer.commit()       RoundMath.encode (outer transmit, sliced codec, error feedback) -> sha256
+                                of the payload and of every slice -> signed UpdateHeader(slices=...) ->
+                                PayloadStore, every slice served by its sha256 (SliceExchange.serve_slices)
+    BenchCoordinator.manifest() verifies every signed header, sliced_manifest (entries sorted by peer_id,
+                                the owner draw), signs it: the bytes every peer receives
+    ExchangePeer.open()         open_manifest (coordinator key, run, round) -> SliceExchange.open_round
+                                (every entry's header verified again, the owner draw re-checked)
+    ExchangePeer.reduce()       SliceExchange.reduce_owned: for each owned slice, its n inputs fetched over
+                                gRPC and checked against the signed slice hashes, decoded, reduced, signed
+    ExchangePeer.gather()       SliceExchange.gather over all owners' signed results (one claim: fetch the
+                                aggregated slice from an owner; spot checks recompute) -> step_with_aggregate
+all-to-all (`exchange.mode = "all-to-all"`, peer/node/round_exchange.py ManifestFetcher):
+    commit() without slice hashes, open() the manifest; reduce() does nothing; gather() fetches every
+    other payload in parallel, decodes each and RoundMath.apply aggregates the (n, d) rows.
 
-Whoever runs it relays the headers between commit() and aggregate() (the coordinator's manifest).
+The outer optimizer is fedavg at lr 1 from θ = 0, so a peer's parameters after the round are
+exactly minus the aggregate: with the `mean` rule, checkable against the exact mean.
 Import only after any hivemind DHT of the process has started: gRPC is not fork-safe.
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from peer.node.round_exchange import ManifestFetcher
 from peer.run.config import RunConfig
 from peer.run.round_math import RoundMath
-from protocol.wire import swarm_pb2, swarm_pb2_grpc
+from peer.run.slice_exchange import SliceExchange, SliceRound, sliced_manifest
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
-from protocol.envelope import UpdateHeader, open_update, sign_update
+from protocol.envelope import (ManifestEntry, RoundManifest, UpdateHeader, open_manifest, sign_manifest, sign_update,
+                               signed_to_json)
 from protocol.identity import Identity
-from protocol.payload_fetch import ChannelPool, fetch_payload
+from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload
+from protocol.wire import swarm_pb2, swarm_pb2_grpc
 
 RUN_ID = "bench"
 LAYOUT = "bench"
+BASE_HASH = "0" * 64
+FETCH_THREADS = 8  # as peer/node/node.py
 
-ManifestEntry = tuple[str, bytes, str]  # (peer_id, serialized signed header, HOST:PORT)
+Header = tuple[str, bytes, str]  # (peer_id, serialized signed UpdateHeader, HOST:PORT)
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeSpec:
+    """How a benchmark round exchanges: what the row of a report states."""
+
+    codec: str = "fp16"
+    mode: str = "sliced"  # or "all-to-all"
+    slices: int = 32
+    replicas: int = 2
+    spot_checks: int = 1  # slices every peer recomputes per round (peer/node/sliced_round.py uses the config's)
+    aggregator: str = "mean"
+    error_feedback: bool = True  # the node's default for a lossy codec (hivemind's compression has none)
+
+    def config(self) -> RunConfig:
+        return RunConfig.from_dict({
+            "run_id": RUN_ID, "outer": {"name": "fedavg", "lr": 1.0}, "compression": {"codec": self.codec, "error_feedback": self.error_feedback},
+            "aggregation": {"name": self.aggregator},
+            "exchange": {"mode": self.mode, "slices": self.slices, "replicas": self.replicas, "spot_checks": min(self.spot_checks, self.slices)},
+        })
+
+    @property
+    def label(self) -> str:
+        ef = "" if self.error_feedback else " no-EF"
+        if self.mode == "sliced":
+            return f"sliced S={self.slices} r={self.replicas} k={self.spot_checks} {self.codec}{ef} {self.aggregator}"
+        return f"all-to-all {self.codec}{ef} {self.aggregator}"
+
+
+class BenchCoordinator:
+    """The coordinator's part of a round: verify the headers, sign the manifest (with the owner draw)."""
+
+    def __init__(self, spec: ExchangeSpec, numel: int) -> None:
+        self.identity = Identity.generate()
+        self.math = RoundMath(spec.config(), numel)
+
+    @property
+    def public_key(self) -> bytes:
+        return self.identity.public_key
+
+    def manifest(self, headers: list[Header], round_: int) -> bytes:
+        entries = []
+        for peer_id, signed_bytes, endpoint in headers:
+            signed = swarm_pb2.Signed.FromString(signed_bytes)
+            header = self.math.open_update(signed, round_=round_, layout_hash=LAYOUT)
+            assert header.peer_id == peer_id
+            entries.append(ManifestEntry(peer_id=peer_id, payload_sha256=header.payload_sha256, payload_size=header.payload_size,
+                                         header=signed_to_json(signed), holders=[endpoint], serves=True))
+        if self.math.sliced:
+            manifest = sliced_manifest(self.math, round_, entries, base_param_hash=BASE_HASH)
+        else:
+            manifest = RoundManifest(run_id=RUN_ID, round=round_, base_param_hash=BASE_HASH,
+                                     entries=sorted(entries, key=lambda e: e.peer_id), excluded={})
+        return sign_manifest(self.identity, manifest).SerializeToString()
 
 
 class ExchangePeer:
-    """A peer's transport (gRPC server, byte counter, channel pool) and its per-codec round math."""
+    """A peer's transport (gRPC server, byte counter, channel pool, fetch threads) and its round math."""
 
-    def __init__(self, update: torch.Tensor) -> None:
+    def __init__(self, update: torch.Tensor, spec: ExchangeSpec) -> None:
         self.update = update  # (d,) what this peer contributes every round
         self.numel = update.numel()
+        self.spec = spec
         self.identity = Identity.generate()
         self.counter = ByteCounter(self.identity.peer_id)
         self.store = PayloadStore(keep_rounds=1)
@@ -50,50 +124,76 @@ class ExchangePeer:
         servicer = PayloadServicer(self.store, verify_header=lambda signed: None, accept_pushes=False)
         swarm_pb2_grpc.add_PeerServicer_to_server(servicer, self.server)
         self.server.start()
-        self.pool = ChannelPool(self.counter)
         self.endpoint = f"127.0.0.1:{port}"
-        self.maths: dict[str, RoundMath] = {}
+        self.pool = ChannelPool(self.counter)
+        self.workers = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="bench-fetch")
+        self.math = RoundMath(spec.config(), self.numel)
+        self.exchange = SliceExchange(self.math, self.pool, self.store, self.workers, own_endpoint=self.endpoint,
+                                      identity=self.identity)
         self.payload = b""
+        self.round: SliceRound | None = None
+        self.manifest: RoundManifest | None = None
+        self.outcome: Any = None  # the last GatherOutcome (sliced)
 
     @property
     def peer_id(self) -> str:
         return self.identity.peer_id
 
-    def math(self, codec: str) -> RoundMath:
-        if codec not in self.maths:
-            cfg = RunConfig.from_dict({"run_id": RUN_ID, "outer": {"name": "fedavg"}, "compression": {"codec": codec}})
-            self.maths[codec] = RoundMath(cfg, self.numel)
-        return self.maths[codec]
+    def verify_header(self, signed: swarm_pb2.Signed, round_: int | None) -> UpdateHeader:
+        return self.math.open_update(signed, round_=round_, layout_hash=LAYOUT)
 
-    def commit(self, codec: str, round_: int) -> ManifestEntry:
-        payload = self.math(codec).encode(self.update, round_)
-        header = UpdateHeader(run_id=RUN_ID, round=round_, peer_id=self.peer_id, codec=codec, numel=self.numel,
-                              layout_hash=LAYOUT, base_param_hash=LAYOUT, payload_sha256=hashlib.sha256(payload).hexdigest(),
-                              payload_size=len(payload))
+    def commit(self, round_: int) -> Header:
+        payload = self.math.encode(self.update, round_)
+        slices = tuple(self.exchange.slice_hashes(payload)) if self.math.sliced else ()
+        header = UpdateHeader(run_id=RUN_ID, round=round_, peer_id=self.peer_id, codec=self.spec.codec, numel=self.numel,
+                              layout_hash=LAYOUT, base_param_hash=BASE_HASH, payload_sha256=hashlib.sha256(payload).hexdigest(),
+                              payload_size=len(payload), slices=slices)
         signed = sign_update(self.identity, header)
-        self.store.put(StoredPayload(header, signed, payload))
+        self.store.put(StoredPayload(header, signed, payload), verified=True)  # we just hashed it
+        if self.math.sliced:
+            self.exchange.serve_slices(header, payload)
         self.payload = payload
         return self.peer_id, signed.SerializeToString(), self.endpoint
 
-    def aggregate(self, manifest: list[ManifestEntry], codec: str, round_: int) -> tuple[torch.Tensor, dict[str, float]]:
-        """Verify, fetch, decode and average every entry; returns (-mean (d,), seconds per stage)."""
-        math = self.math(codec)
-        max_bytes = math.codec.max_encoded_size(self.numel)
-        updates, fetch_s, decode_s = [], 0.0, 0.0
-        for peer_id, signed_bytes, holder in manifest:
-            t = time.perf_counter()
-            header = open_update(swarm_pb2.Signed.FromString(signed_bytes), run_id=RUN_ID, round_=round_, codec=codec,
-                                 numel=self.numel, layout_hash=LAYOUT, max_payload_bytes=max_bytes)
-            data = self.payload if peer_id == self.peer_id else fetch_payload(self.pool, [holder], header)
-            t_fetched = time.perf_counter()
-            updates.append(math.decode(data, round_))
-            fetch_s += t_fetched - t
-            decode_s += time.perf_counter() - t_fetched
-        t_agg = time.perf_counter()
+    def open(self, signed_manifest: bytes, coordinator_key: bytes, round_: int) -> None:
+        signed = swarm_pb2.Signed.FromString(signed_manifest)
+        self.manifest = open_manifest(signed, coordinator_key=coordinator_key, run_id=RUN_ID, round_=round_)
+        if self.math.sliced:
+            self.round = self.exchange.open_round(self.manifest, signed, round_, self.verify_header)
+
+    def reduce(self) -> list[bytes]:
+        """Reduce-scatter: this peer's owned slices, reduced and signed (serialized)."""
+        if not self.math.sliced:
+            return []
+        assert self.round is not None
+        return [s.SerializeToString() for s in self.exchange.reduce_owned(self.round)]
+
+    def gather(self, results: list[bytes], round_: int) -> torch.Tensor:
+        """All-gather (sliced) or fetch-all + aggregate (all-to-all); returns θ after the outer step from 0."""
         params = torch.zeros(self.numel)
-        math.apply(params, updates)  # fedavg, lr 1: params = 0 - mean(updates)
-        return params, {"fetch_s": fetch_s, "decode_s": decode_s, "aggregate_s": time.perf_counter() - t_agg}
+        if self.math.sliced:
+            assert self.round is not None
+            signed = [swarm_pb2.Signed.FromString(b) for b in results]
+            self.outcome = self.exchange.gather(self.round, signed, spot_checks=self.math.cfg.exchange.spot_checks)
+            self.math.step_with_aggregate(params, self.outcome.combined)
+            return params
+        assert self.manifest is not None
+        fetcher = ManifestFetcher(self.store, self.pool, self.workers, self.math, self.verify_header, self.endpoint)
+        updates = fetcher.updates(self.manifest, round_)
+        self.math.apply(params, updates, round_=round_)
+        return params
 
     def close(self) -> None:
+        self.exchange.close()
+        self.workers.shutdown(wait=False, cancel_futures=True)
         self.pool.close()
         self.server.stop(grace=0.5)
+
+
+def run_round(peers: list[ExchangePeer], coordinator: BenchCoordinator, round_: int) -> list[torch.Tensor]:
+    """One round of `peers` in this process, in the order a swarm runs it; θ of every peer after it."""
+    signed_manifest = coordinator.manifest([p.commit(round_) for p in peers], round_)
+    for p in peers:
+        p.open(signed_manifest, coordinator.public_key, round_)
+    results = [r for p in peers for r in p.reduce()]
+    return [p.gather(results, round_) for p in peers]

@@ -1,8 +1,9 @@
 """Smoke tests of the measurement scripts' small modes (no hivemind swarm, no namespaces needed).
 
-- the swarmloco exchange round of bench_vs_hivemind: three real gRPC peers in this process apply
-  the run's rule (the coordinate median, not the mean) bit for bit to the decoded payloads, within
-  the codec's error of the exact median for fp16/int8, every payload verified;
+- the swarmloco exchange round of bench_vs_hivemind (scripts/exchange_round.py): three real gRPC
+  peers in this process run the real sliced exchange (and the all-to-all one) under a signed
+  manifest; every peer's θ equals the run's math on the decoded payloads bit for bit and is within
+  the wire precision of the exact mean; benchmarks/vs_hivemind.md's tables come from its JSON;
 - measure_bandwidth's analysis on hand-written peer summaries (goodput, utilization, the
   coordinator vs peer split, codec sizes from the codec docstring's examples);
 - delay_proxy carries bytes and EOF unchanged; wan_emulation exits 0 with a message when it
@@ -28,6 +29,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_compression  # noqa: E402
 import bench_vs_hivemind  # noqa: E402
+import vs_hivemind_report  # noqa: E402
 import delay_proxy  # noqa: E402
 import measure_bandwidth  # noqa: E402
 import wan_emulation  # noqa: E402
@@ -43,38 +45,41 @@ def test_parse_numel_refuses_nonsense():
         bench_vs_hivemind.parse_numel("lots")
 
 
-@pytest.mark.parametrize("codec, tolerance", [("fp32", 1e-6), ("fp16", 2e-3), ("int8", 5e-2), ("topk:0.01+int8", None)])
-def test_exchange_round_three_real_peers_apply_the_runs_rule(codec, tolerance):
-    """Three peers, so the run's default rule shows: their coordinate median is not their mean."""
-    from exchange_round import ExchangePeer
+@pytest.mark.parametrize("mode, codec, tolerance", [("sliced", "fp32", 1e-6), ("sliced", "fp16", 2e-3), ("all-to-all", "fp16", 2e-3)])
+def test_exchange_round_three_real_peers_run_the_real_exchange(mode, codec, tolerance):
+    """Three real gRPC peers and a coordinator key, through SliceExchange (or ManifestFetcher)."""
+    from exchange_round import BenchCoordinator, ExchangePeer, ExchangeSpec, run_round
+    from peer.run.round_math import RoundMath
 
-    d = 4096
+    d = 10_000
+    spec = ExchangeSpec(codec=codec, mode=mode, slices=8, replicas=2, spot_checks=1)
     updates = [torch.randn(d, generator=torch.Generator().manual_seed(i)) for i in range(3)]
-    peers = [ExchangePeer(u) for u in updates]
+    peers = [ExchangePeer(u, spec) for u in updates]
+    coordinator = BenchCoordinator(spec, d)
     try:
-        manifest = sorted((p.commit(codec, 1) for p in peers), key=lambda e: e[0])
-        results = [p.aggregate(manifest, codec, 1)[0] for p in peers]
-        # every honest peer computes the same bits from the same bytes in the same order
+        results = run_round(peers, coordinator, 1)
+        # every honest peer computes the same bits from the same signed bytes
         assert all(torch.equal(results[0], r) for r in results[1:])
-        math = peers[0].math(codec)
-        assert math.cfg.aggregation.name == "median" and math.cfg.outer.name == "fedavg"
-        # fedavg at lr 1 steps params = 0 to -aggregate: minus the middle of the 3 decoded values
-        # of each coordinate, bit for bit.
+        # fedavg at lr 1 from 0: θ is minus the aggregate the run's math computes from the decoded
+        # payloads in one process (the simulator's path), bit for bit
         by_id = {p.peer_id: p for p in peers}
-        decoded = torch.stack([math.decode(by_id[peer_id].payload, 1) for peer_id, _, _ in manifest])  # (3, d)
-        assert torch.equal(results[0], -decoded.median(dim=0).values)
-        assert float((decoded.mean(dim=0) - decoded.median(dim=0).values).abs().max()) > 0.1  # median != mean here
-        if tolerance is not None:  # and the lossy codecs stay within their error of the exact median
-            exact = torch.stack(updates).median(dim=0).values
-            assert float((results[0] + exact).abs().max()) < tolerance
-        else:  # top 1% of each: a coordinate survives the median only where 2 of 3 peers kept it
-            assert int((results[0] != 0).sum()) < int((decoded != 0).any(dim=0).sum())
-        # each fetched the other two payloads over gRPC (its own is not fetched): counted bytes
-        # exceed the payloads
-        for peer in peers:
-            others = sum(len(o.payload) for o in peers if o is not peer)
-            assert peer.counter.total().received >= others
-            assert peer.counter.total().sent >= 2 * len(peer.payload)
+        math = RoundMath(spec.config(), d)
+        decoded = [math.decode(by_id[e.peer_id].payload, 1) for e in peers[0].manifest.entries]
+        reference = torch.zeros(d)
+        math.apply(reference, decoded, round_=1)
+        assert torch.equal(results[0], reference)
+        # and within the wire precision of the exact mean (fp16 slices and fp16 aggregated slices)
+        error = float((results[0] + torch.stack(updates).mean(dim=0)).abs().max())
+        assert error < tolerance
+        assert codec != "fp16" or error > 1e-5  # fp16 really rounded something
+        if mode == "sliced":
+            assert [len(p.round.owners[j]) for p in peers[:1] for j in range(8)] == [2] * 8
+            for peer in peers:  # one claim per slice: nobody lied, only the spot check recomputed
+                assert not peer.outcome.liars and peer.outcome.recomputed == peer.outcome.spot_checked
+                assert len(peer.outcome.spot_checked) == 1
+        else:  # each fetched the other two payloads over gRPC (its own is not fetched)
+            for peer in peers:
+                assert peer.counter.total().received >= sum(len(o.payload) for o in peers if o is not peer)
     finally:
         for p in peers:
             p.close()
@@ -227,10 +232,26 @@ def test_wan_report_names_the_json_behind_each_row(tmp_path):
 
 
 def test_vs_hivemind_report_from_a_run_that_stopped_early_has_no_nan(tmp_path):
-    # benchmarks/vs_hivemind.json was kept from a run stopped at 8 x 10M: no wall_s, no load_after
+    # the JSON kept from the re-implemented harness's run, stopped at 8 x 10M: no wall_s, no load_after
     out = tmp_path / "vs.md"
-    assert bench_vs_hivemind.main(["--report-only", str(ROOT / "benchmarks/vs_hivemind.json"), "--write-md", str(out)]) == 0
-    wall = next(line for line in out.read_text().splitlines() if line.startswith("- total wall time:"))
+    assert bench_vs_hivemind.main(["--report-only", str(ROOT / "benchmarks/vs_hivemind_before_sliced.json"), "--write-md", str(out)]) == 0
+    text = out.read_text()
+    wall = next(line for line in text.splitlines() if line.startswith("- total wall time:"))
     assert wall == "- total wall time: not recorded (this JSON was written before its run finished; the run did not reach its end)"
-    assert bench_vs_hivemind.wall_time_text(812.4, True) == "812 s"
-    assert bench_vs_hivemind.wall_time_text(300.0, False).startswith("300 s until the last configuration")
+    assert "nan" not in text.lower() and vs_hivemind_report.OLD_HARNESS in text
+    assert vs_hivemind_report.wall_time_text(812.4, True) == "812 s"
+    assert vs_hivemind_report.wall_time_text(300.0, False).startswith("300 s until the last configuration")
+
+
+def test_vs_hivemind_md_is_generated_from_its_json(tmp_path):
+    """Every figure of benchmarks/vs_hivemind.md's tables comes from the JSONs its header names."""
+    committed = (ROOT / "benchmarks/vs_hivemind.md").read_text().split("<!-- notes -->")[0]
+    sources = committed.split(" from ", 1)[1].split(". One row")[0]
+    json_paths = [name.strip(" `") for name in sources.split(",")]
+    assert json_paths[0] == "benchmarks/vs_hivemind.json" and len(json_paths) >= 2
+    out = tmp_path / "vs.md"
+    assert bench_vs_hivemind.main(["--report-only", *(str(ROOT / p) for p in json_paths), "--write-md", str(out)]) == 0
+    assert out.read_text().split("<!-- notes -->")[0] == committed
+    rows = [row for p in json_paths for row in json.loads((ROOT / p).read_text())["rows"]]
+    assert {(r["peers"], r["numel"], r["mode"]) for r in rows} >= {(8, 1_000_000, "sliced"), (8, 10_000_000, "sliced")}
+    assert all(r["swarmloco_identical_on_every_peer"] for r in rows)
