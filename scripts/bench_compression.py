@@ -133,7 +133,13 @@ def total_steps(run: dict[str, Any]) -> int:
 def row_options(row: Row, seed: int, peers: int, rounds: int, inner_steps: int) -> SimulationOptions:
     """What `row` runs: every setting explicit, so a changed run default cannot change a row."""
     cfg = RunConfig()
-    cfg = dataclasses.replace(cfg, outer=dataclasses.replace(cfg.outer, **row.outer_options))
+    cfg = dataclasses.replace(
+        cfg,
+        outer=dataclasses.replace(cfg.outer, **row.outer_options),
+        # simulate computes the all-to-all exchange (every peer aggregates every update): say so,
+        # rather than store whatever the node's default exchange mode is at the time.
+        exchange=dataclasses.replace(cfg.exchange, mode="all-to-all"),
+    )
     return SimulationOptions(
         peers=peers, rounds=rounds, inner_steps=inner_steps, seed=seed, threads=1, config=cfg,
         baseline=row.baseline,  # type: ignore[arg-type]
@@ -168,6 +174,15 @@ def config_changes(stored: dict[str, Any], now: dict[str, Any], prefix: str = ""
     return changed, added
 
 
+def _compared(config: dict[str, Any]) -> dict[str, Any]:
+    """The config as compared on --resume. DeMo steps by demo_lr in every stored shape: before
+    955ccf1 it ignored outer.lr (which then held Nesterov's 0.7), since then outer.lr defaults to
+    demo_lr; the DeMo rows set only demo_lr, so outer.lr says nothing about a DeMo run."""
+    if config["outer"]["name"] != "demo":
+        return config
+    return {**config, "outer": {k: v for k, v in config["outer"].items() if k != "lr"}}
+
+
 def stale_runs(
     runs: list[dict[str, Any]], rows: list[Row], peers: int, default_h: int, steps: int
 ) -> dict[int, list[str]]:
@@ -182,7 +197,7 @@ def stale_runs(
             continue
         rounds, h = row_schedule(row, steps, default_h)
         now = row_options(row, run["seed"], peers, rounds, h).run_config().to_dict()
-        changed, _ = config_changes(run["config"], now)
+        changed, _ = config_changes(_compared(run["config"]), _compared(now))
         if changed or run["baseline"] != row.baseline or run["peers"] != peers:
             stale[i] = changed or [f"baseline/peers {run['baseline']}/{run['peers']} -> {row.baseline}/{peers}"]
     return stale
