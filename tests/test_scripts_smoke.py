@@ -205,6 +205,14 @@ def test_compression_resume_reruns_a_run_whose_config_changed():
     # a row that is not being run now, or another length, is left alone
     assert bench_compression.stale_runs(runs, bench_compression.ROWS[2:3], peers=4, default_h=25, steps=600) == {}
     assert bench_compression.stale_runs(runs, bench_compression.ROWS, peers=4, default_h=25, steps=300) == {}
+    # DeMo steps by demo_lr: a run stored when outer.lr still held Nesterov's 0.7 is the same run,
+    # but a different demo_lr is not
+    demo = _stored_run("DeMo lr 5e-3 + int8", 0, "mean", 2.03)
+    demo["config"]["outer"]["lr"] = 0.7
+    assert bench_compression.stale_runs([demo], bench_compression.ROWS, peers=4, default_h=25, steps=600) == {}
+    demo["config"]["outer"]["demo_lr"] = 1e-3
+    assert bench_compression.stale_runs([demo], bench_compression.ROWS, peers=4, default_h=25, steps=600) == {
+        0: ["outer.demo_lr: 0.001 -> 0.005"]}
     # the table says which run used another aggregator than its row states
     summary = bench_compression.summarize(bench_compression.ROWS, [dict(r, **_curves()) for r in runs], 600)
     fp32 = next(s for s in summary if s["row"].label == "DiLoCo fp32")
