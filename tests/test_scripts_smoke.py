@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import bench_compression  # noqa: E402
+import compression_report  # noqa: E402
 import bench_vs_hivemind  # noqa: E402
 import vs_hivemind_report  # noqa: E402
 import delay_proxy  # noqa: E402
@@ -214,10 +215,10 @@ def test_compression_resume_reruns_a_run_whose_config_changed():
     assert bench_compression.stale_runs([demo], bench_compression.ROWS, peers=4, default_h=25, steps=600) == {
         0: ["outer.demo_lr: 0.001 -> 0.005"]}
     # the table says which run used another aggregator than its row states
-    summary = bench_compression.summarize(bench_compression.ROWS, [dict(r, **_curves()) for r in runs], 600)
+    summary = compression_report.summarize(bench_compression.ROWS, [dict(r, **_curves()) for r in runs], 600)
     fp32 = next(s for s in summary if s["row"].label == "DiLoCo fp32")
-    assert bench_compression._aggregator_cell(fp32) == "mean **but seed 1: median**"
-    assert bench_compression.off_aggregator_runs(summary) == ["DiLoCo fp32 seed 1: median"]
+    assert compression_report._aggregator_cell(fp32) == "mean **but seed 1: median**"
+    assert compression_report.off_aggregator_runs(summary) == ["DiLoCo fp32 seed 1: median"]
 
 
 def _curves() -> dict:
