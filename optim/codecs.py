@@ -198,13 +198,13 @@ class ErrorFeedback:
     def encode(self, x: torch.Tensor, *, seed: int = 0) -> bytes:
         if x.shape != (self.numel,):
             raise ValueError(f"ErrorFeedback for {self.numel} values got a tensor of shape {tuple(x.shape)}")
-        corrected = x.detach().to(device="cpu", dtype=torch.float32) + self.residual  # (d,)
+        corrected = self.residual.add_(x.detach().to(device="cpu", dtype=torch.float32))  # (d,), in place: x + residual
         payload = self.codec.encode(corrected, seed=seed)
         if self.codec.lossless:
             self.residual.zero_()
         else:
-            residual = corrected - self.codec.decode(payload, self.numel, seed=seed)
-            self.residual = torch.where(torch.isfinite(residual), residual, torch.zeros_like(residual))
+            corrected.sub_(self.codec.decode(payload, self.numel, seed=seed))  # what the codec dropped
+            corrected.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
         return payload
 
     def state_dict(self) -> dict:

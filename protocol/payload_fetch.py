@@ -24,6 +24,7 @@ class ChannelPool:
         self.tls = tls
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, swarm_pb2_grpc.PeerStub] = {}  # building a stub costs ms: one per channel
 
     def get(self, target: str) -> grpc.Channel:
         with self._lock:
@@ -33,15 +34,24 @@ class ChannelPool:
                 self._channels[target] = channel
             return channel
 
+    def peer_stub(self, target: str) -> swarm_pb2_grpc.PeerStub:
+        channel = self.get(target)
+        with self._lock:
+            stub = self._stubs.get(target)
+            if stub is None:
+                stub = self._stubs[target] = swarm_pb2_grpc.PeerStub(channel)
+            return stub
+
     def drop(self, target: str) -> None:
         with self._lock:
+            self._stubs.pop(target, None)
             channel = self._channels.pop(target, None)
         if channel is not None:
             channel.close()
 
     def close(self) -> None:
         with self._lock:
-            channels, self._channels = list(self._channels.values()), {}
+            channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
         for channel in channels:
             channel.close()
 
@@ -82,7 +92,7 @@ def fetch_blob(
     received = b""
     errors = []
     for holder in order:
-        stub = swarm_pb2_grpc.PeerStub(pool.get(holder))
+        stub = pool.peer_stub(holder)
         try:
             stream = stub.FetchPayload(
                 swarm_pb2.FetchRequest(sha256=sha256, offset=len(received)),

@@ -62,6 +62,8 @@ _REFUSAL_OF_REASON: dict[str, Refusal] = {
     "rate-limited": swarm_pb2.RATE_LIMITED,
     "admission-limited": swarm_pb2.RATE_LIMITED,
     "registry-full": swarm_pb2.REGISTRY_FULL,
+    "not-owner": swarm_pb2.NOT_OWNER,
+    "busy": swarm_pb2.BUSY,
 }
 
 

@@ -1,4 +1,5 @@
-"""A Byzantine training peer for the real-swarm tests: `python -m tests.byzantine_peer --attack SPEC peer ...`.
+"""A Byzantine training peer for the real-swarm tests: `python -m tests.byzantine_peer --attack SPEC peer ...`,
+or a lying slice owner: `python -m tests.byzantine_peer --lie lone peer ...` / `--lie collude:ID,ID peer ...`.
 
 SPEC is an optim.attacks name, optionally with JSON options: `nan`, `sign-flip:{"scale": 4.0}`,
 `label-flip`. The rest of the command line is `swarmloco peer`'s. The attack lives here, in a
@@ -17,21 +18,51 @@ import torch
 from optim import attacks
 from peer.cli.main import build_parser, cmd_peer
 from peer.node.node import PeerNode, PeerOptions
+from peer.cli.simulate_slices import sign_false_result
 from peer.node.round_exchange import Update
+from peer.run import slice_plan
+from peer.run.slice_exchange import SliceExchange, SliceRound
+from protocol.slice_result import sign_slice_result
+from protocol.wire import swarm_pb2
+
+
+class LyingOwner(SliceExchange):
+    """Signs a false result for every slice it owns (`colluders` empty), or only for the slices
+    whose owners are all colluders (then they agree on the lie, and only spot checks catch it)."""
+
+    colluders: frozenset[str] = frozenset()
+
+    def reduce_owned(self, rnd: SliceRound, sign: bool = True) -> list[swarm_pb2.Signed]:
+        signed = []
+        for j in slice_plan.owned_by(rnd.owners, self.identity.peer_id):
+            data, result = self.reduce(rnd, j)
+            lie = not self.colluders or set(rnd.owners[j]) <= self.colluders
+            signed.append(sign_false_result(self.identity, self.math, self.store, j, data, result) if lie
+                          else sign_slice_result(self.identity, result))
+        return signed
 
 
 class ByzantinePeer(PeerNode):
-    def __init__(self, options: PeerOptions, attack: attacks.Attack) -> None:
+    def __init__(self, options: PeerOptions, attack: attacks.Attack | None, lie: str | None = None) -> None:
         super().__init__(options)
         self.attack = attack
+        self.lie = lie
+
+    def make_slice_exchange(self) -> SliceExchange:
+        if self.lie is None:
+            return super().make_slice_exchange()
+        exchange = LyingOwner(self.math, self.pool, self.store, self.fetchers, own_endpoint=self.endpoint, identity=self.identity)
+        mode, _, ids = self.lie.partition(":")
+        exchange.colluders = frozenset(ids.split(",")) if mode == "collude" else frozenset()
+        return exchange
 
     def connect(self) -> None:
         super().connect()
-        if self.attack.data_poisoning:  # label flip: honest work on poisoned batches
+        if self.attack is not None and self.attack.data_poisoning:  # label flip: honest work on poisoned batches
             self.trainer.sampler = attacks.PoisonedSampler(self.trainer.sampler)
 
     def make_update(self, r: int, delta: torch.Tensor) -> Update:
-        if not self.attack.data_poisoning:
+        if self.attack is not None and not self.attack.data_poisoning:
             rng = torch.Generator().manual_seed(r)
             delta = self.attack(delta, delta[None, :], round=r, rng=rng, num_byzantine=1, history=None)
         return super().make_update(r, delta)
@@ -44,13 +75,17 @@ def parse_attack(spec: str) -> attacks.Attack:
 
 def main(argv: list[str] | None = None) -> int:
     front = argparse.ArgumentParser(prog="python -m tests.byzantine_peer", allow_abbrev=False)
-    front.add_argument("--attack", required=True, help='an optim.attacks name[:JSON options], e.g. sign-flip:{"scale": 4.0}')
+    front.add_argument("--attack", help='an optim.attacks name[:JSON options], e.g. sign-flip:{"scale": 4.0}')
+    front.add_argument("--lie", help="as a slice owner, sign false results: `lone` (every owned slice) or "
+                                     "`collude:ID,ID,...` (only slices whose owners are all in the list)")
     ours, rest = front.parse_known_args(argv)
-    attack = parse_attack(ours.attack)
+    if not ours.attack and not ours.lie:
+        front.error("give --attack and/or --lie")
+    attack = parse_attack(ours.attack) if ours.attack else None
     args = build_parser().parse_args(rest)
     if args.verb != "peer":
         front.error("the command after --attack must be `peer ...`")
-    return cmd_peer(args, make_node=lambda options: ByzantinePeer(options, attack))
+    return cmd_peer(args, make_node=lambda options: ByzantinePeer(options, attack, ours.lie))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,9 @@ def tiny_config(**rounds) -> RunConfig:
     data["data"].update(batch_size=4, val_batches=2, max_corpus_bytes=300_000)
     data["inner"].update(steps=4, warmup_steps=2)
     data["rounds"].update({"rounds": 3, "min_deadline_s": 2.0, "deadline_s": 30.0, "peer_timeout_s": 6.0, **rounds})
+    # These tests drive the coordinator's own payload verification, which only the all-to-all
+    # exchange has; the sliced round is covered by tests/test_slice_exchange.py and the swarm tests.
+    data["exchange"]["mode"] = "all-to-all"
     return RunConfig.from_dict(data)
 
 
@@ -137,6 +140,7 @@ def make_update(served: Served, identity: Identity, *, seed: int = 0, round_: in
         run_id=c.cfg.run_id, round=r, peer_id=identity.peer_id, codec=c.cfg.compression.codec, numel=c.numel,
         layout_hash=c.layout_hash, base_param_hash=c.param_hash,
         payload_sha256=hashlib.sha256(payload).hexdigest(), payload_size=len(payload),
+        slices=tuple(hashlib.sha256(part).hexdigest() for part in math.sliced_codec.split(payload)) if math.sliced else (),
     )
     return sign_update(identity, header), payload, header
 

@@ -7,6 +7,7 @@ thrown at it is counted and printed (`pytest -s`) for the closing report.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import threading
@@ -40,6 +41,9 @@ UNARY = {  # method -> request type
 SERVER_STREAMING = {COORDINATOR + "StreamCheckpoint": swarm_pb2.CheckpointRequest, PEER + "FetchPayload": swarm_pb2.FetchRequest}
 CLIENT_STREAMING = {PEER + "PushPayload": swarm_pb2.PushChunk}
 BATCHES = 6
+# The coordinator's own payload checks (fetch, decode, exclude) run in the all-to-all exchange;
+# the sliced exchange's RPCs have their own hostile-input test below.
+ALL_TO_ALL = {"mode": "all-to-all"}
 PER_BATCH = 40  # iterations per batch; each sends ~11 hostile calls: ~2,650 in all
 
 
@@ -274,7 +278,7 @@ def check_correct_requests(served, honest: Identity, round_seed: int) -> None:
 
 
 def test_every_rpc_survives_thousands_of_hostile_messages(capsys):
-    cfg = tiny_run_config(rounds={"rounds": BATCHES + 2})
+    cfg = tiny_run_config(rounds={"rounds": BATCHES + 2}, exchange=ALL_TO_ALL)
     # Generous rate limits so the hostile requests reach the handlers (rate limiting is tested below).
     with serve_coordinator(cfg, generous_limits=True, max_stream_s=3.0) as served:
         c = served.coordinator
@@ -307,7 +311,7 @@ def test_long_polls_cannot_starve_the_server():
     """More long-polls than the server has slots: exactly the excess are answered at once, the
     others hold every slot until their deadline, and ordinary calls still get through."""
     slots, polls = 4, 12
-    with serve_coordinator(tiny_run_config(), generous_limits=True, max_long_polls=slots) as served:
+    with serve_coordinator(tiny_run_config(exchange=ALL_TO_ALL), generous_limits=True, max_long_polls=slots) as served:
         replies: list[float] = []
 
         def poll() -> None:
@@ -340,7 +344,7 @@ def test_long_polls_cannot_starve_the_server():
 
 def test_slowloris_push_is_cut_off_by_the_server():
     """A push that sends its header and then nothing is cancelled server-side, client deadline or not."""
-    with serve_coordinator(tiny_run_config(), generous_limits=True, max_stream_s=1.0) as served:
+    with serve_coordinator(tiny_run_config(exchange=ALL_TO_ALL), generous_limits=True, max_stream_s=1.0) as served:
         peer = Identity.generate()
         assert join(served, peer).accepted
         signed, payload, _ = make_update(served, peer)
@@ -363,7 +367,7 @@ def test_slowloris_push_is_cut_off_by_the_server():
 def test_flooding_is_rate_limited_per_peer_and_per_host():
     # 1 call/s per claimed peer id (burst 20); the host gets 10x that (burst 200).
     limits = CallerLimits(per_peer_rate=1.0, per_peer_burst=20.0)
-    with serve_coordinator(tiny_run_config(), limits=limits) as served:
+    with serve_coordinator(tiny_run_config(exchange=ALL_TO_ALL), limits=limits) as served:
         call = served.channel.unary_unary(COORDINATOR + "GetRunInfo", request_serializer=None, response_deserializer=None)
 
         def flood(n: int, peer_ids) -> Counter[str]:
@@ -386,7 +390,7 @@ def test_flooding_is_rate_limited_per_peer_and_per_host():
 
 
 def test_sybil_joins_are_admission_limited():
-    with serve_coordinator(tiny_run_config(), generous_limits=True, new_peers_per_s=1.0, new_peers_burst=20.0) as served:
+    with serve_coordinator(tiny_run_config(exchange=ALL_TO_ALL), generous_limits=True, new_peers_per_s=1.0, new_peers_burst=20.0) as served:
         outcomes = Counter()
         for _ in range(60):
             try:
@@ -395,3 +399,74 @@ def test_sybil_joins_are_admission_limited():
                 outcomes[exc.code().name] += 1
         assert outcomes["accepted"] <= 25 and outcomes["RESOURCE_EXHAUSTED"] >= 35, outcomes
         assert served.rejections()["admission-limited"] == outcomes["RESOURCE_EXHAUSTED"]
+
+
+def test_sliced_round_rpcs_survive_hostile_messages():
+    """SubmitSliceResult, GetSliceResults and ReportEvidence under garbage, forgeries and edge
+    numbers while a sliced round is reducing: every call answered with a typed refusal or a
+    gRPC status, no handler error, and the owner's valid result still lands and closes the round."""
+    from protocol.slice_result import SliceResult, sign_mismatch_report, sign_slice_result
+
+    with serve_coordinator(tiny_run_config(), generous_limits=True) as served:
+        c = served.coordinator
+        owner, stranger = Identity.generate(), Identity.generate()
+        assert join(served, owner, "127.0.0.1:9").accepted and join(served, stranger).accepted
+        signed, _, header = make_update(served, owner)
+        commit = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=signed, endpoint="127.0.0.1:9"), timeout=10)
+        assert commit.accepted, commit.reason
+        with c.lock:
+            assert c._close("test") is None and c.book.closed  # the manifest is out; owners reduce
+        r, slices = c.book.round, c.math.layout.num_slices
+        manifest_sha = hashlib.sha256(c.manifests[r].body).hexdigest()
+
+        def result(**fields) -> SliceResult:
+            base = dict(run_id=c.cfg.run_id, round=r, slice=0, owner=owner.peer_id, manifest_sha256=manifest_sha,
+                        result_sha256="ab" * 32, result_size=8, inputs=(owner.peer_id,), excluded={})
+            return SliceResult(**{**base, **fields})
+
+        rng = random.Random(7)
+        hostile_results = [
+            swarm_pb2.Signed(body=rng.randbytes(200), signature=rng.randbytes(64), public_key=rng.randbytes(32)),
+            sign_slice_result(stranger, result(owner=stranger.peer_id)),  # not an owner
+            sign_slice_result(owner, result(slice=slices)),  # no such slice
+            sign_slice_result(owner, result(slice=-1)),
+            sign_slice_result(owner, result(round=r + 7)),
+            sign_slice_result(owner, result(manifest_sha256="cd" * 32)),  # another manifest
+            sign_slice_result(owner, result(result_size=1 << 40)),
+            sign_slice_result(owner, result(result_size=0)),
+            sign_slice_result(owner, result(result_sha256="not-hex")),
+            sign_body(owner, "swarmloco/slice-result/v1", {"run_id": c.cfg.run_id, "round": float("nan")}),
+        ]
+        signed_ok = sign_slice_result(owner, result())
+        forged = swarm_pb2.Signed(body=signed_ok.body, signature=bytes(64), public_key=signed_ok.public_key)
+        hostile_results.append(forged)
+        for hostile in hostile_results:
+            reply = served.stub.SubmitSliceResult(hostile, timeout=10)
+            assert not reply.accepted and reply.refusal != swarm_pb2.REFUSAL_UNSPECIFIED, reply
+        for request in (swarm_pb2.SliceResultsRequest(round=-1, wait_s=float("nan")),
+                        swarm_pb2.SliceResultsRequest(round=(1 << 63) - 1, wait_s=float("inf")),
+                        swarm_pb2.SliceResultsRequest(round=r, wait_s=-5.0, until_applied=True)):
+            reply = served.stub.GetSliceResults(request, timeout=10)
+            assert not reply.ready and not reply.applied
+        reports = [
+            swarm_pb2.Signed(body=rng.randbytes(100), signature=rng.randbytes(64), public_key=rng.randbytes(32)),
+            sign_body(owner, "swarmloco/slice-mismatch/v1", {"run_id": c.cfg.run_id, "round": r, "slice": 0, "results": []}),
+            sign_body(owner, "swarmloco/slice-mismatch/v1", {"run_id": c.cfg.run_id, "round": r, "slice": 0, "results": ["%%%"]}),
+        ]
+        for hostile in reports:
+            with pytest.raises(grpc.RpcError) as err:
+                served.stub.ReportEvidence(hostile, timeout=10)
+            assert err.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED)
+        unknown = served.stub.ReportEvidence(sign_mismatch_report(Identity.generate(), run_id=c.cfg.run_id, round_=r, slice_=0,
+                                                                  results=[signed_ok]), timeout=10)
+        assert not unknown.accepted and unknown.refusal == swarm_pb2.UNKNOWN_PEER
+        out_of_range = served.stub.ReportEvidence(sign_mismatch_report(stranger, run_id=c.cfg.run_id, round_=r, slice_=slices,
+                                                                       results=[signed_ok]), timeout=10)
+        assert not out_of_range.accepted
+        assert served.rejections().get("internal-error", 0) == 0
+        # The honest owner's results still land, once each; a second, different one is equivocation.
+        for j in range(slices):
+            assert served.stub.SubmitSliceResult(sign_slice_result(owner, result(slice=j)), timeout=10).accepted
+        assert served.stub.SubmitSliceResult(sign_slice_result(owner, result(slice=0)), timeout=10).accepted  # idempotent
+        with c.lock:
+            assert c.sliced.should_finalize(time.monotonic())[0]

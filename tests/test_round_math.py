@@ -9,7 +9,9 @@ from peer.run.round_math import RoundMath, UpdateRejected, codec_seed
 
 
 def config(**sections) -> RunConfig:
+    """A run config for the whole-vector round math (all-to-all); sliced math: tests/test_slicing.py."""
     data = RunConfig().to_dict()
+    data["exchange"]["mode"] = "all-to-all"
     for section, values in sections.items():
         data[section].update(values)
     return RunConfig.from_dict(data)

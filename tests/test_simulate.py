@@ -30,9 +30,31 @@ def simulate(**kwargs) -> dict:
     return run_simulation(SimulationOptions(**kwargs))
 
 
+def all_to_all_config() -> RunConfig:
+    return RunConfig.from_dict({**json.loads(json.dumps(TINY)), "exchange": {"mode": "all-to-all"}})
+
+
+def test_sliced_byte_accounting_follows_the_owner_draw():
+    from peer.run.round_math import RoundMath
+    from peer.run.slice_plan import expected_traffic
+
+    peers = 6
+    sliced = simulate(peers=peers, rounds=1, codec="fp16", outer="nesterov")
+    d = sliced["numel"]
+    math = RoundMath(tiny_config(), d)
+    payload = math.codec.max_encoded_size(d)
+    assert payload == 4 * math.layout.num_slices + 2 * d  # fp16, slice by slice: a 4-byte codec header each
+    expected = expected_traffic(peers, payload, 2 * d, 2)
+    assert sliced["upload_bytes_per_peer_per_round"] == pytest.approx(expected["sent"], abs=1)
+    assert sliced["bytes_per_peer_per_round"] == pytest.approx(expected["sent"] + expected["received"], abs=2)
+    # bounded in n: about r payloads + one aggregate, where all-to-all downloads n - 1 payloads
+    a2a = simulate(peers=peers, rounds=1, codec="fp16", outer="nesterov", config=all_to_all_config())
+    assert sliced["bytes_per_peer_per_round"] < 0.85 * a2a["bytes_per_peer_per_round"]  # 4.8 vs 6 payloads at n = 6
+
+
 def test_json_fields_and_byte_accounting_are_consistent():
     peers, rounds = 3, 2
-    fp32 = simulate(peers=peers, rounds=rounds, codec="fp32", outer="nesterov")
+    fp32 = simulate(peers=peers, rounds=rounds, codec="fp32", outer="nesterov", config=all_to_all_config())
     for key in (
         "initial_val_loss", "final_val_loss", "val_loss_per_round", "rounds", "bytes_per_peer_per_round",
         "upload_bytes_per_peer_per_round", "total_bytes", "ddp_equivalent_bytes", "wall_s", "config",
@@ -52,9 +74,9 @@ def test_json_fields_and_byte_accounting_are_consistent():
     # Ring all-reduce: per peer per step 2 * 2(n-1)/n * 4d bytes, for H steps, rounds, peers.
     assert fp32["ddp_equivalent_bytes"] == round(2 * 2 * (peers - 1) / peers * 4 * d) * 8 * rounds * peers
 
-    fp16 = simulate(peers=peers, rounds=1, codec="fp16", outer="nesterov")
+    fp16 = simulate(peers=peers, rounds=1, codec="fp16", outer="nesterov", config=all_to_all_config())
     assert fp16["upload_bytes_per_peer_per_round"] == 4 + 2 * d == (payload - 4) / 2 + 4
-    int8 = simulate(peers=peers, rounds=1, codec="topk:0.05+int8", outer="nesterov")
+    int8 = simulate(peers=peers, rounds=1, codec="topk:0.05+int8", outer="nesterov", config=all_to_all_config())
     assert int8["upload_bytes_per_peer_per_round"] == codecs.build("topk:0.05+int8").max_encoded_size(d)
 
 
@@ -91,7 +113,7 @@ def test_sign_flip_with_mean_hurts_versus_clean():
 
 
 def test_nan_attacker_is_excluded_and_training_stays_finite():
-    result = simulate(peers=3, rounds=2, codec="fp16", outer="nesterov", byzantine=1, attack="nan")
+    result = simulate(peers=3, rounds=2, codec="fp16", outer="nesterov", byzantine=1, attack="nan", config=all_to_all_config())
     assert result["excluded_per_round"] == [{"0": "non-finite"}, {"0": "non-finite"}]
     assert all(math.isfinite(x) for x in result["val_loss_per_round"])
     assert result["final_val_loss"] < result["initial_val_loss"] - 0.5

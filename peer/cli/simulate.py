@@ -39,6 +39,7 @@ from peer.run.config import RunConfig
 from peer.learn.data import ShardSampler, load_corpus, validation_batches
 from peer.learn.model import build_model, flat_params, load_flat_params, num_params
 from peer.cli.simulate_ddp import ConcatenatedSampler, ring_allreduce_bytes
+from peer.run.slice_plan import expected_traffic
 from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
 from peer.learn.training import InnerTrainer, evaluate
 
@@ -213,8 +214,14 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
         receiver.apply(params, updates, round_=r, excluded_for_cause=count_for_cause(excluded))  # θ_r -> θ_{r+1} in place (no-op when nothing survived)
 
         sizes = [0 if p is None else len(p) for p in payloads]
-        curve.upload_bytes.append(sizes)
-        curve.download_bytes.append([sum(sizes) - own for own in sizes])
+        if receiver.sliced:  # expected bytes of the owner draw (every virtual peer serves)
+            result_bytes = receiver.numel * {"fp32": 4, "fp16": 2, "bf16": 2}[receiver.result_format]
+            traffic = [expected_traffic(len(sizes), own, result_bytes, cfg.exchange.replicas) for own in sizes]
+            curve.upload_bytes.append([round(x["sent"]) for x in traffic])
+            curve.download_bytes.append([round(x["received"]) for x in traffic])
+        else:  # all-to-all: each peer uploads its payload once and fetches every other one
+            curve.upload_bytes.append(sizes)
+            curve.download_bytes.append([sum(sizes) - own for own in sizes])
         load_flat_params(global_model, params)
         curve.val_loss.append(evaluate(global_model, val_batches))
         curve.train_loss.append(sum(losses) / len(losses))

@@ -47,7 +47,10 @@ def print_status(endpoint: str, *, as_json: bool, connect_timeout_s: float | Non
         note = p["banned_reason"] or p["excluded_reason"]
         agg = p.get("aggregation") or {}
         if agg:
-            note = (note + " " if note else "") + f"weight {agg['weight']:.2f} dist {agg['distance_to_aggregate']:.3g}"
+            if "distance_to_aggregate" in agg:
+                note = (note + " " if note else "") + f"weight {agg['weight']:.2f} dist {agg['distance_to_aggregate']:.3g}"
+            else:  # sliced exchange: the share of slices its update took part in
+                note = (note + " " if note else "") + f"in {round(agg['weight'] * agg['slices'])}/{agg['slices']} slices"
         last = p.get("last_round_bytes") or {}
         per_round = f"{format_bytes(last['sent'])}/{format_bytes(last['received'])}" if "sent" in last else "-"
         print(f"{p['peer_id'][:8]:10} {p['state']:11} {p['last_round'] + 1:>5} {in_sync:>7} "

@@ -39,6 +39,7 @@ class RoundBook:
     excluded: dict[str, str] = field(default_factory=dict)  # peer_id -> reason
     # peer_id -> the first header a client-mode peer pushed this round (a second, different one is equivocation)
     pushed: dict[str, tuple[UpdateHeader, swarm_pb2.Signed]] = field(default_factory=dict)
+    closed: bool = False  # sliced exchange: the manifest is out; owners are reducing
 
     def verified(self) -> list[str]:
         return sorted(p for p, c in self.commitments.items() if c.status == "verified" and p not in self.excluded)

@@ -23,8 +23,10 @@ from peer.coordinator.registry import PeerRecord, RegistryFull
 from protocol import streaming
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.ratelimit import CallerLimits, RateLimiter
-from protocol.rpc_errors import RpcAbort, guarded, refusal_for
+from protocol.rpc_errors import RpcAbort, caller_of, guarded, refusal_for
 from protocol.signing import SignatureError, open_signed
+from protocol.envelope import EnvelopeError
+from protocol.slice_result import open_mismatch_report
 
 log = logging.getLogger("swarmloco.coordinator")
 
@@ -203,10 +205,7 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
 
     @_guarded
     def GetManifest(self, request, context):
-        wait_s = request.wait_s if math.isfinite(request.wait_s) else 0.0  # NaN, ±inf -> answer now
-        remaining = context.time_remaining()
-        if remaining is not None:
-            wait_s = min(wait_s, max(0.0, remaining - 0.5))
+        wait_s = self._long_poll_s(request.wait_s, context)
         if wait_s <= 0 or not self.long_polls.acquire(blocking=False):
             # Every long-poll slot is taken: answer at once rather than starve other calls of threads.
             return self.coordinator.wait_manifest(request.round, 0.0)
@@ -214,6 +213,56 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
             return self.coordinator.wait_manifest(request.round, wait_s)
         finally:
             self.long_polls.release()
+
+    def _long_poll_s(self, requested: float, context) -> float:
+        """How long a long-poll may park this thread: 0 when every slot is taken (then answer at once)."""
+        wait_s = requested if math.isfinite(requested) else 0.0  # NaN, ±inf -> answer now
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait_s = min(wait_s, max(0.0, remaining - 0.5))
+        return wait_s
+
+    def _sliced(self):
+        sliced = self.coordinator.sliced
+        if sliced is None:
+            raise RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, "this run exchanges all-to-all (exchange.mode); it has no slice results",
+                           swarm_pb2.MALFORMED)
+        return sliced
+
+    @_guarded
+    def SubmitSliceResult(self, request, context):
+        sliced = self._sliced()
+        with self.coordinator.lock:
+            return sliced.submit(request)
+
+    @_guarded
+    def GetSliceResults(self, request, context):
+        sliced = self._sliced()
+        wait_s = self._long_poll_s(request.wait_s, context)
+        caller = caller_of(context)  # self-declared: at worst a forger makes us apply a little sooner
+        if wait_s <= 0 or not self.long_polls.acquire(blocking=False):
+            return sliced.wait_results(request.round, 0.0, request.until_applied, caller)
+        try:
+            return sliced.wait_results(request.round, wait_s, request.until_applied, caller)
+        finally:
+            self.long_polls.release()
+
+    @_guarded
+    def ReportEvidence(self, request, context):
+        sliced = self._sliced()
+        c = self.coordinator
+        try:
+            reporter, round_, slice_, results = open_mismatch_report(request, run_id=c.cfg.run_id)
+        except EnvelopeError as exc:
+            c.registry.reject(exc.reason)
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"report refused: {exc}", refusal_for(exc.reason)) from None
+        with c.lock:
+            record = c.registry.get(reporter)
+            if record is None or record.banned_reason:
+                c.registry.reject("unknown-peer")
+                return swarm_pb2.CommitReply(accepted=False, reason="unknown-peer: only the run's peers may report",
+                                             refusal=swarm_pb2.UNKNOWN_PEER, current_round=c.round)
+            return sliced.report(reporter, round_, slice_, results)
 
     @_guarded_stream
     def StreamCheckpoint(self, request, context):

@@ -25,8 +25,10 @@ from peer.run.faults import fail_point
 from peer.learn.data import load_corpus, validation_batches
 from peer.learn.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
 from peer.coordinator.registry import PeerRegistry
+from peer.coordinator.slice_rounds import SlicedRounds
 from peer.coordinator.round_book import AdaptiveDeadline, Commitment, RoundBook, should_close
 from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
+from peer.run.slice_exchange import sliced_manifest
 from peer.learn.training import evaluate
 from protocol.wire import swarm_pb2
 from protocol.accounting import ByteCounter
@@ -92,6 +94,8 @@ class Coordinator:
         self.history: list[RoundResult] = []
         self.channels = ChannelPool(self.counter)
         self.fetchers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="swarmloco-fetch")
+        # Sliced exchange: owners aggregate; we only collect their signed results and gather.
+        self.sliced = SlicedRounds(self) if self.math.sliced else None
         self.started_at = time.monotonic()
         self.start_wait_until = time.monotonic() + cfg.rounds.start_timeout_s
 
@@ -207,6 +211,8 @@ class Coordinator:
                     return swarm_pb2.CommitReply(accepted=True, reason="already committed", current_round=self.round)
                 self._equivocation(existing, header, signed)  # counts it
                 return self._refuse("equivocation", EQUIVOCATION_TEXT, count=False)
+            if self.book.closed:
+                return self._refuse("stale-round", f"stale-round: round {self.round}'s commit phase has closed; resynchronise")
             now = time.monotonic()
             commitment = Commitment(header=header, signed=signed, endpoint=endpoint, arrived=now)
             self.book.commitments[header.peer_id] = commitment
@@ -216,6 +222,17 @@ class Coordinator:
             if record is not None:
                 record.state = "committed"
             pushed = self.store.get(header.payload_sha256)
+        if self.sliced is not None:
+            # Sliced: the owners fetch, verify and decode; we hold only what client-mode peers pushed.
+            if pushed is None and not endpoint:
+                self._exclude(commitment, "no-payload", "client-mode peer committed without pushing its payload first")
+                return swarm_pb2.CommitReply(accepted=True, current_round=self.round)
+            if pushed is not None:
+                self.sliced.exchange.serve_slices(header, pushed.payload)
+            with self.lock:
+                if commitment.status == "pending":
+                    commitment.status = "verified"
+            return swarm_pb2.CommitReply(accepted=True, current_round=self.round)
         if pushed is not None:
             self._verify_payload(commitment, pushed.payload)
         elif endpoint:
@@ -294,47 +311,85 @@ class Coordinator:
             expected = self.registry.active(self.round)
             if self.round == 0 and now < self.start_wait_until and len(expected) < self.cfg.rounds.expected_peers:
                 return None  # let the expected peers arrive before round 1 can close
-            close, why = should_close(
-                self.book, expected, self.deadline.current, self.cfg.rounds.min_peers, now
-            )
-            if not close:
-                return None
-            return self._close(why)
+            if self.sliced is not None and self.book.closed:
+                final, why = self.sliced.should_finalize(now)
+                if final:
+                    self.sliced.finalize()
+                    return None
+                ready, why = self.sliced.ready_to_apply(now)
+                if not ready:
+                    return None
+                book, (slice_round, results, reports) = self.book, self.sliced.take_final()
+            else:
+                close, why = should_close(
+                    self.book, expected, self.deadline.current, self.cfg.rounds.min_peers, now
+                )
+                if not close:
+                    return None
+                return self._close(why)
+        # Sliced, results final: gather the aggregated slices (fetches, maybe recomputations)
+        # without the lock, so heartbeats, commits and long-polls are served meanwhile.
+        outcome = self.sliced.gather(slice_round, results, reports)
+        with self.lock:
+            self.math.step_with_aggregate(self.params, outcome.combined)  # θ_r -> θ_{r+1}, in place
+            verified = book.verified()
+            self._record_aggregation(verified, None)
+            self._record_slices(book.round, verified, outcome.excluded)
+            excluded = dict(book.excluded)
+            for per_slice in outcome.excluded.values():
+                for peer_id, reason in per_slice.items():
+                    excluded.setdefault(peer_id, reason)
+            # An update counts when it took part in at least one slice.
+            used = [p for p in verified if not outcome.excluded or not all(p in ex for ex in outcome.excluded.values())]
+            result = self._advance(book, used, why, excluded)
+            self.sliced.applied(book.round, self.param_hash)
+            return result
 
-    def _close(self, why: str) -> RoundResult:
+    def _close(self, why: str) -> RoundResult | None:
         book = self.book
         verified = book.verified()
         for peer_id, c in book.commitments.items():  # still pending at the deadline: too late
             if c.status == "pending":
                 c.status, c.reason = "excluded", "late"
                 book.excluded[peer_id] = "late"
-        entries = []
-        public = [c.endpoint for p, c in sorted(book.commitments.items()) if c.endpoint and p in verified]
-        for peer_id in verified:
-            c = book.commitments[peer_id]
-            # Holders: the author, ourselves, and the round's other public peers (who re-serve what they verify).
-            holders = [c.endpoint] if c.endpoint else []
-            holders += [self.endpoint] + [e for e in public if e != c.endpoint]
-            entries.append(
-                ManifestEntry(
-                    peer_id=peer_id,
-                    payload_sha256=c.header.payload_sha256,
-                    payload_size=c.header.payload_size,
-                    header=signed_to_json(c.signed),
-                    holders=holders,
-                )
+        entries = self._manifest_entries(book, verified)
+        if self.sliced is not None:
+            manifest = sliced_manifest(self.math, book.round, entries, base_param_hash=self.param_hash, excluded=book.excluded)
+        else:
+            manifest = RoundManifest(
+                run_id=self.cfg.run_id, round=book.round, base_param_hash=self.param_hash, entries=entries, excluded=dict(book.excluded)
             )
-        manifest = RoundManifest(
-            run_id=self.cfg.run_id, round=book.round, base_param_hash=self.param_hash, entries=entries, excluded=dict(book.excluded)
-        )
-        self.manifests[book.round] = sign_manifest(self.identity, manifest)
+        signed = self.manifests[book.round] = sign_manifest(self.identity, manifest)
         fail_point("manifest-signed", book.round)
         for old in [r for r in self.manifests if r < book.round - 4]:
             del self.manifests[old]
+        if self.sliced is not None:  # the owners reduce now; tick() gathers once their results are final
+            self.sliced.open(book.round, manifest, signed, {p: book.commitments[p].header for p in verified})
+            book.closed = True
+            self.round_closed.notify_all()
+            return None
 
         updates = [book.commitments[p].update for p in verified]
         report = self.math.apply(self.params, updates, round_=book.round, excluded_for_cause=count_for_cause(book.excluded))  # θ_r -> θ_{r+1}, in place
         self._record_aggregation(verified, report)
+        return self._advance(book, verified, why, dict(book.excluded))
+
+    def _manifest_entries(self, book: RoundBook, verified: list[str]) -> list[ManifestEntry]:
+        entries = []
+        public = [c.endpoint for p, c in sorted(book.commitments.items()) if c.endpoint and p in verified]
+        for peer_id in verified:
+            c = book.commitments[peer_id]
+            holders = [c.endpoint] if c.endpoint else []
+            if self.sliced is not None:
+                holders = holders or [self.endpoint]  # a pushed payload: we serve its slices
+            else:  # the author, ourselves, and the round's other public peers (who re-serve what they verify)
+                holders += [self.endpoint] + [e for e in public if e != c.endpoint]
+            entries.append(ManifestEntry(peer_id=peer_id, payload_sha256=c.header.payload_sha256, payload_size=c.header.payload_size,
+                                         header=signed_to_json(c.signed), holders=holders, serves=bool(c.endpoint)))
+        return entries
+
+    def _advance(self, book: RoundBook, verified: list[str], why: str, excluded: dict[str, str]) -> RoundResult:
+        """θ_{r+1} is in self.params: record the round, open the next, write the checkpoint."""
         arrivals = [c.arrived for c in book.commitments.values()]
         if len(arrivals) > 1:
             self.deadline.observe(max(arrivals) - min(arrivals))
@@ -344,7 +399,7 @@ class Coordinator:
         result = RoundResult(
             round=book.round,
             updates=len(verified),
-            excluded=dict(book.excluded),
+            excluded=excluded,
             seconds=time.monotonic() - book.opened_at,
             val_loss=val_loss,
             param_hash=self.param_hash,
@@ -374,6 +429,22 @@ class Coordinator:
                     "clip_scale": float(report.clip_scale[i]),
                 }
 
+    def _record_slices(self, r: int, verified: list[str], excluded: dict[int, dict[str, str]]) -> None:
+        """Sliced: a peer's share is the slices its update took part in (an owner leaves an input
+        out of a slice that is undecodable, non-finite or unreachable, with the reason)."""
+        slices = self.math.layout.num_slices
+        for peer_id in verified:
+            record = self.registry.get(peer_id)
+            if record is None:
+                continue
+            reasons = [per_slice[peer_id] for per_slice in excluded.values() if peer_id in per_slice]
+            for reason in set(reasons):
+                self.registry.reject(reason)  # once per peer and round, as the all-to-all exchange counts it
+            record.aggregation = {"round": r, "weight": (slices - len(reasons)) / slices, "slices": slices,
+                                  "slices_excluded": {reason: reasons.count(reason) for reason in set(reasons)}}
+            if reasons:
+                record.excluded_reason = f"round {r}: left out of {len(reasons)} of {slices} slices ({', '.join(sorted(set(reasons)))})"
+
     def wait_manifest(self, round_: int, wait_s: float) -> swarm_pb2.ManifestReply:
         deadline = time.monotonic() + max(0.0, min(wait_s, 60.0))
         with self.round_closed:
@@ -399,7 +470,10 @@ class Coordinator:
                 "endpoint": self.endpoint,
                 "initial_peers": self.initial_peers,
                 "deadline_s": round(self.deadline.current, 2),
+                "exchange": {"mode": self.cfg.exchange.mode, "slices": self.math.layout.num_slices if self.sliced else None,
+                             "replicas": self.cfg.exchange.replicas if self.sliced else None},
                 "open_round": {
+                    "phase": "reducing" if self.book.closed else "committing",
                     "committed": sorted(self.book.commitments),
                     "verified": self.book.verified(),
                     "excluded": dict(self.book.excluded),

@@ -107,6 +107,18 @@ class CoordinatorClient:
         request = swarm_pb2.ManifestRequest(round=round_, wait_s=wait_s)
         return self.call("manifest", lambda: self.stub.GetManifest(request, timeout=wait_s + DEFAULT_DEADLINE.total_seconds()))
 
+    def submit_slice_result(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
+        """An owner's signed slice result; the reply says whether it was taken (never raises Refused:
+        a refused result only means the slice is covered by its other owners or recomputed)."""
+        return self.call("slice result", lambda: self.stub.SubmitSliceResult(signed, timeout=DEFAULT_DEADLINE.total_seconds()))
+
+    def slice_results(self, round_: int, wait_s: float, *, until_applied: bool = False) -> swarm_pb2.SliceResultsReply:
+        request = swarm_pb2.SliceResultsRequest(round=round_, wait_s=wait_s, until_applied=until_applied)
+        return self.call("slice results", lambda: self.stub.GetSliceResults(request, timeout=wait_s + DEFAULT_DEADLINE.total_seconds()))
+
+    def report_evidence(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
+        return self.call("report", lambda: self.stub.ReportEvidence(signed, timeout=DEFAULT_DEADLINE.total_seconds()))
+
     def push(self, chunks) -> swarm_pb2.PushReply:
         """Client mode: hand our payload to the coordinator; raises Refused as submit() does."""
         stub = swarm_pb2_grpc.PeerStub(self.channel)

@@ -37,6 +37,8 @@ from peer.run.faults import check_environment, fail_point
 from peer.node.overlap import run_overlapped
 from peer.run.progress import format_bytes, round_line, step_line
 from peer.node.round_exchange import Exchange, ManifestFetcher, Update
+from peer.node.sliced_round import sliced_exchange
+from peer.run.slice_exchange import SliceExchange
 from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
 from peer.learn.training import InnerTrainer
 from protocol import discovery
@@ -75,6 +77,7 @@ class PeerNode:
         self.client: CoordinatorClient | None = None
         self.endpoint = ""  # HOST:PORT of our payload server; "" in client mode
         self.pool: ChannelPool | None = None
+        self.slice_exchange: SliceExchange | None = None
         self.fetchers: ThreadPoolExecutor | None = None
         self.writer: ThreadPoolExecutor | None = None
         self.heartbeat_thread: threading.Thread | None = None
@@ -126,6 +129,7 @@ class PeerNode:
         self.manifest_fetcher = ManifestFetcher(
             self.store, self.pool, self.fetchers, self.math, self._verify_header, self.endpoint
         )
+        self.slice_exchange = self.make_slice_exchange()
         self.send_join()
         self.announce()
         self.heartbeat_thread = threading.Thread(target=heartbeat_loop, args=(self,), name="swarmloco-heartbeat", daemon=True)
@@ -196,6 +200,10 @@ class PeerNode:
                 self.banned_reason = exc.reason
             raise PeerExit(f"the coordinator refused to admit this peer: {exc.reason}") from None
         log.info("peer %s joined run %s at round %d (%d params, codec %s)", self.short, self.cfg.run_id, reply.round, self.numel, self.cfg.compression.codec)
+
+    def make_slice_exchange(self) -> SliceExchange:
+        """The sliced exchange's engine for this node (a seam: the tests' Byzantine owners override it)."""
+        return SliceExchange(self.math, self.pool, self.store, self.fetchers, own_endpoint=self.endpoint, identity=self.identity)
 
     def _verify_header(self, signed, round_: int | None) -> UpdateHeader:
         return self.math.open_update(signed, round_=round_, layout_hash=self.layout_hash)
@@ -295,9 +303,12 @@ class PeerNode:
             run_id=cfg.run_id, round=r, peer_id=self.identity.peer_id, codec=cfg.compression.codec, numel=self.numel,
             layout_hash=self.layout_hash, base_param_hash=self._hash,
             payload_sha256=hashlib.sha256(payload).hexdigest(), payload_size=len(payload),
+            slices=tuple(self.slice_exchange.slice_hashes(payload)) if self.math.sliced else (),
         )
         signed = sign_update(self.identity, header)
         self.store.put(StoredPayload(header, signed, payload), verified=True)  # we just hashed it
+        if self.math.sliced:
+            self.slice_exchange.serve_slices(header, payload)  # owners fetch our slices one by one
         self.phase = RoundPhase.COMMITTING
         return Update(signed=signed, payload=payload, encode_s=time.monotonic() - t0)
 
@@ -326,6 +337,12 @@ class PeerNode:
             return Exchange(resync=f"missed the manifest of round {r}", wait_s=wait_s)
         manifest = open_manifest(manifest_reply.manifest, coordinator_key=self.coordinator_key, run_id=cfg.run_id, round_=r)
         fail_point("manifest", r)
+        if self.math.sliced:
+            return sliced_exchange(
+                client=self.client, exchange=self.slice_exchange, math=self.math, identity=self.identity, manifest=manifest,
+                signed_manifest=manifest_reply.manifest, r=r, base=base, verify_header=self._verify_header, stop=self.stop,
+                wait_s=wait_s,
+            )
 
         t_fetch = time.monotonic()
         try:
@@ -375,7 +392,7 @@ class PeerNode:
             "payload_bytes": len(update.payload), "compute_s": compute, "encode_s": update.encode_s,
             "wait_s": result.wait_s, "fetch_s": result.fetch_s, "aggregate_s": result.aggregate_s,
             "round_s": round_s if round_s is not None else time.monotonic() - started, "in_sync": in_sync,
-            "exchange_s": result.exchange_s, "utilization": self.utilization(),
+            "exchange_s": result.exchange_s, "utilization": self.utilization(), "slices": result.slices,
         }
         self.history.append(record)
         self.heartbeat_now.set()
@@ -463,6 +480,8 @@ class PeerNode:
             self.pool.close()
         if self.fetchers is not None:
             self.fetchers.shutdown(wait=False, cancel_futures=True)
+        if self.slice_exchange is not None:
+            self.slice_exchange.close()
         if self.writer is not None:
             self.writer.shutdown(wait=True)  # a state write in flight must land whole
         if self.dht is not None:

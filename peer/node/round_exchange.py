@@ -36,7 +36,8 @@ class Exchange:
     aggregate_s: float = 0.0
     resync: str = ""
     finished: bool = False
-    info: Any = None  # the coordinator's RunInfo, read right after aggregating
+    info: Any = None  # the coordinator's word on θ_{r+1} (round, param_hash, finished), read after aggregating
+    slices: dict[str, int] = field(default_factory=dict)  # sliced exchange: owned, recomputed, spot-checked, liars
 
 
 @dataclass(slots=True)

@@ -213,7 +213,7 @@ class ExchangeConfig:
     node fetches and aggregates every update; O(n·d) per peer, for tiny swarms and comparison).
     See docs/sliced-exchange.md."""
 
-    mode: ExchangeMode = "all-to-all"  # becomes "sliced" once the node and coordinator speak it
+    mode: ExchangeMode = "sliced"
     slices: int = 32  # S: slices of the flat parameter vector (on codec block boundaries)
     replicas: int = 2  # r: owners per slice; a lone lying owner is outvoted by recomputation
     spot_checks: int = 1  # slices each peer recomputes per round from signed inputs (catches colluding owners)

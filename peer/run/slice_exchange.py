@@ -182,7 +182,11 @@ class SliceExchange:
         """Every slice this node owns, reduced and signed (the node then submits them)."""
         assert self.identity is not None
         signed = []
-        for j in slice_plan.owned_by(rnd.owners, self.identity.peer_id):
+        owned = slice_plan.owned_by(rnd.owners, self.identity.peer_id)
+        # Every input of every owned slice fetched at once (one pass of parallel streams), then
+        # the slices reduced one after another from the store (the rule runs on one thread).
+        list(self.workers.map(lambda job: self._try_fetch(rnd, *job), [(p, j) for j in owned for p in rnd.peer_ids]))
+        for j in owned:
             _, result = self.reduce(rnd, j)
             signed.append(sign_slice_result(self.identity, result))
         return signed

@@ -33,6 +33,21 @@ def owned_by(owners: Sequence[Sequence[str]], peer_id: str) -> list[int]:
     return [j for j, slice_owners in enumerate(owners) if peer_id in slice_owners]
 
 
+def expected_traffic(n: int, payload: float, result: float, replicas: int, servers: int | None = None) -> dict[str, float]:
+    """Expected bytes one serving peer sends and receives per round in the sliced exchange (the
+    owner draw spreads slices evenly, so these are averages over peers; docs/sliced-exchange.md).
+
+    n updates of `payload` bytes, aggregated slices adding up to `result` bytes, `servers` = m
+    serving peers (default n), r = min(replicas, m) owners per slice:
+      sent     = (r − r/m)·P  (each slice to its owners, minus ours)  + (n − r + 1)/m·A (results we serve)
+      received = r·(n − 1)/m·P (inputs of the slices we own)           + (1 − r/m)·A    (results of the others)
+    """
+    m = n if servers is None else servers
+    r = min(replicas, m)
+    return {"sent": (r - r / m) * payload + (n - r + 1) / m * result,
+            "received": r * (n - 1) / m * payload + (1 - r / m) * result}
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """One owner's word on slice j: the result's sha256 over an input set."""

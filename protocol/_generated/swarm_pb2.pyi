@@ -27,6 +27,8 @@ class Refusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REGISTRY_FULL: _ClassVar[Refusal]
     NOT_HELD: _ClassVar[Refusal]
     NO_RELAY: _ClassVar[Refusal]
+    NOT_OWNER: _ClassVar[Refusal]
+    BUSY: _ClassVar[Refusal]
 REFUSAL_UNSPECIFIED: Refusal
 UNKNOWN_PEER: Refusal
 WRONG_ENDPOINT: Refusal
@@ -45,6 +47,8 @@ RATE_LIMITED: Refusal
 REGISTRY_FULL: Refusal
 NOT_HELD: Refusal
 NO_RELAY: Refusal
+NOT_OWNER: Refusal
+BUSY: Refusal
 
 class Signed(_message.Message):
     __slots__ = ("body", "signature", "public_key")

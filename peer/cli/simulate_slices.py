@@ -1,0 +1,117 @@
+"""One simulated round of the sliced exchange through the real engine, in one process.
+
+The simulator's virtual peers each get an identity and sign real update headers; one shared
+payload store stands in for the network (every slice and result is found there, so nothing is
+fetched); owners are drawn as the coordinator draws them, reduce their slices and sign results
+with peer/run/slice_exchange.py. Byzantine owners (`lying-owner`) sign a false result for every
+slice they own: alone they are outvoted by recomputation; all owners of a slice Byzantine, they
+agree on the lie and only a spot check catches them. What an honest peer gathers is what the
+round applies; the liars it caught are counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from optim import slicing
+from peer.run import slice_plan
+from peer.run.round_math import RoundMath
+from peer.run.slice_exchange import SliceExchange, sliced_manifest
+from protocol.envelope import ManifestEntry, UpdateHeader, sign_manifest, sign_update, signed_to_json
+from protocol.identity import Identity
+from protocol.payload_fetch import ChannelPool
+from protocol.payload_service import PayloadStore
+from protocol.slice_result import SliceResult, sign_slice_result
+
+LAYOUT = "simulated"
+FAKE_ENDPOINT = "127.0.0.1:9"  # never dialled: every slice is in the shared store
+
+
+@dataclass(slots=True)
+class LieCount:
+    told: int = 0  # false results signed
+    caught: int = 0  # of those, named as lies by the honest gatherer
+    slices_with_only_liars: int = 0
+    rounds: list[dict] = field(default_factory=list)
+
+
+class LocalSlicedRound:
+    def __init__(self, math: RoundMath, peers: int, *, seed: int = 0) -> None:
+        self.math = math
+        self.identities = [Identity.generate() for _ in range(peers)]
+        self.coordinator = Identity.generate()
+        self.store = PayloadStore(keep_rounds=1)
+        self.pool = ChannelPool()
+        self.workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="swarmloco-sim")
+        self.exchanges = [SliceExchange(math, self.pool, self.store, self.workers, identity=i) for i in self.identities]
+        self.rng = random.Random(seed)
+        self.lies = LieCount()
+
+    def run(self, payloads: list[bytes | None], r: int, *, liars: set[int], spot_checks: int) -> torch.Tensor:
+        """-> the (d,) aggregate an honest peer gathers for round r (liars sign false results)."""
+        cfg = self.math.cfg
+        entries = []
+        for i, payload in enumerate(payloads):
+            if payload is None:
+                continue
+            identity = self.identities[i]
+            header = UpdateHeader(run_id=cfg.run_id, round=r, peer_id=identity.peer_id, codec=cfg.compression.codec,
+                                  numel=self.math.numel, layout_hash=LAYOUT, base_param_hash="0" * 64,
+                                  payload_sha256=hashlib.sha256(payload).hexdigest(), payload_size=len(payload),
+                                  slices=tuple(self.exchanges[i].slice_hashes(payload)))
+            signed = sign_update(identity, header)
+            self.exchanges[i].serve_slices(header, payload)
+            entries.append(ManifestEntry(peer_id=identity.peer_id, payload_sha256=header.payload_sha256, payload_size=len(payload),
+                                         header=signed_to_json(signed), holders=[FAKE_ENDPOINT], serves=True))
+        manifest = sliced_manifest(self.math, r, entries, base_param_hash="0" * 64)
+        owners = manifest.owners
+        signed_manifest = sign_manifest(self.coordinator, manifest)
+        verify = lambda signed, round_: self.math.open_update(signed, round_=round_, layout_hash=LAYOUT)  # noqa: E731
+        rounds = [x.open_round(manifest, signed_manifest, r, verify) for x in self.exchanges]
+
+        liar_ids = {self.identities[i].peer_id for i in liars}
+        results, told = [], []
+        for i, (exchange, rnd) in enumerate(zip(self.exchanges, rounds)):
+            for j in slice_plan.owned_by(owners, self.identities[i].peer_id):
+                data, result = exchange.reduce(rnd, j)
+                if i in liars:
+                    signed = self._lie(i, rnd.round, j, data, result)
+                    told.append(signed.signature)
+                else:
+                    signed = sign_slice_result(self.identities[i], result)
+                results.append(signed)
+        only_liars = sum(1 for o in owners if o and set(o) <= liar_ids)
+        honest = next(i for i in range(len(self.identities)) if i not in liars and payloads[i] is not None)
+        outcome = self.exchanges[honest].gather(rounds[honest], results, spot_checks=spot_checks, rng=self.rng)
+        caught = {s.signature for s, _ in outcome.liars}
+        self.lies.told += len(told)
+        self.lies.caught += len(caught & set(told))
+        self.lies.slices_with_only_liars += only_liars
+        self.lies.rounds.append({"round": r, "told": len(told), "caught": len(caught & set(told)),
+                                 "slices_with_only_liars": only_liars, "recomputed": len(outcome.recomputed)})
+        return outcome.combined
+
+    def _lie(self, i: int, r: int, j: int, data: bytes, result: SliceResult):
+        return sign_false_result(self.identities[i], self.math, self.store, j, data, result)
+
+    def close(self) -> None:
+        for exchange in self.exchanges:
+            exchange.close()
+        self.workers.shutdown(wait=False)
+        self.pool.close()
+
+
+def sign_false_result(identity: Identity, math: RoundMath, store: PayloadStore, j: int, data: bytes, result: SliceResult):
+    """A lying owner's result: its honest bytes for slice j, shifted by 0.01 (an aggregate that
+    still decodes), served from `store` and signed. Colluders that shift alike agree on it."""
+    values = math.decode_result(data, j) + 0.01
+    fake = slicing.encode_result(values, math.result_format)
+    sha = hashlib.sha256(fake).hexdigest()
+    store.put_blob(sha, result.round, fake)
+    fields = {f: getattr(result, f) for f in result.__dataclass_fields__}
+    return sign_slice_result(identity, SliceResult(**{**fields, "result_sha256": sha}))

@@ -1,0 +1,104 @@
+"""The sliced exchange in real swarms on loopback: lying and colluding slice owners, an owner
+that dies mid-round. Byzantine owners come from tests/byzantine_peer.py (`--lie`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from protocol.identity import Identity
+from tests.conftest import write_run_config
+
+pytestmark = pytest.mark.integration
+BYZANTINE = "tests.byzantine_peer"
+
+
+def _summary(swarm, name):
+    return json.loads((swarm.workdir / f"{name}.json").read_text())
+
+
+def _run(swarm, tmp_path, *, peers: list[tuple[str, list[str], str]], rounds: int, **sections) -> dict:
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": rounds, "expected_peers": len(peers)}, **sections)
+    coordinator = swarm.start_coordinator(["--config", str(config)])
+    children = [swarm.start_peer(name, args, module=module) for name, args, module in peers]
+    assert swarm.wait(coordinator, 240) == 0, "".join(coordinator.lines)[-3000:]
+    for child in children:
+        swarm.wait(child, 60)
+    return json.loads((swarm.workdir / "coordinator.json").read_text())
+
+
+def test_a_lying_owner_is_banned_with_evidence_and_changes_no_honest_parameter(tmp_path):
+    """Round 0 twice from the same start: once with three honest peers, once with the third one
+    signing a false result for every slice it owns. The honest peers and the coordinator end the
+    round on the same parameters both times; the liar is banned with its signed result."""
+    from peer.cli.launcher import Swarm
+
+    shards = [["--shard", f"{i}/3", "--log-every", "1000"] for i in range(3)]
+    with Swarm(tmp_path / "clean") as swarm:
+        clean = _run(swarm, tmp_path / "clean", rounds=1,
+                     peers=[(f"peer{i}", shards[i], "peer.cli.main") for i in range(3)])
+    with Swarm(tmp_path / "lying") as swarm:
+        lying = _run(swarm, tmp_path / "lying", rounds=1,
+                     peers=[("peer0", shards[0], "peer.cli.main"), ("peer1", shards[1], "peer.cli.main"),
+                            ("liar", ["--lie", "lone", *shards[2]], BYZANTINE)])
+        honest = [_summary(swarm, f"peer{i}") for i in range(2)]
+        liar_id = _summary(swarm, "liar")["peer_id"]
+    assert clean["history"][0]["updates"] == lying["history"][0]["updates"] == 3
+    assert lying["history"][0]["param_hash"] == clean["history"][0]["param_hash"]
+    for summary in honest:
+        assert summary["param_hash"] == clean["history"][0]["param_hash"]
+        assert summary["history"][0]["in_sync"] and summary["history"][0]["slices"]["liars"] >= 1
+    record = next(p for p in lying["peers"] if p["peer_id"] == liar_id)
+    assert record["banned_reason"].startswith("false slice result in round 0")
+    assert record["evidence"] and record["evidence"][0]["kind"] == "false-result" and record["evidence"][0]["signed_result"]
+
+
+def test_colluding_owners_are_caught_by_spot_checks(swarm, tmp_path):
+    """Two of three peers collude: they sign the same false result for every slice they own
+    together (with 3 servers and r = 2, a third of the slices every round). The honest peer's
+    non-owned slices are exactly theirs, so its one spot check per round catches them in round 0
+    (docs/sliced-exchange.md: expected rounds until caught = 1.0 for m = 3, f = 2)."""
+    keys = [tmp_path / f"colluder{i}.pem" for i in range(2)]
+    ids = [Identity.load_or_create(k).peer_id for k in keys]
+    lie = f"collude:{','.join(ids)}"
+    status = _run(swarm, tmp_path, rounds=2, exchange={"slices": 8, "spot_checks": 1},
+                  peers=[("honest", ["--shard", "0/3"], "peer.cli.main"),
+                         *[(f"colluder{i}", ["--identity-path", str(keys[i]), "--lie", lie, "--shard", f"{i + 1}/3"], BYZANTINE)
+                           for i in range(2)]])
+    banned = {p["peer_id"]: p for p in status["peers"] if p["banned_reason"]}
+    assert set(banned) == set(ids), {p["peer_id"][:8]: p["banned_reason"] for p in status["peers"]}
+    for record in banned.values():
+        assert "false slice result in round 0" in record["banned_reason"]
+        assert record["evidence"][0]["kind"] == "false-result"
+    honest = _summary(swarm, "honest")
+    assert honest["history"][0]["slices"]["liars"] >= 1  # its spot check named them
+    assert honest["param_hash"] == status["history"][-1]["param_hash"]
+    assert status["history"][1]["updates"] == 1  # round 1: the colluders are out
+
+
+def test_an_owner_killed_mid_round_is_covered_and_the_round_closes(swarm, tmp_path, monkeypatch):
+    """peer3 SIGKILLs itself right after its round-1 commitment is accepted, so round 1's manifest
+    lists it and draws it as an owner: each of its slices still has its other owner, its own
+    update cannot be fetched and is left out by every owner alike, and the survivors end every
+    round on the coordinator's hash."""
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 3, "expected_peers": 4, "peer_timeout_s": 6.0})
+    coordinator = swarm.start_coordinator(["--config", str(config)])
+    peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/4"]) for i in range(3)]
+    with monkeypatch.context() as m:
+        m.setenv("SWARMLOCO_FAIL_AT", "committed:1")
+        victim = swarm.start_peer("peer3", ["--shard", "3/4"])
+    assert swarm.wait(coordinator, 240) == 0, "".join(coordinator.lines)[-3000:]
+    assert swarm.wait(victim, 60) == -9
+    for peer in peers:
+        assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
+    status = json.loads((swarm.workdir / "coordinator.json").read_text())
+    history = status["history"]
+    # listed in round 1's manifest (and drawn as an owner), but its update reached no slice
+    assert [h["updates"] for h in history] == [4, 3, 3], history
+    victim_id = next(p["peer_id"] for p in status["peers"] if p["peer_id"] not in {_summary(swarm, f"peer{i}")["peer_id"] for i in range(3)})
+    assert history[1]["excluded"].get(victim_id) == "unreachable", history[1]
+    for i in range(3):
+        summary = _summary(swarm, f"peer{i}")
+        assert all(h["in_sync"] for h in summary["history"]), summary["history"]
+        assert summary["param_hash"] == history[-1]["param_hash"]
