@@ -121,6 +121,56 @@ def test_nan_attacker_is_excluded_and_training_stays_finite():
     assert result["upload_bytes_per_peer_per_round"] == 4 + 2 * result["numel"]
 
 
+def spot_check_config(spot_checks: int) -> RunConfig:
+    return RunConfig.from_dict({**json.loads(json.dumps(TINY)), "exchange": {"spot_checks": spot_checks}})
+
+
+def test_a_lone_lying_owner_is_caught_every_time_and_changes_no_honest_parameter():
+    clean = simulate(peers=4, rounds=2, codec="fp16", outer="nesterov")
+    lied = simulate(peers=4, rounds=2, codec="fp16", outer="nesterov", byzantine=1, attack="lying-owner")
+    lies = lied["lying_owner"]
+    # Peer 0 owns about S·r/n = 16 of the 32 slices each round and lies on every one; its co-owner is
+    # honest on each, so the gatherer recomputes them all and names peer 0 every round.
+    assert [x["told"] for x in lies["rounds"]] == [16, 16] and lies["caught"] == lies["told"] == 32
+    assert lies["slices_with_only_liars"] == 0 and [x["named"] for x in lies["rounds"]] == [[0], [0]]
+    assert lied["final_params_sha256"] == clean["final_params_sha256"]  # bit for bit
+    assert lied["val_loss_per_round"] == clean["val_loss_per_round"]
+    assert clean["lying_owner"] is None
+
+
+def test_colluding_owners_agree_on_a_lie_that_only_spot_checks_catch():
+    """3 peers, 2 liars, r = 2: every round a third of the slices are owned by the two liars only
+    (the owner draw pairs slots 2j, 2j+1 of a permutation of 3). Without spot checks their agreed
+    lie is taken (shifting θ); checking every slice the honest gatherer does not own catches all."""
+    clean = simulate(peers=3, rounds=2, codec="fp16", outer="nesterov")
+    blind = simulate(peers=3, rounds=2, codec="fp16", outer="nesterov", byzantine=2, attack="lying-owner",
+                     config=spot_check_config(0))
+    lies = blind["lying_owner"]
+    assert all(x["slices_with_only_liars"] >= 8 for x in lies["rounds"]), lies["rounds"]  # ~32/3
+    # Lies beside an honest co-owner are caught; both lies on a liar-only slice pass.
+    assert lies["uncaught"] == lies["told"] - lies["caught"] == 2 * lies["slices_with_only_liars"]
+    assert all(x["named"] == [0, 1] for x in lies["rounds"])
+    assert blind["val_loss_per_round"] != clean["val_loss_per_round"]
+    assert blind["final_params_sha256"] != clean["final_params_sha256"]
+
+    checked = simulate(peers=3, rounds=2, codec="fp16", outer="nesterov", byzantine=2, attack="lying-owner",
+                       config=spot_check_config(32))
+    lies = checked["lying_owner"]
+    assert lies["told"] == blind["lying_owner"]["told"] and lies["caught"] == lies["told"] and lies["uncaught"] == 0
+    assert [x["spot_checked"] for x in lies["rounds"]] == [x["slices_with_only_liars"] for x in lies["rounds"]]
+    assert checked["final_params_sha256"] == clean["final_params_sha256"]
+
+
+def test_lying_owner_needs_the_sliced_exchange_and_takes_no_options():
+    with pytest.raises(ValueError, match="only the sliced exchange has"):
+        SimulationOptions(config=all_to_all_config(), byzantine=1, attack="lying-owner").run_config()
+    with pytest.raises(ValueError, match="takes no options"):
+        SimulationOptions(config=tiny_config(), byzantine=1, attack="lying-owner", attack_options={"scale": 2})
+    # Lying owners send honest updates: the rule is not asked to tolerate them.
+    cfg = SimulationOptions(config=tiny_config(), peers=3, byzantine=2, attack="lying-owner").run_config()
+    assert cfg.aggregation.num_byzantine == 0
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -16,13 +16,18 @@ len(own) + Σ len(others); `total_bytes` sums that over peers and rounds.
 
 Byzantine peers are the first `byzantine` virtual peers. They train honestly and then replace
 their Δ with the attack's (omniscient: they see this round's honest Δs); `label-flip` instead
-poisons their batches. `--baseline ddp` runs synchronous data-parallel on the same peers instead
+poisons their batches. `lying-owner` (sliced exchange only) attacks the exchange instead of the
+rule: the attackers send honest updates and sign false results for the slices they own; the round
+then runs through peer/cli/simulate_slices.py (the real engine: owner draw, signed results, an
+honest peer's gather with recomputation and spot checks) and the JSON counts the lies told and
+caught. `--baseline ddp` runs synchronous data-parallel on the same peers instead
 (peer/cli/simulate_ddp.py), logging val loss every H steps so its curve lines up with the rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -39,11 +44,13 @@ from peer.run.config import RunConfig
 from peer.learn.data import ShardSampler, load_corpus, validation_batches
 from peer.learn.model import build_model, flat_params, load_flat_params, num_params
 from peer.cli.simulate_ddp import ConcatenatedSampler, ring_allreduce_bytes
+from peer.cli.simulate_slices import LYING_OWNER, LocalSlicedRound
 from peer.run.slice_plan import expected_traffic
 from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
 from peer.learn.training import InnerTrainer, evaluate
 
 Baseline = Literal["diloco", "ddp"]
+ATTACK_NAMES = (*attacks.NAMES, LYING_OWNER)
 
 
 @dataclass(kw_only=True)
@@ -87,12 +94,14 @@ class SimulationOptions:
                 "(at least one honest peer must remain)"
             )
         if self.byzantine > 0 and self.attack is None:
-            raise ValueError(f"{self.byzantine} Byzantine peers need --attack NAME; valid names: {', '.join(attacks.NAMES)}")
+            raise ValueError(f"{self.byzantine} Byzantine peers need --attack NAME; valid names: {', '.join(ATTACK_NAMES)}")
         if self.attack is not None and self.byzantine == 0:
             raise ValueError(f"--attack {self.attack} needs --num-byzantine F (the first F peers attack), F >= 1")
         if self.baseline == "ddp" and self.byzantine:
             raise ValueError("--baseline ddp has no aggregation to attack; drop --attack")
-        if self.attack is not None:
+        if self.attack == LYING_OWNER and self.attack_options:
+            raise ValueError(f"--attack {LYING_OWNER} takes no options (each liar shifts its honest result by 0.01)")
+        if self.attack is not None and self.attack != LYING_OWNER:
             attacks.build(self.attack, **self.attack_options)  # unknown name/option -> ValueError here
 
     def run_config(self) -> RunConfig:
@@ -102,9 +111,15 @@ class SimulationOptions:
             "outer.name": self.outer, "aggregation.name": self.aggregator, "seed": self.seed,
         }
         overrides = {path: value for path, value in named.items() if value is not None}
-        if self.byzantine and not self.config.aggregation.num_byzantine:
+        # Lying owners send honest updates: the rule has nothing of theirs to tolerate.
+        if self.byzantine and not self.config.aggregation.num_byzantine and self.attack != LYING_OWNER:
             overrides["aggregation.num_byzantine"] = self.byzantine
         cfg = resolve_run_config(self.config, overrides)
+        if self.attack == LYING_OWNER and cfg.exchange.mode != "sliced":
+            raise ValueError(
+                f"--attack {LYING_OWNER} lies as a slice owner, which only the sliced exchange has; "
+                f"this run config has exchange.mode = {cfg.exchange.mode!r}: set it to \"sliced\""
+            )
         f = cfg.aggregation.num_byzantine
         need = aggregate.minimum_rows(cfg.aggregation.name, f)
         if self.baseline == "diloco" and self.peers < need:
@@ -156,6 +171,8 @@ class _Curve:
     upload_bytes: list[list[int]] = field(default_factory=list)  # [round][peer]
     download_bytes: list[list[int]] = field(default_factory=list)  # [round][peer]
     excluded: list[dict[str, str]] = field(default_factory=list)  # [round] {peer index: reason}
+    final_params_sha256: str | None = None  # θ after the last round (diloco): bit-identity checks
+    lies: dict[str, Any] | None = None  # lying-owner: lies told / caught (simulate_slices.LieCount)
 
 
 def _samplers(cfg: RunConfig, peers: int) -> tuple[list[ShardSampler], list]:
@@ -175,7 +192,8 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
     global_model = build_model(cfg.model, cfg.seed)  # holds θ_r for evaluation only
     params = flat_params(global_model)  # θ_r, (d,) float32
     numel = params.numel()
-    attack = attacks.build(opts.attack, **opts.attack_options) if opts.attack else None
+    lying = opts.attack == LYING_OWNER  # honest updates; the first `byzantine` peers lie as slice owners
+    attack = attacks.build(opts.attack, **opts.attack_options) if opts.attack and not lying else None
     peers: list[VirtualPeer] = []
     for i, sampler in enumerate(samplers):
         model = build_model(cfg.model, cfg.seed)
@@ -185,48 +203,59 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
         peers.append(VirtualPeer(i, model, trainer, RoundMath(cfg, numel)))
     receiver = RoundMath(cfg, numel)  # aggregator + outer global state, shared by all honest nodes
     curve = _Curve(numel=numel, initial_val_loss=evaluate(global_model, val_batches))
+    exchange = LocalSlicedRound(receiver, opts.peers, seed=cfg.seed) if lying else None
+    try:
+        for r in range(cfg.rounds.rounds):
+            t0 = time.perf_counter()
+            deltas, losses = [], []
+            for peer in peers:
+                load_flat_params(peer.model, params)
+                losses.append(peer.trainer.run(cfg.inner.steps).mean_loss)
+                deltas.append(params - flat_params(peer.model))  # pseudo-gradient Δ_i, (d,)
+            sent = _craft_attacks(opts, attack, peers, deltas, r, cfg.seed)
 
-    for r in range(cfg.rounds.rounds):
-        t0 = time.perf_counter()
-        deltas, losses = [], []
-        for peer in peers:
-            load_flat_params(peer.model, params)
-            losses.append(peer.trainer.run(cfg.inner.steps).mean_loss)
-            deltas.append(params - flat_params(peer.model))  # pseudo-gradient Δ_i, (d,)
-        sent = _craft_attacks(opts, attack, peers, deltas, r, cfg.seed)
+            payloads: list[bytes | None] = []
+            excluded: dict[str, str] = {}
+            for peer, delta in zip(peers, sent):
+                try:
+                    payloads.append(peer.sender.encode(delta, r))
+                except ValueError as exc:  # a codec that refuses the input: nothing goes on the wire
+                    payloads.append(None)
+                    excluded[str(peer.index)] = f"unencodable: {exc}"
+            updates = []
+            for peer, payload in zip(peers, payloads):  # peer order = the manifest's sorted order
+                if payload is None:
+                    continue
+                try:
+                    updates.append(receiver.decode(payload, r))
+                except UpdateRejected as exc:
+                    excluded[str(peer.index)] = exc.reason
+            if exchange is None:
+                receiver.apply(params, updates, round_=r, excluded_for_cause=count_for_cause(excluded))  # θ_r -> θ_{r+1} in place (no-op when nothing survived)
+            else:  # the sliced exchange run for real, liars signing false results; an honest peer's gather
+                combined = exchange.run(payloads, r, liars=set(range(opts.byzantine)), spot_checks=cfg.exchange.spot_checks)
+                receiver.step_with_aggregate(params, combined)
 
-        payloads: list[bytes | None] = []
-        excluded: dict[str, str] = {}
-        for peer, delta in zip(peers, sent):
-            try:
-                payloads.append(peer.sender.encode(delta, r))
-            except ValueError as exc:  # a codec that refuses the input: nothing goes on the wire
-                payloads.append(None)
-                excluded[str(peer.index)] = f"unencodable: {exc}"
-        updates = []
-        for peer, payload in zip(peers, payloads):  # peer order = the manifest's sorted order
-            if payload is None:
-                continue
-            try:
-                updates.append(receiver.decode(payload, r))
-            except UpdateRejected as exc:
-                excluded[str(peer.index)] = exc.reason
-        receiver.apply(params, updates, round_=r, excluded_for_cause=count_for_cause(excluded))  # θ_r -> θ_{r+1} in place (no-op when nothing survived)
-
-        sizes = [0 if p is None else len(p) for p in payloads]
-        if receiver.sliced:  # expected bytes of the owner draw (every virtual peer serves)
-            result_bytes = receiver.numel * {"fp32": 4, "fp16": 2, "bf16": 2}[receiver.result_format]
-            traffic = [expected_traffic(len(sizes), own, result_bytes, cfg.exchange.replicas) for own in sizes]
-            curve.upload_bytes.append([round(x["sent"]) for x in traffic])
-            curve.download_bytes.append([round(x["received"]) for x in traffic])
-        else:  # all-to-all: each peer uploads its payload once and fetches every other one
-            curve.upload_bytes.append(sizes)
-            curve.download_bytes.append([sum(sizes) - own for own in sizes])
-        load_flat_params(global_model, params)
-        curve.val_loss.append(evaluate(global_model, val_batches))
-        curve.train_loss.append(sum(losses) / len(losses))
-        curve.excluded.append(excluded)
-        _log_round(opts, cfg, curve, r, time.perf_counter() - t0)
+            sizes = [0 if p is None else len(p) for p in payloads]
+            if receiver.sliced:  # expected bytes of the owner draw (every virtual peer serves)
+                result_bytes = receiver.numel * {"fp32": 4, "fp16": 2, "bf16": 2}[receiver.result_format]
+                traffic = [expected_traffic(len(sizes), own, result_bytes, cfg.exchange.replicas) for own in sizes]
+                curve.upload_bytes.append([round(x["sent"]) for x in traffic])
+                curve.download_bytes.append([round(x["received"]) for x in traffic])
+            else:  # all-to-all: each peer uploads its payload once and fetches every other one
+                curve.upload_bytes.append(sizes)
+                curve.download_bytes.append([sum(sizes) - own for own in sizes])
+            load_flat_params(global_model, params)
+            curve.val_loss.append(evaluate(global_model, val_batches))
+            curve.train_loss.append(sum(losses) / len(losses))
+            curve.excluded.append(excluded)
+            lies = exchange.lies.rounds[-1] if exchange is not None else None
+            _log_round(opts, cfg, curve, r, time.perf_counter() - t0, lies)
+    finally:
+        if exchange is not None:
+            exchange.close()
+    curve.final_params_sha256 = hashlib.sha256(params.numpy().tobytes()).hexdigest()
+    curve.lies = None if exchange is None else exchange.lies.to_dict()
     return curve
 
 
@@ -277,7 +306,7 @@ def _run_ddp(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
 # --- results ---------------------------------------------------------------------------------
 
 
-def _log_round(opts: SimulationOptions, cfg: RunConfig, curve: _Curve, r: int, seconds: float) -> None:
+def _log_round(opts: SimulationOptions, cfg: RunConfig, curve: _Curve, r: int, seconds: float, lies: dict | None = None) -> None:
     if opts.log is None:
         return
     up, down = curve.upload_bytes[-1], curve.download_bytes[-1]
@@ -286,7 +315,9 @@ def _log_round(opts: SimulationOptions, cfg: RunConfig, curve: _Curve, r: int, s
     opts.log(
         f"round {r + 1:>3}/{cfg.rounds.rounds} | val {curve.val_loss[-1]:.4f} | train {curve.train_loss[-1]:.4f} | "
         f"up {_human(sum(up) / len(up))}/peer | up+down {_human(moved)}/peer | "
-        f"excluded {len(excluded)}{' ' + str(sorted(excluded.items())) if excluded else ''} | {seconds:.1f}s"
+        f"excluded {len(excluded)}{' ' + str(sorted(excluded.items())) if excluded else ''} | "
+        + (f"lies told {lies['told']} caught {lies['caught']} (liar-only slices {lies['slices_with_only_liars']}) | " if lies else "")
+        + f"{seconds:.1f}s"
     )
 
 
@@ -333,6 +364,8 @@ def _result(opts: SimulationOptions, cfg: RunConfig, curve: _Curve, wall_s: floa
         "ddp_equivalent_bytes": ddp_bytes,
         "ratio_vs_ddp": ddp_bytes / total if total else None,
         "excluded_per_round": curve.excluded,
+        "final_params_sha256": curve.final_params_sha256,
+        "lying_owner": curve.lies,
         "bytes_note": (
             "measured len(payload): each peer uploads its own once and downloads the n-1 others"
             if opts.baseline == "diloco"
@@ -391,6 +424,10 @@ def main(args: argparse.Namespace) -> int:
         f"total {_human(result['total_bytes'])} | ddp-equivalent {_human(result['ddp_equivalent_bytes'])} "
         f"({result['ratio_vs_ddp'] or 0:.1f}x fewer)"
     )
+    if result["lying_owner"]:
+        lies = result["lying_owner"]
+        print(f"lying owners: {lies['told']} false results signed, {lies['caught']} caught, {lies['uncaught']} uncaught "
+              f"({lies['slices_with_only_liars']} slices had only lying owners; exchange.spot_checks catches those)")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")

@@ -7,6 +7,9 @@ with peer/run/slice_exchange.py. Byzantine owners (`lying-owner`) sign a false r
 slice they own: alone they are outvoted by recomputation; all owners of a slice Byzantine, they
 agree on the lie and only a spot check catches them. What an honest peer gathers is what the
 round applies; the liars it caught are counted.
+
+Identities derive from the seed, so the owner draw (seeded by the round's payload hashes) and
+hence which slices the liars own are the same on every run of the same simulation.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from __future__ import annotations
 import hashlib
 import random
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from optim import slicing
 from peer.run import slice_plan
@@ -28,6 +32,7 @@ from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadStore
 from protocol.slice_result import SliceResult, sign_slice_result
 
+LYING_OWNER = "lying-owner"  # simulate's --attack name for Byzantine slice owners
 LAYOUT = "simulated"
 FAKE_ENDPOINT = "127.0.0.1:9"  # never dialled: every slice is in the shared store
 
@@ -36,15 +41,23 @@ FAKE_ENDPOINT = "127.0.0.1:9"  # never dialled: every slice is in the shared sto
 class LieCount:
     told: int = 0  # false results signed
     caught: int = 0  # of those, named as lies by the honest gatherer
-    slices_with_only_liars: int = 0
+    slices_with_only_liars: int = 0  # slices whose every owner lies (only a spot check can catch them)
     rounds: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "uncaught": self.told - self.caught}
+
+
+def sim_identity(seed: int, name: str) -> Identity:
+    """A virtual peer's key, derived from the simulation seed (reproducible owner draws)."""
+    return Identity(Ed25519PrivateKey.from_private_bytes(hashlib.sha256(f"swarmloco-sim/{seed}/{name}".encode()).digest()))
 
 
 class LocalSlicedRound:
     def __init__(self, math: RoundMath, peers: int, *, seed: int = 0) -> None:
         self.math = math
-        self.identities = [Identity.generate() for _ in range(peers)]
-        self.coordinator = Identity.generate()
+        self.identities = [sim_identity(seed, f"peer{i}") for i in range(peers)]
+        self.coordinator = sim_identity(seed, "coordinator")
         self.store = PayloadStore(keep_rounds=1)
         self.pool = ChannelPool()
         self.workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="swarmloco-sim")
@@ -75,25 +88,26 @@ class LocalSlicedRound:
         rounds = [x.open_round(manifest, signed_manifest, r, verify) for x in self.exchanges]
 
         liar_ids = {self.identities[i].peer_id for i in liars}
-        results, told = [], []
+        results, told = [], {}  # told: signature of a false result -> its liar's index
         for i, (exchange, rnd) in enumerate(zip(self.exchanges, rounds)):
             for j in slice_plan.owned_by(owners, self.identities[i].peer_id):
                 data, result = exchange.reduce(rnd, j)
                 if i in liars:
                     signed = self._lie(i, rnd.round, j, data, result)
-                    told.append(signed.signature)
+                    told[signed.signature] = i
                 else:
                     signed = sign_slice_result(self.identities[i], result)
                 results.append(signed)
         only_liars = sum(1 for o in owners if o and set(o) <= liar_ids)
         honest = next(i for i in range(len(self.identities)) if i not in liars and payloads[i] is not None)
         outcome = self.exchanges[honest].gather(rounds[honest], results, spot_checks=spot_checks, rng=self.rng)
-        caught = {s.signature for s, _ in outcome.liars}
+        caught = {s.signature for s, _ in outcome.liars} & set(told)  # each with its signed result: the evidence
         self.lies.told += len(told)
-        self.lies.caught += len(caught & set(told))
+        self.lies.caught += len(caught)
         self.lies.slices_with_only_liars += only_liars
-        self.lies.rounds.append({"round": r, "told": len(told), "caught": len(caught & set(told)),
-                                 "slices_with_only_liars": only_liars, "recomputed": len(outcome.recomputed)})
+        self.lies.rounds.append({"round": r, "told": len(told), "caught": len(caught),
+                                 "slices_with_only_liars": only_liars, "recomputed": len(outcome.recomputed),
+                                 "spot_checked": len(outcome.spot_checked), "named": sorted({told[s] for s in caught})})
         return outcome.combined
 
     def _lie(self, i: int, r: int, j: int, data: bytes, result: SliceResult):
