@@ -14,9 +14,13 @@ f attackers. The gap of a cell is its final validation loss relative to the clea
     .venv/bin/python scripts/byzantine_bench.py                      # all phases (resumes from the JSON)
     .venv/bin/python scripts/byzantine_bench.py --phases main        # one phase
     .venv/bin/python scripts/byzantine_bench.py --report-only        # redo md/png from the JSON
+    .venv/bin/python scripts/byzantine_bench.py --exchange sliced --aggregators median --phases main,fvalues
 
+Every run states its exchange: `all-to-all` (each node aggregates whole updates; the original grid)
+or `sliced` (each slice reduced by its owners with the rule, result rounded to the result format,
+as `exchange.mode = "sliced"` runs; krum, multi-krum, geometric-median and nnm are refused there).
 Writes benchmarks/byzantine.json (one record per run), byzantine.md and byzantine.png (the last two
-through scripts/byzantine_report.py). This module holds the grid, the runs and the reading of their
+through scripts/byzantine_report.py); with --exchange sliced, byzantine_sliced.json and .md. This module holds the grid, the runs and the reading of their
 results (gap, loss_of, worst_case); the report module turns those into the table and the heatmap.
 """
 
@@ -37,10 +41,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from optim import aggregate, attacks  # noqa: E402
-from peer.run.config import (  # noqa: E402
-    AggregationConfig, CompressionConfig, DataConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig,
-)
 from peer.cli.simulate import SimulationOptions, run_simulation  # noqa: E402
+from peer.cli.simulate_slices import LYING_OWNER  # noqa: E402
+from peer.run.config import (  # noqa: E402
+    AggregationConfig, CompressionConfig, DataConfig, ExchangeConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig,
+)
+from peer.run.round_math import WHOLE_VECTOR_RULES  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "benchmarks"
 PEERS = 8
@@ -57,6 +63,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 ALL_AGGREGATORS = {**AGGREGATORS, **VARIANTS}
 CLEAN = "none"  # the attack label of runs without attackers
+EXCHANGES = ("all-to-all", "sliced")
+A2A = "all-to-all"  # the original grid's exchange: records without an `exchange` field ran it
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,7 @@ class Profile:
     # non-monotone (up 9% in the last round on one seed), a noise floor above the 1% and 5% targets.
     outer: str = "fedavg"
 
-    def config(self, seed: int, aggregator: str, f: int, codec: str) -> RunConfig:
+    def config(self, seed: int, aggregator: str, f: int, codec: str, exchange: str = A2A) -> RunConfig:
         name, options = ALL_AGGREGATORS[aggregator]
         return RunConfig(
             seed=seed,
@@ -89,6 +97,7 @@ class Profile:
             outer=OuterConfig(name=self.outer),
             compression=CompressionConfig(codec=codec),
             aggregation=AggregationConfig(name=name, num_byzantine=f, options=dict(options)),
+            exchange=ExchangeConfig(mode=exchange),  # sliced: the run config's defaults S=32, r=2, 1 spot check
         )
 
 
@@ -108,57 +117,76 @@ class Case:
     seed: int
     codec: str = DENSE
     attack_options: tuple[tuple[str, Any], ...] = ()
+    exchange: str = A2A
 
     @property
     def key(self) -> str:
         extra = ",".join(f"{k}={v}" for k, v in self.attack_options)
-        return f"{self.codec}|{self.aggregator}|f{self.f}|{self.attack}{'(' + extra + ')' if extra else ''}|s{self.seed}"
+        prefix = "" if self.exchange == A2A else f"{self.exchange}|"  # all-to-all keys predate the field
+        return f"{prefix}{self.codec}|{self.aggregator}|f{self.f}|{self.attack}{'(' + extra + ')' if extra else ''}|s{self.seed}"
 
 
-def _attack_case(phase: str, aggregator: str, f: int, attack: str, seed: int, codec: str = DENSE) -> Case:
+def _attack_case(phase: str, aggregator: str, f: int, attack: str, seed: int, codec: str = DENSE,
+                 exchange: str = A2A) -> Case:
     options = tuple(sorted(ATTACK_OPTIONS.get(attack, {}).items()))
-    return Case(phase, aggregator, f, attack, seed, codec, options)
+    return Case(phase, aggregator, f, attack, seed, codec, options, exchange)
 
 
-def refusal(aggregator: str, f: int, n: int = PEERS) -> str | None:
-    """Why `aggregator` cannot tolerate f of n peers at all (None: it can)."""
+def refusal(aggregator: str, f: int, n: int = PEERS, exchange: str = A2A) -> str | None:
+    """Why `aggregator` cannot tolerate f of n peers at all, or cannot run in `exchange` (None: it can)."""
     name, options = ALL_AGGREGATORS[aggregator]
+    if exchange == "sliced" and (name in WHOLE_VECTOR_RULES or options.get("nnm")):
+        return "scores whole update vectors: refused by the sliced exchange (docs/sliced-exchange.md)"
     rows = n // options["bucket_size"] if options.get("bucket_size") else n
     need = aggregate.minimum_rows(name, min(f, rows))
     return None if rows >= need else f"needs {need} rows, has {rows}"
 
 
-def plan(phases: list[str], seeds: list[int], results: dict[str, dict]) -> list[Case]:
+def plan(phases: list[str], seeds: list[int], results: dict[str, dict], exchange: str = A2A,
+         aggregators: list[str] | None = None, worst: int = 1) -> list[Case]:
+    """The cases of `phases`; `aggregators` limits the rules (default all), `worst` = how many of
+    main's worst attacks fvalues runs. Sliced: rules it refuses are not planned, and main adds the
+    lying slice owner for each rule."""
+    aggs = {a: v for a, v in AGGREGATORS.items() if aggregators is None or a in aggregators}
+    variants = {a: v for a, v in VARIANTS.items() if aggregators is None or a in aggregators}
+    if exchange == "sliced":
+        aggs = {a: v for a, v in aggs.items() if refusal(a, 0, exchange=exchange) is None}
+        variants = {a: v for a, v in variants.items() if refusal(a, 0, exchange=exchange) is None}
+    x = exchange
     cases: list[Case] = []
     for s in seeds:
-        cases.append(Case("clean", "mean", 0, CLEAN, s))  # the reference every gap is measured against
+        cases.append(Case("clean", "mean", 0, CLEAN, s, exchange=x))  # the reference every gap is measured against
     if "main" in phases:
         for s in seeds:
-            for agg in AGGREGATORS:
+            for agg in aggs:
                 if agg != "mean":  # `mean` ignores f: with nobody attacking it IS the clean reference
-                    cases.append(Case("main", agg, 2, CLEAN, s))  # false positive: f declared, nobody attacks
-                cases += [_attack_case("main", agg, 2, a, s) for a in attacks.NAMES]
-            cases.append(Case("main", "mean", 2, "sign-flip", s))  # the literature's x1 sign flip, for the control
+                    cases.append(Case("main", agg, 2, CLEAN, s, exchange=x))  # false positive: f declared, nobody attacks
+                cases += [_attack_case("main", agg, 2, a, s, exchange=x) for a in attacks.NAMES]
+                if x == "sliced" and agg != "mean":
+                    cases.append(Case("main", agg, 2, LYING_OWNER, s, exchange=x))  # honest updates, false slice results
+            if "mean" in aggs:
+                cases.append(Case("main", "mean", 2, "sign-flip", s, exchange=x))  # the literature's x1 sign flip, for the control
     if "variants" in phases:
         for s in seeds:
-            for agg in VARIANTS:
-                cases.append(Case("variants", agg, 2, CLEAN, s))
-                cases += [_attack_case("variants", agg, 2, a, s) for a in worst_attacks(results, 2)]
+            for agg in variants:
+                cases.append(Case("variants", agg, 2, CLEAN, s, exchange=x))
+                cases += [_attack_case("variants", agg, 2, a, s, exchange=x) for a in worst_attacks(results, 2, x)]
     if "fvalues" in phases:
         for f in (1, 3):
-            for agg in AGGREGATORS:
-                if refusal(agg, f) is None:
+            for agg in aggs:
+                if refusal(agg, f, exchange=x) is None:
                     for s in seeds:
                         if agg != "mean":
-                            cases.append(Case("fvalues", agg, f, CLEAN, s))
-                        cases += [_attack_case("fvalues", agg, f, a, s) for a in worst_attacks(results, 1)]
+                            cases.append(Case("fvalues", agg, f, CLEAN, s, exchange=x))
+                        cases += [_attack_case("fvalues", agg, f, a, s, exchange=x) for a in worst_attacks(results, worst, x)]
     if "compression" in phases:
-        for codec, aggs in COMPRESSION.items():
+        for codec, compressed in COMPRESSION.items():
             for s in seeds:
-                cases.append(Case("compression", "mean", 0, CLEAN, s, codec))  # what the codec alone costs
-                for agg in aggs:
-                    cases.append(Case("compression", agg, 2, CLEAN, s, codec))
-                    cases += [_attack_case("compression", agg, 2, a, s, codec) for a in COMPRESSION_ATTACKS]
+                cases.append(Case("compression", "mean", 0, CLEAN, s, codec, exchange=x))  # what the codec alone costs
+                for agg in compressed:
+                    if refusal(agg, 2, exchange=x) is None:
+                        cases.append(Case("compression", agg, 2, CLEAN, s, codec, exchange=x))
+                        cases += [_attack_case("compression", agg, 2, a, s, codec, x) for a in COMPRESSION_ATTACKS]
     unique = {c.key: c for c in cases}
     return list(unique.values())
 
@@ -172,14 +200,14 @@ COMPRESSION_ATTACKS = ["alie"]  # the attack aimed at coordinate-wise statistics
 
 def run_case(case: Case, profile: Profile) -> dict[str, Any]:
     record: dict[str, Any] = {"key": case.key, **asdict(case), "attack_options": dict(case.attack_options)}
-    why = refusal(case.aggregator, case.f)
+    why = refusal(case.aggregator, case.f, exchange=case.exchange)
     if why:
         return {**record, "status": "refused", "error": why}
     attacked = case.attack != CLEAN
     opts = SimulationOptions(
         peers=PEERS, rounds=profile.rounds, byzantine=case.f if attacked else 0,
         attack=case.attack if attacked else None, attack_options=dict(case.attack_options),
-        seed=case.seed, threads=1, config=profile.config(case.seed, case.aggregator, case.f, case.codec),
+        seed=case.seed, threads=1, config=profile.config(case.seed, case.aggregator, case.f, case.codec, case.exchange),
     )
     started = time.perf_counter()
     try:
@@ -190,6 +218,7 @@ def run_case(case: Case, profile: Profile) -> dict[str, Any]:
         **record, "status": "ok", "final_val_loss": result["final_val_loss"],
         "initial_val_loss": result["initial_val_loss"], "val_loss_per_round": result["val_loss_per_round"],
         "excluded": sum(len(e) for e in result["excluded_per_round"]), "wall_s": result["wall_s"],
+        "final_params_sha256": result["final_params_sha256"], "lying_owner": result["lying_owner"],
     }
 
 
@@ -199,7 +228,8 @@ def run_case(case: Case, profile: Profile) -> dict[str, Any]:
 def load(path: Path) -> dict[str, dict]:
     if not path.exists():
         return {}
-    return {r["key"]: r for r in json.loads(path.read_text())["runs"]}
+    runs = json.loads(path.read_text())["runs"]
+    return {r["key"]: {"exchange": A2A, **r} for r in runs}  # the first grid's records predate `exchange`
 
 
 def save(path: Path, results: dict[str, dict], meta: dict[str, Any]) -> None:
@@ -208,16 +238,21 @@ def save(path: Path, results: dict[str, dict], meta: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def gap(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DENSE) -> tuple[float | None, str]:
-    """(seed-mean gap vs the clean mean run of the same seed, status) for one cell."""
+def _exchange(r: dict) -> str:
+    return r.get("exchange", A2A)
+
+
+def gap(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DENSE,
+        exchange: str = A2A) -> tuple[float | None, str]:
+    """(seed-mean gap vs the clean mean run of the same seed and exchange, status) for one cell."""
     if agg == "mean" and attack == CLEAN:
         f = 0  # `mean` ignores the declared f: its no-attacker cell is the clean reference
     gaps, statuses = [], set()
     for r in results.values():
-        if (r["aggregator"], r["f"], r["codec"]) != (agg, f, codec) or _attack_label(r) != attack:
+        if (r["aggregator"], r["f"], r["codec"], _exchange(r)) != (agg, f, codec, exchange) or _attack_label(r) != attack:
             continue
         statuses.add(r["status"])
-        ref = results.get(Case("clean", "mean", 0, CLEAN, r["seed"]).key)
+        ref = results.get(Case("clean", "mean", 0, CLEAN, r["seed"], exchange=exchange).key)
         if r["status"] == "ok" and ref and ref["status"] == "ok":
             loss = r["final_val_loss"]
             gaps.append((loss - ref["final_val_loss"]) / ref["final_val_loss"] if math.isfinite(loss) else math.inf)
@@ -230,27 +265,28 @@ def gap(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DE
 
 def _attack_label(r: dict) -> str:
     """The attack's name, plus its resolved options where they differ from the grid's."""
-    if r["attack"] == CLEAN:
-        return CLEAN
+    if r["attack"] in (CLEAN, LYING_OWNER):
+        return r["attack"]
     ran = attacks.build(r["attack"], **r["attack_options"]).options
     grid = attacks.build(r["attack"], **ATTACK_OPTIONS.get(r["attack"], {})).options
     differ = {k: v for k, v in ran.items() if grid.get(k) != v}
     return r["attack"] + ("(" + ",".join(f"{k}={v}" for k, v in differ.items()) + ")" if differ else "")
 
 
-def loss_of(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DENSE) -> float | None:
+def loss_of(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DENSE,
+            exchange: str = A2A) -> float | None:
     if agg == "mean" and attack == CLEAN:
         f = 0
     losses = [r["final_val_loss"] for r in results.values() if r["status"] == "ok" and r["aggregator"] == agg
-              and r["f"] == f and r["codec"] == codec and _attack_label(r) == attack]
+              and r["f"] == f and r["codec"] == codec and _exchange(r) == exchange and _attack_label(r) == attack]
     return statistics.fmean(losses) if losses else None
 
 
-def worst_attacks(results: dict[str, dict], k: int = 3) -> list[str]:
+def worst_attacks(results: dict[str, dict], k: int = 3, exchange: str = A2A) -> list[str]:
     """The k attacks that hurt the robust rules most at f=2 (fixed list before `main` has run)."""
     scores = {}
     for a in attacks.NAMES:
-        gaps = [gap(results, agg, 2, a)[0] for agg in AGGREGATORS if agg != "mean"]
+        gaps = [gap(results, agg, 2, a, exchange=exchange)[0] for agg in AGGREGATORS if agg != "mean"]
         gaps = [g for g in gaps if g is not None]
         if gaps:
             scores[a] = max(gaps)
@@ -259,9 +295,10 @@ def worst_attacks(results: dict[str, dict], k: int = 3) -> list[str]:
     return sorted(scores, key=lambda a: -scores[a])[:k]
 
 
-def worst_case(results: dict[str, dict], agg: str, f: int, names: list[str], codec: str = DENSE) -> tuple[float | None, str, str]:
+def worst_case(results: dict[str, dict], agg: str, f: int, names: list[str], codec: str = DENSE,
+               exchange: str = A2A) -> tuple[float | None, str, str]:
     """(largest gap over `names`, that attack, note on cells that did not run)."""
-    cells = {a: gap(results, agg, f, a, codec) for a in names}
+    cells = {a: gap(results, agg, f, a, codec, exchange) for a in names}
     bad = sorted(a for a, (_, st) in cells.items() if st in ("error", "refused"))
     done = {a: g for a, (g, st) in cells.items() if g is not None}
     if not done:
@@ -327,41 +364,57 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="ignore runs already in the JSON")
     parser.add_argument("--report-only", action="store_true", help="only redo md/png from the JSON")
     parser.add_argument("--limit", type=int, default=None, help="run at most this many new cases (for testing)")
+    parser.add_argument("--exchange", choices=EXCHANGES, default=A2A,
+                        help="how updates meet in every run (sliced: results in byzantine_sliced.{json,md})")
+    parser.add_argument("--aggregators", default=None, help="comma-separated rules to run (default: all)")
+    parser.add_argument("--worst", type=int, default=1, help="fvalues runs main's WORST worst attacks (default 1)")
     args = parser.parse_args(argv)
     from scripts.machine_info import command_line, load_average, machine_lines
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "byzantine.json"
+    stem = "byzantine" if args.exchange == A2A else f"byzantine_{args.exchange}"
+    path = out / f"{stem}.json"
     profile = PROFILES[args.profile]
     seeds = [int(s) for s in args.seeds.split(",")]
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     unknown = sorted(set(phases) - {"main", "variants", "fvalues", "compression"})
     if unknown:
         parser.error(f"unknown phase(s) {unknown}; choose from main, variants, fvalues, compression")
+    aggregators = None if args.aggregators is None else [a.strip() for a in args.aggregators.split(",") if a.strip()]
+    if aggregators is not None and set(aggregators) - set(ALL_AGGREGATORS):
+        parser.error(f"unknown aggregator(s) {sorted(set(aggregators) - set(ALL_AGGREGATORS))}; choose from {', '.join(ALL_AGGREGATORS)}")
     results = {} if args.fresh else load(path)
     previous = json.loads(path.read_text())["meta"] if path.exists() and not args.fresh else {}
-    meta = {**previous, "profile": asdict(profile), "seeds": seeds, "workers": args.workers}
+    meta = {**previous, "profile": asdict(profile), "seeds": seeds, "workers": args.workers, "exchange": args.exchange}
     load_before, started = load_average(), time.perf_counter()
     if not args.report_only:
+        if previous.get("command"):  # resuming: the md names every invocation that added runs
+            meta["invocations"] = [*previous.get("invocations", []),
+                                   f"`{previous['command']}` ({previous.get('wall_min', 0):.1f} min)"]
         # variants and fvalues pick their attacks from main's results: planned once those are in.
         budget = args.limit
         for stage in (["main", "compression"], ["fvalues", "variants"]):
-            todo = [c for c in plan([p for p in phases if p in stage], seeds, results) if c.key not in results]
+            todo = [c for c in plan([p for p in phases if p in stage], seeds, results, args.exchange, aggregators, args.worst)
+                    if c.key not in results]
             todo = todo[:budget] if budget is not None else todo
             print(f"{len(todo)} runs to do for {stage} ({len(results)} already in {path})", flush=True)
             _run_all(todo, profile, args.workers, results, lambda: save(path, results, meta))
             budget = None if budget is None else budget - len(todo)
-        if "compression" in phases:
+        if "compression" in phases and args.exchange == A2A:
             meta["support_demo"] = support_demo(profile)
         meta.update(machine=machine_lines(load_before, load_average()), command=command_line(),
                     wall_min=(time.perf_counter() - started) / 60)
         save(path, results, meta)
     # Imported here: the report reads this module's grid and result helpers (no import cycle at load).
-    from scripts.byzantine_report import write_report
+    from scripts.byzantine_report import write_report, write_sliced_report
 
-    write_report(results, meta, meta.get("support_demo", []), out)
-    print(f"wrote {out / 'byzantine.md'} and {out / 'byzantine.png'}")
+    if args.exchange == A2A:
+        write_report(results, meta, meta.get("support_demo", []), out)
+        print(f"wrote {out / 'byzantine.md'} and {out / 'byzantine.png'}")
+    else:
+        write_sliced_report(results, meta, out / f"{stem}.md")
+        print(f"wrote {out / stem}.md")
     return 0
 
 

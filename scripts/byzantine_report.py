@@ -200,3 +200,132 @@ def heatmap(results: dict[str, dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# --- the sliced exchange's grid (benchmarks/byzantine_sliced.md) -------------------------------
+
+
+def _cells(results: dict[str, dict], agg: str, f: int, names: list[str], x: str) -> list[str]:
+    out = []
+    for a in names:
+        g, status = gap(results, agg, f, a, DENSE, x)
+        loss = loss_of(results, agg, f, a, DENSE, x)
+        if status != "ok" or g is None or loss is None:
+            out.append("not run" if status == "missing" else status)
+        else:
+            out.append(f"diverged (loss {loss:.1e})" if not math.isfinite(loss) or g > 10 else f"{loss:.3f} ({100 * g:+.1f}%)")
+    return out
+
+
+def _lie_rows(results: dict[str, dict], x: str) -> list[str]:
+    rows = []
+    for r in sorted(results.values(), key=lambda r: (r["aggregator"], r["f"], r["seed"])):
+        lies = r.get("lying_owner")
+        if r["status"] != "ok" or not lies or _exchange_of(r) != x:
+            continue
+        clean = results.get(Case("main", r["aggregator"], r["f"], CLEAN, r["seed"], exchange=x).key) or {}
+        same = "yes" if clean.get("final_params_sha256") == r["final_params_sha256"] else "no"
+        rows.append(f"| {r['aggregator']} | {r['f']} | {r['seed']} | {lies['told']} | {lies['caught']} | {lies['uncaught']} | "
+                    f"{lies['slices_with_only_liars']} | {sum(1 for x in lies['rounds'] if x['slices_with_only_liars'])} of "
+                    f"{len(lies['rounds'])} | {r['final_val_loss']:.4f} | {clean.get('final_val_loss', float('nan')):.4f} | {same} |")
+    return rows
+
+
+def _exchange_of(r: dict) -> str:
+    return r.get("exchange", "all-to-all")
+
+
+def write_sliced_report(results: dict[str, dict], meta: dict[str, Any], path: Path) -> None:
+    """benchmarks/byzantine_sliced.md: the grid re-run with exchange.mode = "sliced"."""
+    from peer.run.config import AggregationConfig, ExchangeConfig
+    from scripts.byzantine_bench import LYING_OWNER, WHOLE_VECTOR_RULES, load
+
+    x, names, ex = "sliced", list(attacks.NAMES), ExchangeConfig()
+    default = AggregationConfig().name
+    p = meta.get("profile", {})
+    md = ["# Byzantine robustness with the sliced exchange (8 simulated peers)", "",
+          "Produced by `scripts/byzantine_bench.py --exchange sliced` through `swarmloco simulate`: every run has "
+          f"`exchange.mode = \"sliced\"` (S = {ex.slices} slices, r = {ex.replicas} owners, {ex.spot_checks} spot check "
+          "per peer per round: the run config's defaults), so each slice is reduced on its own by the rule, as its "
+          "owners would, and the result is rounded to the result format (fp16 here) before the outer step. "
+          "Attackers are the first f virtual peers, omniscient. The all-to-all grid is benchmarks/byzantine.md.", "",
+          "## Machine and command", ""]
+    md += meta.get("machine", []) + [f"- command: `{meta.get('command', '?')}`",
+                                     f"- wall time of the last invocation: {meta.get('wall_min', 0):.1f} min, "
+                                     f"{meta.get('workers', '?')} worker processes x 1 torch thread"]
+    md += [f"- earlier invocation: {note}" for note in meta.get("invocations", [])] + [""]
+    md += [f"Each run (as in byzantine.md): n = {PEERS} peers, d_model {p.get('d_model')}, {p.get('n_layer')} layer, "
+           f"seq {p.get('seq_len')}, batch {p.get('batch_size')}, H = {p.get('inner_steps')}, {p.get('rounds')} rounds, "
+           f"outer {p.get('outer')}, codec {DENSE}, seeds {meta.get('seeds')}. A cell is `final val loss (gap)` averaged "
+           "over seeds; the gap is relative to the clean **sliced** `mean` run (f = 0, no attacker) of the same seed. "
+           f"Attack options: defaults except {ATTACK_OPTIONS}.", ""]
+    clean = [results.get(Case("clean", "mean", 0, CLEAN, s, exchange=x).key) for s in meta.get("seeds", [])]
+    a2a = load(path.parent / "byzantine.json")
+    a2a_clean = [a2a.get(Case("clean", "mean", 0, CLEAN, s).key) for s in meta.get("seeds", [])]
+    md.append("Clean reference (sliced `mean`, f = 0) final val loss per seed: "
+              + ", ".join(f"{r['final_val_loss']:.4f}" for r in clean if r and r["status"] == "ok")
+              + (" (all-to-all, byzantine.json: " + ", ".join(f"{r['final_val_loss']:.4f}" for r in a2a_clean if r) + ")"
+                 if any(a2a_clean) else "") + ".")
+    md += ["", f"Refused in sliced mode, not run: {', '.join(WHOLE_VECTOR_RULES)} and the nnm variants: they score "
+           "whole update vectors, which a slice owner does not see (docs/sliced-exchange.md); use them with "
+           "`exchange.mode = \"all-to-all\"`.", ""]
+
+    aggs = [a for a in ALL_AGGREGATORS if gap(results, a, 2, CLEAN, DENSE, x)[1] != "missing"
+            or gap(results, a, 2, names[0], DENSE, x)[1] != "missing"]
+    md += ["## f = 2 of 8 attackers", ""]
+    header = ["aggregator", "no attacker (f=2 declared)", *names, "worst case"]
+    md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for agg in aggs:
+        w, attack, bad = worst_case(results, agg, 2, names, DENSE, x)
+        worst = "-" if w is None else ("diverged" if not math.isfinite(w) or w > 10 else f"{100 * w:+.1f}%") + f" ({attack})"
+        md.append(f"| {agg} | " + " | ".join(_cells(results, agg, 2, [CLEAN, *names], x)) + f" | {worst}{'; ' + bad + ' did not run' if bad else ''} |")
+    for agg in aggs:
+        if gap(a2a, agg, 2, CLEAN)[1] != "missing":
+            w, attack, _ = worst_case(a2a, agg, 2, names)
+            cells = _cells(a2a, agg, 2, [CLEAN, *names], "all-to-all")
+            md.append(f"| {agg}, all-to-all (byzantine.json, for comparison) | " + " | ".join(cells)
+                      + f" | {'-' if w is None else ('diverged' if not math.isfinite(w) or w > 10 else f'{100 * w:+.1f}%')} ({attack}) |")
+    md.append("")
+
+    fnames = sorted({_attack_label(r) for r in results.values() if r["phase"] == "fvalues" and r["attack"] != CLEAN})
+    if fnames:
+        md += ["## f = 1 and f = 3 (the attacks that hurt the robust rules most at f = 2)", ""]
+        header = ["f", "aggregator", "no attacker", *fnames, "worst case"]
+        md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for f in (1, 3):
+            for agg in aggs:
+                if gap(results, agg, f, fnames[0], DENSE, x)[1] == "missing":
+                    continue
+                w, attack, _ = worst_case(results, agg, f, fnames, DENSE, x)
+                md.append(f"| {f} | {agg} | " + " | ".join(_cells(results, agg, f, [CLEAN, *fnames], x))
+                          + f" | {'-' if w is None else f'{100 * w:+.1f}%'} ({attack}) |")
+        md.append("")
+
+    lie_rows = _lie_rows(results, x)
+    if lie_rows:
+        md += [f"## A lying slice owner (`--attack {LYING_OWNER}`), f = 2 colluders", "",
+               "The 2 attackers send honest updates and sign a false result (their honest bytes shifted by 0.01) for "
+               "every slice they own; the 2 collude, so on a slice they own together they agree. An honest peer's "
+               "gather recomputes every slice whose owners disagree and one spot-checked slice per round. "
+               "`θ = clean`: the final parameters are bit-identical to the same rule's no-attacker run (f = 2 "
+               "declared) of the same seed. A lie that got through changes θ; in the real swarm the first caught "
+               "lie bans its signer, here the liars stay in every round.", "",
+               "| aggregator | f | seed | lies told | caught | uncaught | slices with only lying owners | rounds that paired the liars | final val loss | no-attacker run | θ = clean |",
+               "|---|---|---|---|---|---|---|---|---|---|---|"] + lie_rows + [""]
+
+    md += ["## Targets (issue 10)", ""]
+    w, attack, bad = worst_case(results, default, 2, names, DENSE, x)
+    fp = gap(results, default, 2, CLEAN, DENSE, x)[0]
+    if w is not None and fp is not None:
+        md += [f"- default rule `{default}`, worst case over the ten attacks at f = 2 of 8: {100 * w:+.1f}% ({attack}) "
+               f"vs clean: target within 5%: **{'met' if w <= 0.05 else 'NOT met'}**"
+               + (f" ({bad} did not run)" if bad else ""),
+               f"- `{default}` with no attacker (f = 2 declared) vs `mean` with no attacker: {100 * fp:+.2f}%: "
+               f"target within 1%: **{'met' if abs(fp) <= 0.01 else 'NOT met'}**"]
+    w3, attack3, _ = worst_case(results, default, 3, fnames, DENSE, x) if fnames else (None, "", "")
+    if w3 is not None:
+        md.append(f"- at f = 3 of 8 (no target): `{default}`'s worst over {', '.join(fnames)}: {100 * w3:+.1f}% ({attack3})")
+    errors = sorted({f"{r['aggregator']} f={r['f']} {r['attack']}: {r['error']}" for r in results.values() if r["status"] == "error"})
+    if errors:
+        md += ["", "## Runs that stopped", ""] + [f"- {e}" for e in errors]
+    path.write_text("\n".join(md) + "\n")

@@ -75,3 +75,46 @@ def test_tiny_end_to_end_run_writes_json_markdown_and_heatmap(tmp_path):
     md = (tmp_path / "byzantine.md").read_text()
     assert "## f = 2 of 8 attackers" in md and "| mean |" in md
     assert (tmp_path / "byzantine.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sliced_cells_are_keyed_apart_and_measured_against_the_sliced_clean_run():
+    assert bench.Case("main", "median", 2, "alie", 0).key == "fp16|median|f2|alie|s0"  # the first grid's keys
+    assert bench.Case("main", "median", 2, "alie", 0, exchange="sliced").key == "sliced|fp16|median|f2|alie|s0"
+    a2a = _results(_record("median", 2, "alie", 0, 4.2))
+    sliced = {}
+    for agg, f, attack, loss in (("mean", 0, bench.CLEAN, 5.0), ("median", 2, "alie", 5.5)):
+        r = _record(agg, f, attack, 0, loss)
+        key = bench.Case("clean" if attack == bench.CLEAN else "main", agg, f, attack, 0, exchange="sliced").key
+        sliced[key] = {**r, "key": key, "exchange": "sliced"}
+    both = {**a2a, **sliced}
+    assert bench.gap(both, "median", 2, "alie") == (pytest.approx(0.05), "ok")  # (4.2 - 4.0) / 4.0
+    assert bench.gap(both, "median", 2, "alie", exchange="sliced") == (pytest.approx(0.10), "ok")  # (5.5 - 5.0) / 5.0
+    assert bench.loss_of(both, "median", 2, "alie", exchange="sliced") == 5.5
+
+
+def test_the_sliced_exchange_refuses_whole_vector_rules_and_plans_the_lying_owner():
+    assert "refused by the sliced exchange" in bench.refusal("krum", 2, exchange="sliced")
+    assert "refused by the sliced exchange" in bench.refusal("centered-clip+nnm", 2, exchange="sliced")
+    assert bench.refusal("median", 3, exchange="sliced") is None and bench.refusal("krum", 2) is None
+    cases = bench.plan(["main"], [0], {}, "sliced")
+    assert {c.aggregator for c in cases} == {"mean", "median", "trimmed-mean", "centered-clip"}
+    assert all(c.exchange == "sliced" for c in cases)
+    assert {c.aggregator for c in cases if c.attack == "lying-owner"} == {"median", "trimmed-mean", "centered-clip"}
+
+
+def test_tiny_sliced_run_counts_the_lying_owners_lies_and_writes_its_own_report(tmp_path):
+    code = bench.main(["--profile", "tiny", "--workers", "0", "--phases", "main", "--seeds", "0", "--exchange", "sliced",
+                       "--aggregators", "median", "--limit", "2", "--out", str(tmp_path)])
+    assert code == 0 and not (tmp_path / "byzantine.json").exists()
+    runs = json.loads((tmp_path / "byzantine_sliced.json").read_text())["runs"]
+    assert [r["key"] for r in runs] == ["sliced|fp16|mean|f0|none|s0", "sliced|fp16|median|f2|none|s0"]
+    assert all(r["status"] == "ok" and r["exchange"] == "sliced" for r in runs)
+    lying = bench.run_case(bench.Case("main", "median", 2, "lying-owner", 0, exchange="sliced"), bench.PROFILES["tiny"])
+    lies = lying["lying_owner"]
+    # 2 liars of 8 own 16 of the 32 slices a round; seed 0's two owner draws never pair them, so each lie
+    # sits beside an honest co-owner's result: all caught, and θ is the no-attacker run's, bit for bit.
+    assert lying["status"] == "ok" and lies["told"] == lies["caught"] == 32 and lies["slices_with_only_liars"] == 0
+    assert lying["final_params_sha256"] == runs[1]["final_params_sha256"]
+    md = (tmp_path / "byzantine_sliced.md").read_text()
+    assert "Refused in sliced mode, not run: krum, multi-krum, geometric-median" in md
+    assert "| median | " in md and "## Targets (issue 10)" in md
