@@ -131,6 +131,7 @@ class Aggregator:
         seed: int | None = None,
         num_byzantine: int | None = None,
         center: torch.Tensor | None = None,
+        report: bool = True,
     ) -> torch.Tensor:
         """Like calling the aggregator, on one part (a slice) of the vector, keeping no state:
         ``center`` is centered-clip's centre for this part (the matching part of the previous
@@ -158,12 +159,13 @@ class Aggregator:
                 self.name, mixed.shape[0], f, f" after bucketing {n} rows by bucket_size={bucket_size}"
             )
         result = self._rule(mixed, f, center)
-        self.last_report = AggregationReport(
-            weights=(result.weights @ mixing.matrix).tolist(),
-            selected=((result.selected.double() @ (mixing.matrix > 0).double()) > 0).tolist(),
-            distance_to_aggregate=_distances(rows, result.output),
-            clip_scale=result.clip_scale[mixing.home].tolist(),
-        )
+        if report:
+            self.last_report = AggregationReport(
+                weights=(result.weights @ mixing.matrix).tolist(),
+                selected=((result.selected.double() @ (mixing.matrix > 0).double()) > 0).tolist(),
+                distance_to_aggregate=_distances(rows, result.output),
+                clip_scale=result.clip_scale[mixing.home].tolist(),
+            )
         return result.output
 
     def _rule(self, rows: torch.Tensor, f: int, center: torch.Tensor | None) -> rules.RuleResult:

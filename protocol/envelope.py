@@ -50,6 +50,14 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def open_envelope(signed: swarm_pb2.Signed, tag: str, what: str) -> tuple[dict[str, Any], str]:
+    """open_signed for a body of kind `what`, its failures as EnvelopeError (counted by reason)."""
+    try:
+        return open_signed(signed, tag)
+    except SignatureError as exc:
+        raise EnvelopeError(exc.reason, f"{what} refused: {exc}") from None
+
+
 def sign_update(identity: Identity, header: UpdateHeader) -> swarm_pb2.Signed:
     if header.peer_id != identity.peer_id:
         raise ValueError("an update header must name its signer's peer_id")
@@ -77,10 +85,7 @@ def open_update(
     num_slices: int = 0,
 ) -> UpdateHeader:
     """Verify a signed update header against what this run expects; raise EnvelopeError."""
-    try:
-        fields, signer = open_signed(signed, UPDATE_TAG)
-    except SignatureError as exc:
-        raise EnvelopeError(exc.reason, f"update header refused: {exc}") from None
+    fields, signer = open_envelope(signed, UPDATE_TAG, "update header")
     header = UpdateHeader(
         run_id=_field(fields, "run_id", str),
         round=_field(fields, "round", int),

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from protocol._generated import swarm_pb2
-from protocol.envelope import EnvelopeError
-from protocol.signing import SignatureError, open_signed, sign_body
+from protocol.envelope import EnvelopeError, open_envelope
+from protocol.signing import sign_body
 from protocol.identity import Identity
 
 SLICE_RESULT_TAG = "swarmloco/slice-result/v1"
@@ -61,10 +61,7 @@ def open_slice_result(
     signed: swarm_pb2.Signed, *, run_id: str, round_: int, num_slices: int, max_result_bytes: int
 ) -> SliceResult:
     """Verify a signed slice result's signature and shape; raise EnvelopeError."""
-    try:
-        fields, signer = open_signed(signed, SLICE_RESULT_TAG)
-    except SignatureError as exc:
-        raise EnvelopeError(exc.reason, f"slice result refused: {exc}") from None
+    fields, signer = open_envelope(signed, SLICE_RESULT_TAG, "slice result")
     try:
         result = SliceResult(
             run_id=str(fields["run_id"]),
@@ -112,10 +109,7 @@ def sign_mismatch_report(identity: Identity, *, run_id: str, round_: int, slice_
 
 def open_mismatch_report(signed: swarm_pb2.Signed, *, run_id: str) -> tuple[str, int, int, list[swarm_pb2.Signed]]:
     """-> (reporter peer_id, round, slice, the signed results it disputes); raises EnvelopeError."""
-    try:
-        fields, reporter = open_signed(signed, MISMATCH_TAG)
-    except SignatureError as exc:
-        raise EnvelopeError(exc.reason, f"report refused: {exc}") from None
+    fields, reporter = open_envelope(signed, MISMATCH_TAG, "report")
     try:
         round_, slice_ = int(fields["round"]), int(fields["slice"])
         texts = list(fields["results"])

@@ -29,6 +29,7 @@ from peer.coordinator.state import Coordinator
 from peer.node.coordinator_client import CoordinatorClient
 from peer.run.round_math import RoundMath
 from protocol.accounting import ByteCounter
+from tests.conftest import tiny_run_config
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.envelope import HEARTBEAT_TAG, JOIN_TAG, UpdateHeader, sign_update
 from protocol.identity import Identity, verify_signature
@@ -39,16 +40,15 @@ from protocol.signing import sign_body
 
 
 def tiny_config(**rounds) -> RunConfig:
-    """The integration tests' small, fast run (tests/conftest.write_run_config), as an object."""
-    data = RunConfig().to_dict()
-    data["model"].update(d_model=64, n_layer=1, n_head=2, seq_len=64)
-    data["data"].update(batch_size=4, val_batches=2, max_corpus_bytes=300_000)
-    data["inner"].update(steps=4, warmup_steps=2)
-    data["rounds"].update({"rounds": 3, "min_deadline_s": 2.0, "deadline_s": 30.0, "peer_timeout_s": 6.0, **rounds})
-    # These tests drive the coordinator's own payload verification, which only the all-to-all
-    # exchange has; the sliced round is covered by tests/test_slice_exchange.py and the swarm tests.
-    data["exchange"]["mode"] = "all-to-all"
-    return RunConfig.from_dict(data)
+    """The one tiny run config (tests/conftest.py), a little smaller still for these in-process tests.
+
+    They drive the coordinator's own payload verification, which only the all-to-all exchange
+    has; the sliced round is covered by tests/test_slice_exchange.py and the swarm tests."""
+    return tiny_run_config(
+        data={"val_batches": 2, "max_corpus_bytes": 300_000}, inner={"steps": 4, "warmup_steps": 2},
+        rounds={"rounds": 3, "min_deadline_s": 2.0, "deadline_s": 30.0, "peer_timeout_s": 6.0, **rounds},
+        exchange={"mode": "all-to-all"},
+    )
 
 
 @dataclass

@@ -290,7 +290,7 @@ def test_every_rpc_survives_thousands_of_hostile_messages(capsys):
             fuzzer.batch(PER_BATCH)
             # Close the round so the next batch's honest commitment is for a new round.
             with c.lock:
-                result = c._close("test")
+                result = c.close_round("test")
             assert_manifest_holds_only_verified_updates(c, result.round, honest)
             check_correct_requests(served, honest, batch + 1)
         rss_growth_mib = (rss_kib() - rss_start) / 1024
@@ -415,7 +415,7 @@ def test_sliced_round_rpcs_survive_hostile_messages():
         commit = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=signed, endpoint="127.0.0.1:9"), timeout=10)
         assert commit.accepted, commit.reason
         with c.lock:
-            assert c._close("test") is None and c.book.closed  # the manifest is out; owners reduce
+            assert c.close_round("test") is None and c.book.closed  # the manifest is out; owners reduce
         r, slices = c.book.round, c.math.layout.num_slices
         manifest_sha = hashlib.sha256(c.manifests[r].body).hexdigest()
 

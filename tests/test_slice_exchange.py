@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from peer.cli.simulate_slices import sign_false_result
 from peer.run import slice_plan
 from peer.run.config import RunConfig
 from peer.run.round_math import RoundMath
@@ -26,7 +27,7 @@ from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload
 from protocol.signing import open_signed
-from protocol.slice_result import SLICE_RESULT_TAG, SliceResult, sign_slice_result
+from protocol.slice_result import SLICE_RESULT_TAG
 from protocol.wire import swarm_pb2_grpc
 
 NUMEL = 4096
@@ -127,15 +128,11 @@ def test_a_lone_lying_owner_is_outvoted_and_named(swarm):
     rounds, _ = make_round(cfg, nodes)
     honest = reduce_all(nodes, rounds)
     clean = nodes[0].exchange.gather(rounds[0], honest).combined
-    # The first owner of slice 3 signs a different result (its honest bytes, doubled).
+    # The first owner of slice 3 signs a different result (its honest bytes, shifted).
     liar_id = rounds[0].owners[3][0]
     liar = next(n for n in nodes if n.identity.peer_id == liar_id)
     data, result = liar.exchange.reduce(rounds[nodes.index(liar)], 3)
-    values = liar.math.decode_result(data, 3) * 2
-    fake = values.to(torch.float16).numpy().tobytes()
-    fake_sha = hashlib.sha256(fake).hexdigest()
-    liar.store.put_blob(fake_sha, 0, fake)
-    lie = sign_slice_result(liar.identity, SliceResult(**{**_fields(result), "result_sha256": fake_sha}))
+    lie = sign_false_result(liar.identity, liar.math, liar.store, 3, data, result)
     tampered = [s for s in honest if not _is(s, liar_id, 3)] + [lie]
     for node, rnd in zip(nodes, rounds):
         outcome = node.exchange.gather(rnd, tampered)
@@ -155,10 +152,7 @@ def test_colluding_owners_are_caught_by_a_spot_check(swarm):
     for owner_id in owners:  # both owners of slice 6 sign the same false bytes
         owner = next(n for n in nodes if n.identity.peer_id == owner_id)
         data, result = owner.exchange.reduce(rounds[nodes.index(owner)], 6)
-        fake = (owner.math.decode_result(data, 6) + 1.0).to(torch.float16).numpy().tobytes()
-        sha = hashlib.sha256(fake).hexdigest()
-        owner.store.put_blob(sha, 0, fake)
-        lies.append(sign_slice_result(owner.identity, SliceResult(**{**_fields(result), "result_sha256": sha})))
+        lies.append(sign_false_result(owner.identity, owner.math, owner.store, 6, data, result))
     tampered = [s for s in honest if not any(_is(s, o, 6) for o in owners)] + lies
     checker = nodes[checker_index]
     unchecked = checker.exchange.gather(rounds[checker_index], tampered, spot_checks=0)
@@ -189,10 +183,6 @@ def test_a_vanished_owner_is_covered_and_a_slice_nobody_reduced_is_recomputed(sw
     outcome = nodes[3].exchange.gather(rounds[3], survivors)
     assert torch.equal(outcome.combined, clean)
     assert 2 in outcome.recomputed
-
-
-def _fields(result: SliceResult) -> dict:
-    return {f: getattr(result, f) for f in result.__dataclass_fields__}
 
 
 def _is(signed, owner: str, j: int) -> bool:

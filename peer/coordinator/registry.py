@@ -75,6 +75,10 @@ class PeerRegistry:
         with self.lock:
             self.rejections[reason] += 1
 
+    def records(self) -> list[PeerRecord]:
+        with self.lock:
+            return list(self.peers.values())
+
     def get(self, peer_id: str) -> PeerRecord | None:
         with self.lock:
             return self.peers.get(peer_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -76,3 +77,26 @@ def should_close(book: RoundBook, expected: list[str], deadline_s: float, min_pe
     if book.first_arrival is not None and now - book.first_arrival >= deadline_s:
         return True, f"deadline {deadline_s:.0f}s passed; missing {len(missing)} peer(s)"
     return False, f"waiting for {len(missing)} peer(s), deadline {deadline_s:.0f}s"
+
+
+@dataclass(slots=True)
+class RoundResult:
+    round: int
+    updates: int
+    excluded: dict[str, str]
+    seconds: float
+    val_loss: float
+    param_hash: str
+    close_reason: str
+
+
+def result_dict(r: RoundResult) -> dict[str, Any]:
+    return {
+        "round": r.round,
+        "updates": r.updates,
+        "excluded": r.excluded,
+        "seconds": r.seconds,
+        "val_loss": r.val_loss,
+        "param_hash": r.param_hash,
+        "close_reason": r.close_reason,
+    }

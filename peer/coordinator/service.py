@@ -90,6 +90,8 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
                 param_hash=c.param_hash,
                 initial_peers=c.initial_peers,
                 finished=c.finished,
+                state_manifest=c.state_manifest,
+                state_holders=c.state_holders(),
             )
 
     def _open(self, request: swarm_pb2.Signed, tag: str, what: str) -> tuple[dict[str, Any], str]:

@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 
-from peer.run import checkpoint
+from peer.run import checkpoint, state_sync
 from peer.run.config import RunConfig
 from peer.run.faults import fail_point
 from peer.learn.data import load_corpus, validation_batches
 from peer.learn.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
 from peer.coordinator.registry import PeerRegistry
 from peer.coordinator.slice_rounds import SlicedRounds
-from peer.coordinator.round_book import AdaptiveDeadline, Commitment, RoundBook, should_close
+from peer.coordinator.round_book import AdaptiveDeadline, Commitment, RoundBook, RoundResult, result_dict, should_close
 from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
 from peer.run.slice_exchange import sliced_manifest
 from peer.learn.training import evaluate
@@ -41,17 +41,6 @@ from protocol.rpc_errors import refusal_for
 
 log = logging.getLogger("swarmloco.coordinator")
 EQUIVOCATION_TEXT = "equivocation: two different updates in one round; banned"
-
-
-@dataclass(slots=True)
-class RoundResult:
-    round: int
-    updates: int
-    excluded: dict[str, str]
-    seconds: float
-    val_loss: float
-    param_hash: str
-    close_reason: str
 
 
 class Coordinator:
@@ -133,9 +122,14 @@ class Coordinator:
             outer_state=self.math.global_state_dict(),
             # Peers, bans and evidence survive a coordinator restart: a banned peer stays banned,
             # and the peers of the run are awaited again instead of the first one back closing the round.
-            extra={"history": [_result_dict(r) for r in self.history], "peers": self.registry.to_dicts()},
+            extra={"history": [result_dict(r) for r in self.history], "peers": self.registry.to_dicts()},
         )
         self.checkpoint_bytes = checkpoint.to_bytes(ckpt)
+        # The same state as parts every in-sync peer also serves: joiners fetch it from many of them.
+        self.state_manifest = state_sync.publish(
+            self.store, self.identity, run_id=self.cfg.run_id, config_hash=self.cfg.config_hash(), round_=self.round,
+            param_hash=self.param_hash, params=self.params, global_state=self.math.global_state_dict(),
+            layout=self.math.layout, sign=True)
         if self.checkpoint_path is not None:
             checkpoint.write_atomic(self.checkpoint_path, self.checkpoint_bytes)
 
@@ -326,7 +320,7 @@ class Coordinator:
                 )
                 if not close:
                     return None
-                return self._close(why)
+                return self.close_round(why)
         # Sliced, results final: gather the aggregated slices (fetches, maybe recomputations)
         # without the lock, so heartbeats, commits and long-polls are served meanwhile.
         outcome = self.sliced.gather(slice_round, results, reports)
@@ -345,7 +339,7 @@ class Coordinator:
             self.sliced.applied(book.round, self.param_hash)
             return result
 
-    def _close(self, why: str) -> RoundResult | None:
+    def close_round(self, why: str) -> RoundResult | None:
         book = self.book
         verified = book.verified()
         for peer_id, c in book.commitments.items():  # still pending at the deadline: too late
@@ -459,46 +453,12 @@ class Coordinator:
             )
 
     def status(self) -> dict[str, Any]:
-        with self.lock:
-            return {
-                "run_id": self.cfg.run_id,
-                "round": self.round,
-                "rounds": self.cfg.rounds.rounds,
-                "finished": self.finished,
-                "param_hash": self.param_hash,
-                "coordinator_id": self.identity.peer_id,
-                "endpoint": self.endpoint,
-                "initial_peers": self.initial_peers,
-                "deadline_s": round(self.deadline.current, 2),
-                "exchange": {"mode": self.cfg.exchange.mode, "slices": self.math.layout.num_slices if self.sliced else None,
-                             "replicas": self.cfg.exchange.replicas if self.sliced else None},
-                "open_round": {
-                    "phase": "reducing" if self.book.closed else "committing",
-                    "committed": sorted(self.book.commitments),
-                    "verified": self.book.verified(),
-                    "excluded": dict(self.book.excluded),
-                },
-                "codec": self.cfg.compression.codec,
-                "outer": self.cfg.outer.name,
-                "aggregator": self.cfg.aggregation.name,
-                "peers": self.registry.status(),
-                "rejections": dict(self.registry.rejections),
-                "initial_val_loss": self.initial_val_loss,
-                "history": [_result_dict(r) for r in self.history],
-                "coordinator_traffic": self.counter.total().as_dict(),
-                # remote -> counts: callers by peer_id (they name themselves), callees by endpoint
-                "traffic_by_peer": {k: v.as_dict() for k, v in self.counter.by_peer().items()},
-                "uptime_s": round(time.monotonic() - self.started_at, 1),
-            }
+        """What `swarmloco status --json` prints (peer/coordinator/status_view.py)."""
+        from peer.coordinator.status_view import coordinator_status
 
+        return coordinator_status(self)
 
-def _result_dict(r: RoundResult) -> dict[str, Any]:
-    return {
-        "round": r.round,
-        "updates": r.updates,
-        "excluded": r.excluded,
-        "seconds": r.seconds,
-        "val_loss": r.val_loss,
-        "param_hash": r.param_hash,
-        "close_reason": r.close_reason,
-    }
+    def state_holders(self) -> list[str]:
+        """Endpoints of live serving peers whose last heartbeat reported our θ_r: they hold its parts."""
+        return [r.endpoint for r in self.registry.records() if r.endpoint and r.state != "gone" and not r.banned_reason
+                and r.param_hash == self.param_hash][:64]

@@ -24,7 +24,8 @@ import torch
 
 from peer import VERSION
 
-from peer.run import checkpoint
+from peer.run import checkpoint, state_sync
+from peer.node.resync import StateSource
 from peer.run.config import RunConfig
 from peer.node.coordinator_client import CoordinatorClient
 from peer.node.errors import PeerExit
@@ -35,7 +36,7 @@ from peer.learn.model import build_model, flat_params, layout_hash, load_flat_pa
 from peer.node.heartbeat import heartbeat_loop
 from peer.run.faults import check_environment, fail_point
 from peer.node.overlap import run_overlapped
-from peer.run.progress import format_bytes, round_line, step_line
+from peer.run.progress import round_line, step_line
 from peer.node.round_exchange import Exchange, ManifestFetcher, Update
 from peer.node.sliced_round import sliced_exchange
 from peer.run.slice_exchange import SliceExchange
@@ -221,17 +222,25 @@ class PeerNode:
         load_flat_params(self.model, self.params.to(self.options.device))
 
     def resync(self, why: str) -> None:
-        """Download the coordinator's checkpoint and continue from it (keeps local optimizer state)."""
+        """Download the swarm's state θ_r and continue from it (keeps local optimizer state):
+        from the peers that hold it, part by part, else the coordinator's checkpoint."""
         self.phase = RoundPhase.SYNCING
-        data, round_ = self.client.checkpoint()
-        ckpt = checkpoint.from_bytes(data)
-        if ckpt.config_hash != self.cfg.config_hash():
-            raise PeerExit("the coordinator's checkpoint is for another run config; restart the peer to pick up the new config")
-        self.math.load_global_state_dict(ckpt.outer_state)
-        self._set_params(ckpt.params, ckpt.round)
-        if self._hash != ckpt.param_hash:
-            raise PeerExit("downloaded checkpoint does not match its declared parameter hash; retry later")
-        log.info("peer %s resynchronised to round %d (%s, %s)", self.short, ckpt.round, why, format_bytes(len(data)))
+        source = StateSource(
+            client=self.client, pool=self.pool, workers=self.fetchers, config_hash=self.cfg.config_hash(), run_id=self.cfg.run_id,
+            coordinator_key=self.coordinator_key, own_endpoint=self.endpoint, max_part_bytes=self.math.max_result_bytes() * 4 + (1 << 20),
+        )
+        state = source.fetch()
+        self.math.load_global_state_dict(state.global_state)
+        self._set_params(state.params, state.round)
+        print(f"peer {self.short} | resynchronised to round {state.round + 1} ({why}; from {state.source})", flush=True)
+        self.publish_state()
+
+    def publish_state(self) -> None:
+        """Serve our in-sync θ_r's parts, so joiners can fetch the swarm state from us."""
+        if self.math.sliced and not self.options.client_mode:
+            state_sync.publish(self.store, self.identity, run_id=self.cfg.run_id, config_hash=self.cfg.config_hash(),
+                               round_=self.round, param_hash=self._hash, params=self.params,
+                               global_state=self.math.global_state_dict(), layout=self.math.layout, sign=False)
 
     def run(self, max_rounds: int | None = None) -> dict[str, Any]:
         info = self.client.run_info()
@@ -395,6 +404,8 @@ class PeerNode:
             "exchange_s": result.exchange_s, "utilization": self.utilization(), "slices": result.slices,
         }
         self.history.append(record)
+        if in_sync:
+            self.publish_state()  # before the heartbeat that tells the coordinator we hold θ_{r+1}
         self.heartbeat_now.set()
         print(round_line(self.short, r, self.cfg.rounds.rounds, record, self.utilization()), flush=True)
         if not in_sync:

@@ -182,7 +182,7 @@ class RoundMath:
         previous = self.aggregator.previous
         center = None if previous is None else previous[self.layout.range(j)]
         with single_thread():
-            combined = rule.aggregate_part(rows, seed=seed, num_byzantine=f, center=center)  # (s_j,)
+            combined = rule.aggregate_part(rows, seed=seed, num_byzantine=f, center=center, report=False)  # (s_j,)
         return slicing.encode_result(combined, self.result_format)
 
     def decode_result(self, data: bytes, j: int) -> torch.Tensor:

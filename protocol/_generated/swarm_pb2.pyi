@@ -65,7 +65,7 @@ class RunInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RunInfo(_message.Message):
-    __slots__ = ("run_id", "config_json", "coordinator_public_key", "software_version", "round", "param_hash", "initial_peers", "finished")
+    __slots__ = ("run_id", "config_json", "coordinator_public_key", "software_version", "round", "param_hash", "initial_peers", "finished", "state_manifest", "state_holders")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,8 @@ class RunInfo(_message.Message):
     PARAM_HASH_FIELD_NUMBER: _ClassVar[int]
     INITIAL_PEERS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    STATE_MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    STATE_HOLDERS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     config_json: str
     coordinator_public_key: bytes
@@ -82,7 +84,9 @@ class RunInfo(_message.Message):
     param_hash: str
     initial_peers: _containers.RepeatedScalarFieldContainer[str]
     finished: bool
-    def __init__(self, run_id: _Optional[str] = ..., config_json: _Optional[str] = ..., coordinator_public_key: _Optional[bytes] = ..., software_version: _Optional[str] = ..., round: _Optional[int] = ..., param_hash: _Optional[str] = ..., initial_peers: _Optional[_Iterable[str]] = ..., finished: _Optional[bool] = ...) -> None: ...
+    state_manifest: Signed
+    state_holders: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., config_json: _Optional[str] = ..., coordinator_public_key: _Optional[bytes] = ..., software_version: _Optional[str] = ..., round: _Optional[int] = ..., param_hash: _Optional[str] = ..., initial_peers: _Optional[_Iterable[str]] = ..., finished: _Optional[bool] = ..., state_manifest: _Optional[_Union[Signed, _Mapping]] = ..., state_holders: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("accepted", "reason", "peer_id", "round", "param_hash", "refusal")
