@@ -25,6 +25,7 @@ T = TypeVar("T")
 TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 MAX_CHECKPOINT_BYTES = 8 << 30
 RECONNECT_EVERY_S = 3.0
+EARLY_ANSWER_PAUSE_S = 0.5  # a long-poll answered at once with no news (every slot taken): pause instead of spinning
 
 
 class CoordinatorUnavailable(ConnectionError):
@@ -105,7 +106,8 @@ class CoordinatorClient:
 
     def manifest(self, round_: int, wait_s: float) -> swarm_pb2.ManifestReply:
         request = swarm_pb2.ManifestRequest(round=round_, wait_s=wait_s)
-        return self.call("manifest", lambda: self.stub.GetManifest(request, timeout=wait_s + DEFAULT_DEADLINE.total_seconds()))
+        return _long_poll(lambda: self.call("manifest", lambda: self.stub.GetManifest(request, timeout=wait_s + DEFAULT_DEADLINE.total_seconds())),
+                          wait_s, lambda reply: reply.ready or reply.finished or reply.current_round > round_)
 
     def submit_slice_result(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
         """An owner's signed slice result; the reply says whether it was taken (never raises Refused:
@@ -114,7 +116,8 @@ class CoordinatorClient:
 
     def slice_results(self, round_: int, wait_s: float, *, until_applied: bool = False) -> swarm_pb2.SliceResultsReply:
         request = swarm_pb2.SliceResultsRequest(round=round_, wait_s=wait_s, until_applied=until_applied)
-        return self.call("slice results", lambda: self.stub.GetSliceResults(request, timeout=wait_s + DEFAULT_DEADLINE.total_seconds()))
+        return _long_poll(lambda: self.call("slice results", lambda: self.stub.GetSliceResults(request, timeout=wait_s + DEFAULT_DEADLINE.total_seconds())),
+                          wait_s, lambda reply: (reply.applied if until_applied else reply.ready) or reply.finished or reply.current_round > round_)
 
     def report_evidence(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
         return self.call("report", lambda: self.stub.ReportEvidence(signed, timeout=DEFAULT_DEADLINE.total_seconds()))
@@ -180,3 +183,18 @@ class _Observed:
         except grpc.RpcError as exc:
             self.code = exc.code()
             raise
+
+
+def _long_poll(ask: Callable[[], T], wait_s: float, news: Callable[[T], bool]) -> T:
+    """A long-poll that the coordinator may answer at once when all its long-poll slots are taken
+    (more waiting peers than slots): then ask again after a pause, until news or wait_s, instead of
+    handing the caller an early empty answer it would re-ask in a tight loop (each answer carrying
+    the round's results list: scripts/measure_scale.py saw MBs per peer per round at 12 peers)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        asked = time.monotonic()
+        reply = ask()
+        now = time.monotonic()
+        if news(reply) or now - asked >= min(wait_s, EARLY_ANSWER_PAUSE_S) or now + EARLY_ANSWER_PAUSE_S >= deadline:
+            return reply
+        time.sleep(EARLY_ANSWER_PAUSE_S)
