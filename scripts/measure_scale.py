@@ -1,26 +1,36 @@
 """Bytes per peer per round as the swarm grows: sliced vs all-to-all, from the transport's counters.
 
-    .venv/bin/python scripts/measure_scale.py --peers 3 6 9 12 --codec fp16 int8 --write-md
-    .venv/bin/python scripts/measure_scale.py --peers 3 12 --mode all-to-all --json /tmp/a2a.json
+    .venv/bin/python scripts/measure_scale.py --peers 3 6 9 12 --codec fp16 int8 --all-to-all-peers 3 12 --write-md
+    .venv/bin/python scripts/measure_scale.py --peers 6 --codec int8 --merge --write-md   # re-run one, keep the rest
 
 For each (codec, exchange mode, n) it runs a real local swarm on loopback (a coordinator and n
-peer processes, `peer.cli.launcher.Swarm`), reads every peer's per-round byte counts and the
-coordinator's total traffic, and puts them beside the expected bytes of docs/sliced-exchange.md:
+peer processes, `peer.cli.launcher.Swarm`) and reads every peer's per-round transport ledger
+(`traffic`: bytes by counterpart and round, counted by the byte-counting gRPC interceptors). What
+a peer exchanges with the coordinator's endpoint is control (headers, manifest, the signed results
+list, result submissions, heartbeats); the rest is data (slices, aggregated slices, payloads), set
+beside the expected bytes of docs/sliced-exchange.md plus the spot checks (P: payload, A:
+aggregated result, m = n serving peers, r owners per slice, S slices, k spot checks per peer):
 
-  sliced, per peer, received ≈ r·(n−1)/m·P + (1 − r/m)·A      sent ≈ (r − r/m)·P + (n − r + 1)/m·A
-  all-to-all, per peer, received ≈ (n − 1)·P                     (P: payload, A: aggregated result,
-                                                                  m = n serving peers, r owners)
+  sliced, per peer (average over the owner draw):
+    received ≈ r·(n−1)/m·P + (1 − r/m)·A + k·((n−1)·P − A)/S
+    sent     ≈ (r − r/m)·P + (n − r + 1)/m·A + k·((n−1)·P − A)/S
+  all-to-all, per peer: received ≈ (n − 1)·P
 
-plus the control traffic (headers, manifest, signed results, heartbeats), which the table shows
-apart. A projection to 100 and 1,000 peers for a 125M and a 1B model on 100 Mbit/s links uses the
-measured bytes per parameter of payload and result.
+A spot-checked slice is recomputed from its n inputs (n − 1 fetched) instead of fetching its
+result: that term grows as k·n/S, so it is bounded only while S grows with n. The coordinator's
+bytes per round are summed from the peers' ledgers (control with every peer, plus what it fetched
+from them to gather θ_{r+1} and spot-check). The projection to 100 and 1,000 peers uses the
+measured bytes per parameter of P and A and a linear fit of the measured control bytes in n.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,10 +41,12 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
     if extra not in sys.path:
         sys.path.insert(0, extra)
 
-MB = 1e6
+LINK_BITS_PER_S = 100e6
+RESULT_BYTES_PER_PARAM = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
-def run_config(*, peers: int, rounds: int, inner_steps: int, codec: str, mode: str, slices: int, replicas: int):
+def run_config(*, peers: int, rounds: int, inner_steps: int, codec: str, mode: str, slices: int, replicas: int, spot_checks: int):
+    """The run the swarm trains: generous timeouts, since n peer processes share the machine's cores."""
     from peer.run.config import RunConfig
 
     return RunConfig.from_dict({
@@ -42,40 +54,130 @@ def run_config(*, peers: int, rounds: int, inner_steps: int, codec: str, mode: s
         "inner": {"steps": inner_steps},
         "compression": {"codec": codec},
         "aggregation": {"name": "median"},
-        "rounds": {"rounds": rounds, "expected_peers": peers, "min_peers": peers},
-        "exchange": {"mode": mode, "slices": slices, "replicas": replicas},
+        "rounds": {"rounds": rounds, "expected_peers": peers, "min_peers": peers, "start_timeout_s": 600.0,
+                   "deadline_s": 300.0, "peer_timeout_s": 180.0},
+        "exchange": {"mode": mode, "slices": slices, "replicas": replicas, "spot_checks": spot_checks,
+                     "result_timeout_s": 300.0},
     })
 
 
+def ledger_rows(summary: dict, coordinator_endpoint: str, coordinator_id: str) -> list[dict]:
+    """One row per round of one peer: totals from its history, the split from its transport ledger.
+
+    control = traffic with the coordinator's endpoint (our calls to it); to_coordinator = what the
+    coordinator fetched from us (its gather and spot checks: data); the rest is peer-to-peer."""
+    rows = []
+    for h in summary.get("history", []):
+        ledger = summary.get("traffic", {}).get(str(h["round"]), {})
+        control = ledger.get(coordinator_endpoint, {})
+        fetched = ledger.get(coordinator_id, {})
+        slices = h.get("slices") or {}
+        rows.append({
+            "peer": summary.get("peer_id", "?")[:8], "round": h["round"], "sent": h["bytes_sent"], "received": h["bytes_received"],
+            "control_sent": control.get("bytes_sent", 0), "control_received": control.get("bytes_received", 0),
+            "to_coordinator_sent": fetched.get("bytes_sent", 0), "to_coordinator_received": fetched.get("bytes_received", 0),
+            "payload": h["payload_bytes"], "updates": h["updates"], "in_sync": h.get("in_sync", False),
+            "owned": slices.get("owned"), "spot_checked": slices.get("spot_checked"), "recomputed": slices.get("recomputed"),
+        })
+    return rows
+
+
 def run_swarm(cfg, *, peers: int, workdir: Path) -> dict:
-    """One local swarm to completion; per-peer per-round counts and the coordinator's totals."""
+    """One local swarm to completion; per-peer per-round rows and whatever went wrong."""
     from peer.cli.launcher import Swarm
 
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "run.json").write_text(cfg.to_json())
+    problems: list[str] = []
     started = time.monotonic()
     with Swarm(workdir) as swarm:
-        coordinator = swarm.start_coordinator(["--config", str(workdir / "run.json")])
+        coordinator = swarm.start_coordinator(["--config", str(workdir / "run.json")], timeout_s=300)
         children = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/{peers}", "--log-every", "1000"]) for i in range(peers)]
-        swarm.wait(coordinator, 300 + 120 * cfg.rounds.rounds)
-        for child in children:
-            swarm.wait(child, 60)
+        for child, limit in [(coordinator, 600 + 300 * cfg.rounds.rounds), *((c, 120) for c in children)]:
+            try:
+                if (code := swarm.wait(child, limit)) != 0:
+                    problems.append(f"{child.name} exited {code} (log: {child.log_path})")
+            except subprocess.TimeoutExpired:
+                problems.append(f"{child.name} still running after {limit} s (log: {child.log_path})")
     wall = time.monotonic() - started
-    summaries = [json.loads(p.read_text()) for p in sorted(workdir.glob("peer*.json"))]
-    coordinator_summary = json.loads((workdir / "coordinator.json").read_text())
-    rows = [{"peer": s.get("peer_id", "?")[:8], "round": h["round"], "sent": h["bytes_sent"], "received": h["bytes_received"],
-             "payload": h["payload_bytes"], "updates": h["updates"]} for s in summaries for h in s.get("history", [])]
-    traffic = coordinator_summary.get("coordinator_traffic", {})
-    return {"rows": rows, "wall_s": wall, "coordinator_sent": traffic.get("bytes_sent", 0),
-            "coordinator_received": traffic.get("bytes_received", 0), "rounds_done": len(coordinator_summary.get("history", []))}
+    coordinator_path = workdir / "coordinator.json"
+    if not coordinator_path.exists():
+        return {"rows": [], "wall_s": wall, "problems": problems + ["no coordinator summary"], "rounds_done": 0}
+    coord = json.loads(coordinator_path.read_text())
+    rows = []
+    for path in sorted(workdir.glob("peer*.json")):
+        rows += ledger_rows(json.loads(path.read_text()), coord["endpoint"], coord["coordinator_id"])
+    rounds_done = len(coord.get("history", []))
+    if rounds_done != cfg.rounds.rounds:
+        problems.append(f"the coordinator closed {rounds_done} of {cfg.rounds.rounds} rounds")
+    if len(rows) != peers * cfg.rounds.rounds:
+        problems.append(f"{len(rows)} peer rounds recorded, expected {peers} x {cfg.rounds.rounds}")
+    if bad := [f"{r['peer']} r{r['round']}" for r in rows if not r["in_sync"] or r["updates"] != peers]:
+        problems.append(f"out of sync or short of updates: {', '.join(bad)}")
+    traffic = coord.get("coordinator_traffic", {})
+    return {"rows": rows, "wall_s": wall, "problems": problems, "rounds_done": rounds_done,
+            "coordinator_total": traffic.get("bytes_sent", 0) + traffic.get("bytes_received", 0)}
 
 
-def expected(mode: str, n: int, payload: int, result: int, replicas: int) -> dict[str, float]:
+def expected(mode: str, n: int, payload: float, result: float, replicas: int, slices: int = 32, spot_checks: int = 0) -> dict[str, float]:
+    """Expected data bytes per peer per round (module docstring), control traffic not included."""
     if mode == "all-to-all":
-        return {"received": (n - 1) * payload, "sent": (n - 1) * payload}  # every peer fetches every other update
+        return {"received": (n - 1) * payload, "sent": (n - 1) * payload, "spot": 0.0}  # every peer fetches every other update
     from peer.run.slice_plan import expected_traffic
 
-    return expected_traffic(n, payload, result, replicas)
+    base = expected_traffic(n, payload, result, replicas)
+    spot = spot_checks * ((n - 1) * payload - result) / slices if n > replicas else 0.0  # n ≤ r: every slice is ours
+    return {"received": base["received"] + spot, "sent": base["sent"] + spot, "spot": spot}
+
+
+def expected_coordinator(mode: str, n: int, payload: float, result: float, slices: int, spot_checks: int) -> float:
+    """Data the coordinator fetches per round: θ_{r+1}'s slices (and its spot checks' inputs), or every payload."""
+    if mode == "all-to-all":
+        return n * payload
+    return result + spot_checks * (n * payload - result) / slices
+
+
+def summarize(codec: str, mode: str, n: int, args, numel: int, payload: int, result_bytes: int, run: dict) -> dict:
+    rows = [r for r in run["rows"] if r["round"] >= args.skip_rounds]
+    spot = args.spot_checks if mode == "sliced" else 0
+    exp = expected(mode, n, payload, result_bytes, args.replicas, args.slices, spot)
+
+    def stat(key, how=statistics.fmean):
+        values = [key(r) for r in rows]
+        return how(values) if values else math.nan
+
+    # all-to-all: the coordinator holds every payload and serves it like a peer, so traffic with it
+    # is not control alone; the row compares the whole of it with the formula
+    a2a = mode == "all-to-all"
+    data_received = stat(lambda r: r["received"] - (0 if a2a else r["control_received"]))
+    per_round: dict[int, float] = {}
+    for r in rows:
+        per_round[r["round"]] = per_round.get(r["round"], 0) + (r["control_sent"] + r["control_received"] + r["to_coordinator_sent"] + r["to_coordinator_received"])
+    coordinator = statistics.fmean(per_round.values()) if per_round else math.nan
+    return {
+        "codec": codec, "mode": mode, "peers": n, "slices": args.slices if mode == "sliced" else None,
+        "replicas": args.replicas if mode == "sliced" else None, "spot_checks": spot, "aggregator": "median",
+        "inner_steps": args.inner_steps, "rounds": args.rounds, "skip_rounds": args.skip_rounds, "numel": numel,
+        "payload_bytes": payload, "result_bytes": result_bytes,
+        "received_mean": stat(lambda r: r["received"]), "received_median": stat(lambda r: r["received"], statistics.median),
+        "received_min": stat(lambda r: r["received"], min), "received_max": stat(lambda r: r["received"], max),
+        "control_received_mean": None if a2a else stat(lambda r: r["control_received"]), "data_received_mean": data_received,
+        "sent_mean": stat(lambda r: r["sent"]), "control_sent_mean": None if a2a else stat(lambda r: r["control_sent"]),
+        "data_sent_mean": stat(lambda r: r["sent"] - (0 if a2a else r["control_sent"])),
+        "expected_received": exp["received"], "expected_sent": exp["sent"], "expected_spot": exp["spot"],
+        "received_vs_expected": stat(lambda r: r["received"]) / exp["received"],
+        "data_received_vs_expected": data_received / exp["received"],
+        "coordinator_bytes_per_round": coordinator,
+        "coordinator_expected_data": expected_coordinator(mode, n, payload, result_bytes, args.slices, spot),
+        "coordinator_total_per_round": run.get("coordinator_total", 0) / max(1, run["rounds_done"]),
+        "wall_s": run["wall_s"], "problems": run["problems"], "ok": not run["problems"], "rows": run["rows"],
+    }
+
+
+def plan(args) -> list[tuple[str, str, int]]:
+    runs = [(codec, mode, n) for codec in args.codec for mode in args.mode for n in args.peers]
+    runs += [(codec, "all-to-all", n) for codec in args.codec for n in args.all_to_all_peers]
+    return list(dict.fromkeys(runs))
 
 
 def measure(args) -> list[dict]:
@@ -84,95 +186,68 @@ def measure(args) -> list[dict]:
 
     base = Path(args.workdir or tempfile.mkdtemp(prefix="swarmloco-scale-"))
     results = []
-    for codec in args.codec:
-        for mode in args.mode:
-            for n in args.peers:
-                cfg = run_config(peers=n, rounds=args.rounds, inner_steps=args.inner_steps, codec=codec, mode=mode,
-                                 slices=args.slices, replicas=args.replicas)
-                numel = num_params(build_model(cfg.model, cfg.seed))
-                math = RoundMath(cfg, numel)
-                payload = math.codec.max_encoded_size(numel)
-                result_bytes = numel * {"fp32": 4, "fp16": 2, "bf16": 2}[math.result_format]  # the gathered aggregate
-                print(f"{codec} {mode} n={n}: running ({args.rounds} rounds x {args.inner_steps} inner steps)", flush=True)
-                run = run_swarm(cfg, peers=n, workdir=base / f"{codec.replace(':', '_')}-{mode}-{n}")
-                rows = [r for r in run["rows"] if r["round"] >= args.skip_rounds]
-                exp = expected(mode, n, payload, result_bytes, args.replicas)
-                received = statistics.median(r["received"] for r in rows)
-                sent = statistics.median(r["sent"] for r in rows)
-                results.append({
-                    "codec": codec, "mode": mode, "peers": n, "slices": args.slices if mode == "sliced" else None,
-                    "replicas": args.replicas if mode == "sliced" else None, "aggregator": cfg.aggregation.name,
-                    "inner_steps": args.inner_steps, "rounds": args.rounds, "numel": numel, "payload_bytes": payload,
-                    "result_bytes": result_bytes, "received_median": received, "sent_median": sent,
-                    "expected_received": exp["received"], "expected_sent": exp["sent"],
-                    "received_vs_expected": received / exp["received"] if exp["received"] else None,
-                    "coordinator_bytes_per_round": (run["coordinator_sent"] + run["coordinator_received"]) / max(1, run["rounds_done"]),
-                    "coordinator_models_per_round": (run["coordinator_sent"] + run["coordinator_received"]) / max(1, run["rounds_done"]) / (4 * numel),
-                    "wall_s": run["wall_s"], "rows": run["rows"],
-                })
-                r = results[-1]
-                print(f"  received {received:,.0f} B (expected {exp['received']:,.0f}, x{r['received_vs_expected']:.3f}) | sent {sent:,.0f} B | "
-                      f"coordinator {r['coordinator_bytes_per_round']:,.0f} B/round = {r['coordinator_models_per_round']:.2f} fp32 models", flush=True)
+    for codec, mode, n in plan(args):
+        cfg = run_config(peers=n, rounds=args.rounds, inner_steps=args.inner_steps, codec=codec, mode=mode,
+                         slices=args.slices, replicas=args.replicas, spot_checks=args.spot_checks)
+        numel = num_params(build_model(cfg.model, cfg.seed))
+        rm = RoundMath(cfg, numel)
+        payload = rm.codec.max_encoded_size(numel)
+        result_bytes = numel * RESULT_BYTES_PER_PARAM[rm.result_format]  # the gathered aggregate
+        print(f"{codec} {mode} n={n}: running ({args.rounds} rounds x {args.inner_steps} inner steps)", flush=True)
+        run = run_swarm(cfg, peers=n, workdir=base / f"{codec.replace(':', '_')}-{mode}-{n}")
+        r = summarize(codec, mode, n, args, numel, payload, result_bytes, run)
+        results.append(r)
+        print(f"  {run['wall_s']:.0f} s; received mean {r['received_mean']:,.0f} B (median {r['received_median']:,.0f}; data "
+              f"{r['data_received_mean']:,.0f} vs expected {r['expected_received']:,.0f}: x{r['data_received_vs_expected']:.3f}; "
+              f"control {r['control_received_mean'] or 0:,.0f}) | sent {r['sent_mean']:,.0f} B | coordinator "
+              f"{r['coordinator_bytes_per_round']:,.0f} B/round", flush=True)
+        for problem in r["problems"]:
+            print(f"  PROBLEM: {problem}", flush=True)
     return results
 
 
-def projection(results: list[dict], link_bits_per_s: float = 100e6) -> list[dict]:
-    """Per-peer bytes and transfer time per round for big models and swarms, from measured bytes/param."""
+def control_fit(results: list[dict]) -> tuple[float, float]:
+    """Least-squares control bytes received per peer per round = c0 + c1·n over the sliced runs."""
+    points = [(r["peers"], r["control_received_mean"]) for r in results if r["mode"] == "sliced" and r["ok"]]
+    if len({n for n, _ in points}) < 2:
+        return (points[0][1] if points else 0.0), 0.0
+    mean_n = statistics.fmean(n for n, _ in points)
+    mean_c = statistics.fmean(c for _, c in points)
+    c1 = sum((n - mean_n) * (c - mean_c) for n, c in points) / sum((n - mean_n) ** 2 for n, _ in points)
+    return mean_c - c1 * mean_n, c1
+
+
+def projection(results: list[dict], link_bits_per_s: float = LINK_BITS_PER_S) -> list[dict]:
+    """Per-peer bytes and transfer time per round for big models and swarms, from measured bytes/param.
+
+    Sliced at S = 32 (as measured) and S = n (each peer owns ~r slices). Control = c0 + c1·n·S/32
+    (the manifest's slice hashes and each signed result's input list grow as n·S). The busiest
+    peer owns ceil(S·r/n) slices: it receives their n − 1 inputs and serves their result to n/r peers."""
+    c0, c1 = control_fit(results)
     rows = []
-    for r in results:
-        if r["mode"] != "sliced" or r["peers"] != max(x["peers"] for x in results if x["codec"] == r["codec"] and x["mode"] == "sliced"):
-            continue
-        c = r["payload_bytes"] / r["numel"]  # payload bytes per parameter (measured codec)
-        a = r["result_bytes"] / r["numel"]
-        overhead = r["received_median"] / r["expected_received"]  # measured control share on top
-        for params in (125e6, 1e9):
-            for n in (100, 1000):
-                sliced = expected("sliced", n, c * params, a * params, r["replicas"])["received"] * overhead
-                a2a = expected("all-to-all", n, c * params, a * params, r["replicas"])["received"]
-                rows.append({"codec": r["codec"], "params": params, "peers": n, "sliced_bytes": sliced, "all_to_all_bytes": a2a,
-                             "sliced_s": sliced * 8 / link_bits_per_s, "all_to_all_s": a2a * 8 / link_bits_per_s})
-    return rows
-
-
-def write_markdown(path: Path, results: list[dict], proj: list[dict], load_before: str, load_after: str) -> None:
-    from machine_info import command_line, machine_lines, write_keeping_notes
-
-    lines = ["# Bytes per peer per round as the swarm grows (measured)", "",
-             "Written by `scripts/measure_scale.py` from `benchmarks/scale.json` (same run): real local swarms on loopback, a",
-             "coordinator and n peer processes; bytes are the transport's ByteCounter counts (serialized protobuf sizes of every",
-             "RPC), medians over every (peer, round). Expected bytes (docs/sliced-exchange.md), P = payload, A = aggregated result,",
-             "m = n serving peers, r owners per slice:", "",
-             "- sliced: received ≈ r·(n−1)/m·P + (1 − r/m)·A; sent ≈ (r − r/m)·P + (n − r + 1)/m·A",
-             "- all-to-all: received ≈ (n − 1)·P", "",
-             *machine_lines(load_before, load_after), f"- command: `{command_line()}`", "",
-             "| codec | exchange | S | r | aggregator | H | rounds | n | payload P (B) | result A (B) | received/peer/round (B) | expected (B) | measured/expected | sent/peer/round (B) | coordinator B/round | = fp32 models |",
-             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in results:
-        lines.append(f"| {r['codec']} | {r['mode']} | {r['slices'] or '-'} | {r['replicas'] or '-'} | {r['aggregator']} | {r['inner_steps']} | "
-                     f"{r['rounds']} | {r['peers']} | {r['payload_bytes']:,} | {r['result_bytes']:,} | {r['received_median']:,.0f} | "
-                     f"{r['expected_received']:,.0f} | {r['received_vs_expected']:.3f} | {r['sent_median']:,.0f} | "
-                     f"{r['coordinator_bytes_per_round']:,.0f} | {r['coordinator_models_per_round']:.2f} |")
-    lines += ["", "## Growth from the smallest to the largest swarm", "",
-              "| codec | exchange | n small -> large | received small (B) | received large (B) | ratio |", "|---|---|---|---:|---:|---:|"]
     for codec in dict.fromkeys(r["codec"] for r in results):
-        for mode in dict.fromkeys(r["mode"] for r in results):
-            runs = sorted((r for r in results if r["codec"] == codec and r["mode"] == mode), key=lambda r: r["peers"])
-            if len(runs) >= 2:
-                lo, hi = runs[0], runs[-1]
-                lines.append(f"| {codec} | {mode} | {lo['peers']} -> {hi['peers']} | {lo['received_median']:,.0f} | "
-                             f"{hi['received_median']:,.0f} | {hi['received_median'] / lo['received_median']:.2f} |")
-    if proj:
-        lines += ["", "## Projection: 100 and 1,000 peers, 100 Mbit/s links", "",
-                  "Bytes per parameter of payload and result as measured above (largest sliced run of each codec), the measured",
-                  "control overhead kept as a factor, every peer serving (m = n); time = received bytes at 100 Mbit/s.", "",
-                  "| codec | model | peers | sliced: received/peer/round | sliced time | all-to-all: received/peer/round | all-to-all time |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
-        for p in proj:
-            lines.append(f"| {p['codec']} | {p['params'] / 1e6:,.0f}M | {p['peers']:,} | {p['sliced_bytes'] / 1e9:.2f} GB | "
-                         f"{p['sliced_s']:.0f} s | {p['all_to_all_bytes'] / 1e9:,.1f} GB | {p['all_to_all_s']:,.0f} s |")
-        lines += ["", "Not in the projection: the manifest grows with n (each update header carries S slice hashes, ~2.5 KB",
-                  "at S = 32), about 3 MB per peer per round at 1,000 peers; a Merkle root per update would make it O(n·64 B)."]
-    write_keeping_notes(path, "\n".join(lines) + "\n")
+        sliced = [r for r in results if r["codec"] == codec and r["mode"] == "sliced" and r["ok"]]
+        if not sliced:
+            continue
+        ref = max(sliced, key=lambda r: r["peers"])
+        p, a, k, rep = ref["payload_bytes"] / ref["numel"], ref["result_bytes"] / ref["numel"], ref["spot_checks"], ref["replicas"]
+        for params in (125e6, 1e9):
+            P, A = p * params, a * params
+            for n in (100, 1000):
+                a2a = expected("all-to-all", n, P, A, rep)["received"]
+                for S in (32, min(4096, n)):
+                    exp = expected("sliced", n, P, A, rep, S, k)
+                    control = c0 + c1 * n * S / 32
+                    owned = math.ceil(S * rep / n)
+                    busiest_received = owned * (n - 1) * P / S + (S - owned) * A / S + exp["spot"] + control
+                    busiest_sent = (rep - rep / n) * P + owned * n / rep * A / S + exp["spot"]
+                    mean = exp["received"] + control
+                    rows.append({"codec": codec, "params": params, "peers": n, "slices": S, "owned_busiest": owned,
+                                 "sliced_bytes": mean, "spot_bytes": exp["spot"], "control_bytes": control,
+                                 "busiest_received": busiest_received, "busiest_sent": busiest_sent, "all_to_all_bytes": a2a,
+                                 "sliced_s": mean * 8 / link_bits_per_s, "busiest_s": max(busiest_received, busiest_sent) * 8 / link_bits_per_s,
+                                 "all_to_all_s": a2a * 8 / link_bits_per_s})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,26 +255,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", type=int, nargs="+", default=[3, 6, 9, 12])
     parser.add_argument("--codec", nargs="+", default=["fp16"])
     parser.add_argument("--mode", nargs="+", default=["sliced"], choices=["sliced", "all-to-all"])
+    parser.add_argument("--all-to-all-peers", type=int, nargs="*", default=[], help="also run all-to-all at these sizes")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--inner-steps", type=int, default=2)
     parser.add_argument("--slices", type=int, default=32)
     parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--skip-rounds", type=int, default=1, help="leave out the first rounds (joins, warm-up) from the medians")
+    parser.add_argument("--spot-checks", type=int, default=1)
+    parser.add_argument("--skip-rounds", type=int, default=1, help="leave out the first rounds (joins, warm-up) from the figures")
     parser.add_argument("--workdir")
     parser.add_argument("--json", default=str(ROOT / "benchmarks/scale.json"))
+    parser.add_argument("--merge", action="store_true", help="keep the runs already in --json that this invocation does not repeat")
     parser.add_argument("--write-md", nargs="?", const=str(ROOT / "benchmarks/scale.md"), metavar="PATH")
+    parser.add_argument("--report-only", action="store_true", help="rewrite --write-md from --json without running anything")
     args = parser.parse_args(argv)
-    from machine_info import load_average
+    from machine_info import command_line, load_average
+    from scale_report import write_markdown
 
+    stored = json.loads(Path(args.json).read_text()) if (args.merge or args.report_only) and Path(args.json).exists() else {}
+    if args.report_only:
+        if not stored:
+            parser.error(f"--report-only: {args.json} does not exist; run the measurement first")
+        write_markdown(Path(args.write_md or ROOT / "benchmarks/scale.md"), stored)
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through Swarm's cleanup: no orphaned swarm
     load_before = load_average()
     results = measure(args)
-    proj = projection(results)
-    Path(args.json).write_text(json.dumps({"runs": results, "projection": proj, "load_before": load_before, "args": vars(args)}, indent=2))
+    done = {(r["codec"], r["mode"], r["peers"]) for r in results}
+    kept = [r for r in stored.get("runs", []) if (r["codec"], r["mode"], r["peers"]) not in done]
+    results = sorted(kept + results, key=lambda r: (r["codec"], r["mode"] != "sliced", r["peers"]))
+    invocation = {"command": command_line(), "load_before": load_before, "load_after": load_average(), "runs": sorted(done)}
+    data = {"runs": results, "projection": projection(results), "control_fit": control_fit(results),
+            "invocations": stored.get("invocations", []) + [invocation]}
+    Path(args.json).write_text(json.dumps(data, indent=1))
     print(f"wrote {args.json}")
     if args.write_md:
-        write_markdown(Path(args.write_md), results, proj, load_before, load_average())
+        write_markdown(Path(args.write_md), data)
         print(f"wrote {args.write_md}")
-    return 0
+    return 0 if all(r["ok"] for r in results) else 1
 
 
 if __name__ == "__main__":

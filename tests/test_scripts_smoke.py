@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import socket
@@ -264,3 +265,69 @@ def test_vs_hivemind_md_is_generated_from_its_json(tmp_path):
     rows = [row for p in json_paths for row in json.loads((ROOT / p).read_text())["rows"]]
     assert {(r["peers"], r["numel"], r["mode"]) for r in rows} >= {(8, 1_000_000, "sliced"), (8, 10_000_000, "sliced")}
     assert all(r["swarmloco_identical_on_every_peer"] for r in rows)
+
+
+def _peer_summary(peer_id: str, rounds: int, received: int, control: int, to_coordinator: int, n: int) -> dict:
+    """What a peer's --summary-json holds: per-round totals and the transport ledger by counterpart."""
+    ledger = {"127.0.0.1:5000": {"bytes_sent": control // 4, "bytes_received": control, "calls": 9},
+              "c0ffee": {"bytes_sent": to_coordinator, "bytes_received": 300, "calls": 2},
+              "127.0.0.1:6001": {"bytes_sent": 500, "bytes_received": received - control, "calls": 40}}
+    history = [{"round": r, "updates": n, "in_sync": True, "bytes_sent": 1_000 + control // 4 + to_coordinator,
+                "bytes_received": received, "payload_bytes": 100, "slices": {"owned": 21, "spot_checked": 1, "recomputed": 1}}
+               for r in range(rounds)]
+    return {"peer_id": peer_id, "history": history, "traffic": {str(r): ledger for r in range(rounds)}}
+
+
+def test_measure_scale_splits_control_from_data_and_checks_the_targets(tmp_path):
+    import measure_scale
+    import scale_report
+    from peer.run.slice_plan import expected_traffic
+
+    # the formula: k = 0 is docs/sliced-exchange.md's; each spot check adds ((n−1)·P − A)/S
+    assert measure_scale.expected("sliced", 3, 1.0, 1.0, 2, 32, 0)["received"] == pytest.approx(expected_traffic(3, 1.0, 1.0, 2)["received"])
+    assert measure_scale.expected("sliced", 3, 1.0, 1.0, 2, 32, 1)["received"] == pytest.approx(4 / 3 + 1 / 3 + 1 / 32)
+    assert measure_scale.expected("sliced", 12, 1.0, 1.0, 2, 32, 1)["received"] == pytest.approx(22 / 12 + 10 / 12 + 10 / 32)
+    assert measure_scale.expected("all-to-all", 12, 1.0, 1.0, 2)["received"] == 11.0
+
+    args = argparse.Namespace(slices=32, replicas=2, spot_checks=1, inner_steps=2, rounds=3, skip_rounds=1)
+    runs = []
+    for n, received, control in ((3, 1_700_000, 80_000), (12, 3_200_000, 200_000)):
+        summaries = [_peer_summary(f"p{i}", 3, received, control, 60_000, n) for i in range(n)]
+        rows = [row for s in summaries for row in measure_scale.ledger_rows(s, "127.0.0.1:5000", "c0ffee")]
+        assert rows[0]["control_received"] == control and rows[0]["to_coordinator_sent"] == 60_000
+        run = {"rows": rows, "wall_s": 1.0, "problems": [], "rounds_done": 3, "coordinator_total": 0}
+        runs.append(measure_scale.summarize("fp16", "sliced", n, args, 1_000_000, 1_000_000, 1_000_000, run))
+    small, large = runs
+    assert small["data_received_mean"] == 1_620_000 and small["control_received_mean"] == 80_000
+    # per round: n peers x (control both ways + what the coordinator fetched + its requests)
+    assert small["coordinator_bytes_per_round"] == 3 * (80_000 + 20_000 + 60_000 + 300)
+    assert small["data_received_vs_expected"] == pytest.approx(1_620_000 / (1e6 * (4 / 3 + 1 / 3 + 1 / 32)))
+    assert measure_scale.control_fit(runs) == pytest.approx((80_000 - 3 * 120_000 / 9, 120_000 / 9))
+
+    proj = measure_scale.projection(runs)
+    by = {(p["params"], p["peers"], p["slices"]): p for p in proj}
+    assert len(proj) == 8 and by[(1e9, 1000, 1000)]["owned_busiest"] == 2 and by[(1e9, 1000, 32)]["owned_busiest"] == 1
+    assert by[(1e9, 1000, 32)]["spot_bytes"] == pytest.approx((999e9 - 1e9) / 32)  # S fixed: spot checks grow as n/S
+    assert by[(1e9, 1000, 1000)]["all_to_all_bytes"] == pytest.approx(999e9)
+
+    data = {"runs": runs, "projection": proj, "control_fit": measure_scale.control_fit(runs),
+            "invocations": [{"command": "measure_scale.py --peers 3 12", "load_before": "1 / 1 / 1", "load_after": "2 / 2 / 2"}]}
+    out = tmp_path / "scale.md"
+    scale_report.write_markdown(out, data)
+    text = out.read_text()
+    assert "**fp16: received per peer at 12 peers / at 3 peers ≤ 1.6x: NOT reached**, 1.88x" in text
+    assert "coordinator ≤ ~2 models' worth per round at every n: reached" in text
+    assert "nan" not in text.lower() and "<!-- notes -->" in text
+
+
+def test_scale_md_is_generated_from_its_json(tmp_path):
+    """benchmarks/scale.md's tables and verdicts come from benchmarks/scale.json, and every run in it finished in sync."""
+    import measure_scale
+
+    out = tmp_path / "scale.md"
+    assert measure_scale.main(["--report-only", "--json", str(ROOT / "benchmarks/scale.json"), "--write-md", str(out)]) == 0
+    committed = (ROOT / "benchmarks/scale.md").read_text().split("<!-- notes -->")[0]
+    assert out.read_text().split("<!-- notes -->")[0] == committed
+    runs = json.loads((ROOT / "benchmarks/scale.json").read_text())["runs"]
+    assert {(r["mode"], r["peers"]) for r in runs} >= {("sliced", n) for n in (3, 6, 9, 12)} | {("all-to-all", 3), ("all-to-all", 12)}
+    assert all(r["ok"] for r in runs)

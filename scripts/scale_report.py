@@ -1,0 +1,138 @@
+"""benchmarks/scale.md from the JSON scripts/measure_scale.py writes: tables, growth, targets, projection.
+
+Imports nothing from the measurement (a report can be rewritten without a swarm):
+
+    .venv/bin/python scripts/measure_scale.py --report-only --write-md
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
+
+from machine_info import machine_lines, write_keeping_notes  # noqa: E402
+
+FORMULAS = [
+    "- sliced, received ≈ r·(n−1)/m·P + (1 − r/m)·A + k·((n−1)·P − A)/S",
+    "- sliced, sent ≈ (r − r/m)·P + (n − r + 1)/m·A + k·((n−1)·P − A)/S",
+    "- all-to-all, received ≈ (n − 1)·P",
+    "- coordinator, fetched ≈ A + k·(n·P − A)/S (sliced: gathers θ_{r+1}, spot-checks k slices); n·P (all-to-all)",
+]
+
+
+def _kb(x: float) -> str:
+    return f"{x / 1e3:,.0f}"
+
+
+def growth(runs: list[dict]) -> list[dict]:
+    """Per (codec, exchange): the smallest and largest swarm's received bytes, measured and expected."""
+    out = []
+    for codec in dict.fromkeys(r["codec"] for r in runs):
+        for mode in ("sliced", "all-to-all"):
+            group = sorted((r for r in runs if r["codec"] == codec and r["mode"] == mode and r["ok"]), key=lambda r: r["peers"])
+            if len(group) < 2:
+                continue
+            lo, hi = group[0], group[-1]
+            no_spot = [r["expected_received"] - r.get("expected_spot", 0) for r in (lo, hi)]
+            out.append({"codec": codec, "mode": mode, "small": lo["peers"], "large": hi["peers"],
+                        "measured": hi["received_mean"] / lo["received_mean"],
+                        "measured_median": hi["received_median"] / lo["received_median"],
+                        "data": hi["data_received_mean"] / lo["data_received_mean"],
+                        "expected": hi["expected_received"] / lo["expected_received"],
+                        "expected_no_spot": no_spot[1] / no_spot[0]})
+    return out
+
+
+def target_lines(runs: list[dict]) -> list[str]:
+    sliced = [r for r in runs if r["mode"] == "sliced" and r["ok"]]
+    lines = ["## Targets (issue 10), from the rows above", ""]
+    for g in growth(runs):
+        if g["mode"] != "sliced":
+            continue
+        verdict = "reached" if g["measured"] <= 1.6 else "NOT reached"
+        lines.append(f"- **{g['codec']}: received per peer at {g['large']} peers / at {g['small']} peers ≤ 1.6x: {verdict}**, "
+                     f"{g['measured']:.2f}x (mean over peers and rounds; medians {g['measured_median']:.2f}x; data only "
+                     f"{g['data']:.2f}x). The formula predicts {g['expected']:.2f}x, {g['expected_no_spot']:.2f}x without the spot checks.")
+    for g in growth(runs):
+        if g["mode"] == "all-to-all":
+            lines.append(f"- {g['codec']} all-to-all for comparison: {g['measured']:.2f}x from {g['small']} to {g['large']} peers "
+                         f"(formula {g['expected']:.2f}x).")
+    if sliced:
+        worst_total = max(sliced, key=lambda r: abs(r["received_vs_expected"] - 1))
+        worst_data = max(sliced, key=lambda r: abs(r["data_received_vs_expected"] - 1))
+        ok_total = abs(worst_total["received_vs_expected"] - 1) <= 0.10
+        ok_data = abs(worst_data["data_received_vs_expected"] - 1) <= 0.10
+        lines.append(f"- **measured within 10% of the formula: data {'reached' if ok_data else 'NOT reached'}** (worst: "
+                     f"{worst_data['data_received_vs_expected']:.3f} at {worst_data['codec']} n = {worst_data['peers']}); "
+                     f"**with the control traffic {'reached' if ok_total else 'NOT reached'}** (worst: "
+                     f"{worst_total['received_vs_expected']:.3f} at {worst_total['codec']} n = {worst_total['peers']}).")
+        worst = max(sliced, key=lambda r: r["coordinator_bytes_per_round"] / (4 * r["numel"]))
+        models = worst["coordinator_bytes_per_round"] / (4 * worst["numel"])
+        lines.append(f"- **coordinator ≤ ~2 models' worth per round at every n: {'reached' if models <= 2.0 else 'NOT reached'}**, "
+                     f"at most {models:.2f} fp32 models = {worst['coordinator_bytes_per_round'] / worst['result_bytes']:.2f} "
+                     f"aggregates A ({worst['codec']}, n = {worst['peers']}, {_kb(worst['coordinator_bytes_per_round'])} KB).")
+    return lines + [""]
+
+
+def projection_lines(data: dict) -> list[str]:
+    proj = data.get("projection") or []
+    if not proj:
+        return []
+    c0, c1 = data.get("control_fit", (0.0, 0.0))
+    lines = ["## Projection: 100 and 1,000 peers, 100 Mbit/s links", "",
+             "From the largest sliced run of each codec: P and A per parameter as measured (the codec's payload, the",
+             "result format), the formula above, and the control bytes fitted on the measured sliced runs:",
+             f"control received per peer per round ≈ {c0 / 1e3:,.1f} KB + {c1 / 1e3:,.2f} KB·n at S = 32, scaled as n·S/32",
+             "beyond (the manifest carries S slice hashes per update, each signed result lists its inputs). Every peer",
+             "serves (m = n). The busiest peer owns ceil(S·r/n) slices: it receives their n − 1 inputs and serves their",
+             "result to n/r peers; time = the larger of its received and sent bytes at 100 Mbit/s (the mean peer:",
+             "received bytes). All-to-all: (n − 1)·P received by every peer.", "",
+             "| codec | model | peers | S | mean peer received | of which spot checks | of which control | mean peer time | busiest peer recv / sent | busiest peer time | all-to-all received | all-to-all time |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in proj:
+        lines.append(f"| {p['codec']} | {p['params'] / 1e6:,.0f}M | {p['peers']:,} | {p['slices']:,} | {p['sliced_bytes'] / 1e9:,.2f} GB | "
+                     f"{p['spot_bytes'] / 1e9:,.2f} GB | {p['control_bytes'] / 1e9:,.3f} GB | {p['sliced_s']:,.0f} s | "
+                     f"{p['busiest_received'] / 1e9:,.2f} / {p['busiest_sent'] / 1e9:,.2f} GB | {p['busiest_s']:,.0f} s | "
+                     f"{p['all_to_all_bytes'] / 1e9:,.1f} GB | {p['all_to_all_s']:,.0f} s |")
+    return lines + [""]
+
+
+def write_markdown(path: Path, data: dict) -> None:
+    runs = data["runs"]
+    lines = ["# Bytes per peer per round as the swarm grows (measured)", "",
+             "Written by `scripts/measure_scale.py` (method in its docstring; report: `scripts/scale_report.py`) from",
+             "`benchmarks/scale.json`. Real local swarms on loopback, a coordinator and n peer processes, default demo model,",
+             "rule `median`; bytes are each peer's transport ledger (serialized protobuf sizes of every RPC, by counterpart",
+             "and round). Figures are over every (peer, round) after the first round (joins, warm-up): mean, and the median",
+             "beside it; the owner draw gives peers different numbers of slices, so the mean is what the formula predicts.",
+             "control = a peer's traffic with the coordinator (headers, manifest, signed results, heartbeats); data = the",
+             "rest (all-to-all: everything, since its coordinator holds and serves every payload like a peer). The",
+             "coordinator's bytes per round are summed from the peers' ledgers. Expected data bytes per peer",
+             "per round (P payload, A aggregated result, m = n serving peers, r owners per slice, S slices, k spot checks):", "",
+             *FORMULAS, ""]
+    for inv in data.get("invocations", []):
+        lines += [*machine_lines(inv["load_before"], inv["load_after"]), f"- command: `{inv['command']}`", ""]
+    lines += ["| codec | exchange | S | r | k | n | P (KB) | A (KB) | received mean (median; min–max) KB | control KB | data KB | expected KB | data / expected | received / expected | sent mean KB | expected sent KB | coordinator KB/round | = fp32 models | all in sync |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in runs:
+        lines.append(f"| {r['codec']} | {r['mode']} | {r['slices'] or '-'} | {r['replicas'] or '-'} | {r['spot_checks']} | {r['peers']} | "
+                     f"{_kb(r['payload_bytes'])} | {_kb(r['result_bytes'])} | {_kb(r['received_mean'])} ({_kb(r['received_median'])}; "
+                     f"{_kb(r['received_min'])}–{_kb(r['received_max'])}) | {_kb(r['control_received_mean']) if r['control_received_mean'] is not None else '-'} | "
+                     f"{_kb(r['data_received_mean'])} | "
+                     f"{_kb(r['expected_received'])} | {r['data_received_vs_expected']:.3f} | {r['received_vs_expected']:.3f} | "
+                     f"{_kb(r['sent_mean'])} | {_kb(r['expected_sent'])} | {_kb(r['coordinator_bytes_per_round'])} | "
+                     f"{r['coordinator_bytes_per_round'] / (4 * r['numel']):.2f} | {'yes' if r['ok'] else 'NO: ' + '; '.join(r['problems'])} |")
+    lines += ["", *(f"Every run: H = {r['inner_steps']} inner steps, {r['rounds']} rounds, the first {r['skip_rounds']} "
+                    "left out of the figures." for r in runs[:1]), "",
+              "## Growth from the smallest to the largest swarm", "",
+              "| codec | exchange | n | received, mean | received, median | data only | formula | formula without spot checks |",
+              "|---|---|---|---:|---:|---:|---:|---:|"]
+    for g in growth(runs):
+        lines.append(f"| {g['codec']} | {g['mode']} | {g['small']} -> {g['large']} | {g['measured']:.2f}x | {g['measured_median']:.2f}x | "
+                     f"{g['data']:.2f}x | {g['expected']:.2f}x | {g['expected_no_spot']:.2f}x |")
+    lines += ["", *target_lines(runs), *projection_lines(data)]
+    write_keeping_notes(path, "\n".join(lines))
