@@ -11,17 +11,12 @@ from optim import codecs
 from peer.run.config import RunConfig
 from peer.cli.main import main
 from peer.cli.simulate import SimulationOptions, run_simulation
+from tests.conftest import tiny_run_config
 
-TINY = {
-    "seed": 3,
-    "model": {"seq_len": 32, "d_model": 32, "n_layer": 1, "n_head": 2},
-    "data": {"batch_size": 8, "val_batches": 4, "max_corpus_bytes": 300_000},
-    "inner": {"steps": 8, "lr": 3e-3, "warmup_steps": 4},
-}
-
-
-def tiny_config() -> RunConfig:
-    return RunConfig.from_dict(json.loads(json.dumps(TINY)))
+def tiny_config(**sections) -> RunConfig:
+    """The one tiny run config (tests/conftest.py) with a smaller model: simulate runs it in-process, often."""
+    return tiny_run_config(seed=3, model={"seq_len": 32, "d_model": 32}, data={"batch_size": 8, "max_corpus_bytes": 300_000},
+                           inner={"lr": 3e-3}, **sections)
 
 
 def simulate(**kwargs) -> dict:
@@ -31,7 +26,7 @@ def simulate(**kwargs) -> dict:
 
 
 def all_to_all_config() -> RunConfig:
-    return RunConfig.from_dict({**json.loads(json.dumps(TINY)), "exchange": {"mode": "all-to-all"}})
+    return tiny_config(exchange={"mode": "all-to-all"})
 
 
 def test_sliced_byte_accounting_follows_the_owner_draw():
@@ -122,7 +117,7 @@ def test_nan_attacker_is_excluded_and_training_stays_finite():
 
 
 def spot_check_config(spot_checks: int) -> RunConfig:
-    return RunConfig.from_dict({**json.loads(json.dumps(TINY)), "exchange": {"spot_checks": spot_checks}})
+    return tiny_config(exchange={"spot_checks": spot_checks})
 
 
 def test_a_lone_lying_owner_is_caught_every_time_and_changes_no_honest_parameter():
