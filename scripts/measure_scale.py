@@ -119,15 +119,17 @@ def run_swarm(cfg, *, peers: int, workdir: Path) -> dict:
             "coordinator_total": traffic.get("bytes_sent", 0) + traffic.get("bytes_received", 0)}
 
 
-def expected(mode: str, n: int, payload: float, result: float, replicas: int, slices: int = 32, spot_checks: int = 0) -> dict[str, float]:
-    """Expected data bytes per peer per round (module docstring), control traffic not included."""
+def expected(mode: str, n: int, payload: float, result: float, replicas: int, slices: int = 32, spot_checks: int = 0,
+             coverage: float = 2.0) -> dict[str, float]:
+    """Expected data bytes per peer per round (module docstring), control traffic not included.
+    Spot checks run with probability min(1, coverage·S/(n·k)) (exchange.spot_check_coverage)."""
     if mode == "all-to-all":
         return {"received": (n - 1) * payload, "sent": (n - 1) * payload, "spot": 0.0}  # every peer fetches every other update
     from peer.run.slice_plan import expected_traffic
 
-    base = expected_traffic(n, payload, result, replicas)
-    spot = spot_checks * ((n - 1) * payload - result) / slices if n > replicas else 0.0  # n ≤ r: every slice is ours
-    return {"received": base["received"] + spot, "sent": base["sent"] + spot, "spot": spot}
+    base = expected_traffic(n, payload, result, replicas, num_slices=slices)
+    full = expected_traffic(n, payload, result, replicas, spot_checks=spot_checks, coverage=coverage, num_slices=slices)
+    return {"received": full["received"], "sent": full["sent"], "spot": full["received"] - base["received"]}
 
 
 def expected_coordinator(mode: str, n: int, payload: float, result: float, slices: int, spot_checks: int) -> float:
@@ -275,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         if not stored:
             parser.error(f"--report-only: {args.json} does not exist; run the measurement first")
+        # The projection is a pure function of the measured runs and the formula: recomputed and
+        # written back, so the JSON beside the md holds every figure the md shows.
+        stored["projection"], stored["control_fit"] = projection(stored["runs"]), control_fit(stored["runs"])
+        Path(args.json).write_text(json.dumps(stored, indent=1))
         write_markdown(Path(args.write_md or ROOT / "benchmarks/scale.md"), stored)
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through Swarm's cleanup: no orphaned swarm

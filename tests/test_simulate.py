@@ -39,7 +39,10 @@ def test_sliced_byte_accounting_follows_the_owner_draw():
     math = RoundMath(tiny_config(), d)
     payload = math.codec.max_encoded_size(d)
     assert payload == 4 * math.layout.num_slices + 2 * d  # fp16, slice by slice: a 4-byte codec header each
-    expected = expected_traffic(peers, payload, 2 * d, 2)
+    x = sliced["config"]["exchange"]
+    expected = expected_traffic(peers, payload, 2 * d, 2, spot_checks=x["spot_checks"], coverage=x["spot_check_coverage"],
+                                num_slices=math.layout.num_slices)
+    assert expected["received"] > expected_traffic(peers, payload, 2 * d, 2)["received"]  # the spot check is counted
     assert sliced["upload_bytes_per_peer_per_round"] == pytest.approx(expected["sent"], abs=1)
     assert sliced["bytes_per_peer_per_round"] == pytest.approx(expected["sent"] + expected["received"], abs=2)
     # bounded in n: about r payloads + one aggregate, where all-to-all downloads n - 1 payloads

@@ -239,7 +239,10 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
             sizes = [0 if p is None else len(p) for p in payloads]
             if receiver.sliced:  # expected bytes of the owner draw (every virtual peer serves)
                 result_bytes = receiver.numel * {"fp32": 4, "fp16": 2, "bf16": 2}[receiver.result_format]
-                traffic = [expected_traffic(len(sizes), own, result_bytes, cfg.exchange.replicas) for own in sizes]
+                xc = cfg.exchange
+                traffic = [expected_traffic(len(sizes), own, result_bytes, xc.replicas, spot_checks=xc.spot_checks,
+                                            coverage=xc.spot_check_coverage, num_slices=receiver.layout.num_slices)
+                           for own in sizes]
                 curve.upload_bytes.append([round(x["sent"]) for x in traffic])
                 curve.download_bytes.append([round(x["received"]) for x in traffic])
             else:  # all-to-all: each peer uploads its payload once and fetches every other one

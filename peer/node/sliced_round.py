@@ -80,7 +80,8 @@ def sliced_exchange(
     waited = time.monotonic() - t_wait
 
     t_gather = time.monotonic()
-    outcome = exchange.gather(rnd, list(reply.results), spot_checks=math.cfg.exchange.spot_checks)
+    outcome = exchange.gather(rnd, list(reply.results), spot_checks=math.cfg.exchange.spot_checks,
+                              coverage=math.cfg.exchange.spot_check_coverage)
     fail_point("gathered", r)
     by_slice: dict[int, list[swarm_pb2.Signed]] = {}
     for signed, why in outcome.liars:

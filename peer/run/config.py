@@ -217,6 +217,10 @@ class ExchangeConfig:
     slices: int = 32  # S: slices of the flat parameter vector (on codec block boundaries)
     replicas: int = 2  # r: owners per slice; a lone lying owner is outvoted by recomputation
     spot_checks: int = 1  # slices each peer recomputes per round from signed inputs (catches colluding owners)
+    # Expected recomputations of each slice per round across the whole swarm: a peer runs its spot
+    # checks with probability min(1, coverage·S / (n·spot_checks)), so a large swarm still checks
+    # every slice about this often while each peer's spot-check traffic stays bounded in n.
+    spot_check_coverage: float = 2.0
     result_timeout_s: float = 60.0  # after the manifest: wait this long for slice results, then recompute what is missing
     result_grace_s: float = 2.0  # once every slice has a result: wait this long for the other owners' results
 
@@ -225,6 +229,7 @@ class ExchangeConfig:
         _require(1 <= self.slices <= 4096, f"exchange.slices={self.slices}: use 1 to 4096 slices")
         _require(1 <= self.replicas <= 8, f"exchange.replicas={self.replicas}: use 1 to 8 owners per slice")
         _require(0 <= self.spot_checks <= self.slices, f"exchange.spot_checks={self.spot_checks}: use 0 to exchange.slices")
+        _require(self.spot_check_coverage > 0, f"exchange.spot_check_coverage={self.spot_check_coverage}: use a positive number")
         _require(self.result_timeout_s > 0 and self.result_grace_s >= 0, "exchange.result_timeout_s must be > 0, result_grace_s >= 0")
 
 

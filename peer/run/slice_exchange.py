@@ -211,13 +211,18 @@ class SliceExchange:
         return by_slice
 
     def gather(self, rnd: SliceRound, signed_results: list[swarm_pb2.Signed], *, spot_checks: int = 0,
-               rng: random.Random | None = None) -> GatherOutcome:
+               coverage: float | None = None, rng: random.Random | None = None) -> GatherOutcome:
+        """`coverage`: run the spot checks only with probability spot_check_probability (peers);
+        None: always (the coordinator)."""
         """The (d,) aggregate from the owners' signed results; recomputes where it must."""
         by_slice = self.open_results(rnd, signed_results)
         layout = self.math.layout
         me = self.identity.peer_id if self.identity is not None else ""
         not_mine = [j for j in range(layout.num_slices) if me not in rnd.owners[j]]
         rng = rng or random.SystemRandom()  # unpredictable to the owners
+        if coverage is not None and rng.random() >= slice_plan.spot_check_probability(
+                spot_checks, coverage, layout.num_slices, len(rnd.peer_ids)):
+            spot_checks = 0
         spot = sorted(rng.sample(not_mine, min(spot_checks, len(not_mine))))
         outcome = GatherOutcome(combined=torch.empty(layout.numel), spot_checked=spot)
 

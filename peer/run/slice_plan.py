@@ -33,7 +33,16 @@ def owned_by(owners: Sequence[Sequence[str]], peer_id: str) -> list[int]:
     return [j for j, slice_owners in enumerate(owners) if peer_id in slice_owners]
 
 
-def expected_traffic(n: int, payload: float, result: float, replicas: int, servers: int | None = None) -> dict[str, float]:
+def spot_check_probability(spot_checks: int, coverage: float, num_slices: int, checkers: int) -> float:
+    """Chance that one peer runs its spot checks this round: min(1, coverage·S / (n·k)), so the
+    swarm recomputes each slice about `coverage` times per round whatever its size."""
+    if spot_checks <= 0 or checkers <= 0:
+        return 0.0
+    return min(1.0, coverage * num_slices / (checkers * spot_checks))
+
+
+def expected_traffic(n: int, payload: float, result: float, replicas: int, servers: int | None = None, *,
+                     spot_checks: int = 0, coverage: float = 2.0, num_slices: int = 1) -> dict[str, float]:
     """Expected bytes one serving peer sends and receives per round in the sliced exchange (the
     owner draw spreads slices evenly, so these are averages over peers; docs/sliced-exchange.md).
 
@@ -41,11 +50,15 @@ def expected_traffic(n: int, payload: float, result: float, replicas: int, serve
     serving peers (default n), r = min(replicas, m) owners per slice:
       sent     = (r − r/m)·P  (each slice to its owners, minus ours)  + (n − r + 1)/m·A (results we serve)
       received = r·(n − 1)/m·P (inputs of the slices we own)           + (1 − r/m)·A    (results of the others)
+      + spot checks, both ways: k·p·((n − 1)·P − A)/S, p = spot_check_probability (bounded in n: ≤ coverage·P)
     """
     m = n if servers is None else servers
     r = min(replicas, m)
-    return {"sent": (r - r / m) * payload + (n - r + 1) / m * result,
-            "received": r * (n - 1) / m * payload + (1 - r / m) * result}
+    # A spot check fetches a slice's n − 1 inputs instead of its aggregate; run with probability p.
+    checks = spot_checks * spot_check_probability(spot_checks, coverage, num_slices, n) if r < m else 0.0  # r ≥ m: every slice is ours
+    spot = checks * max(0.0, (n - 1) * payload - result) / num_slices
+    return {"sent": (r - r / m) * payload + (n - r + 1) / m * result + spot,  # authors serve the checkers' fetches
+            "received": r * (n - 1) / m * payload + (1 - r / m) * result + spot}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +84,11 @@ def liars(claims: Sequence[Claim], verified: dict[tuple[str, tuple[str, ...]], b
 
 
 def collusion_odds(servers: int, byzantine: int, replicas: int, slices: int, spot_checks: int,
-                   honest_checkers: int | None = None, trials: int = 20_000, seed: int = 0) -> dict[str, float]:
+                   honest_checkers: int | None = None, trials: int = 20_000, seed: int = 0,
+                   coverage: float = 2.0) -> dict[str, float]:
     """How often colluding owners can lie, and how soon spot checks catch them, under this
-    module's real owner draw (Monte Carlo over draws; every honest peer and the coordinator
-    recompute `spot_checks` random slices each that they do not own).
+    module's real owner draw (Monte Carlo over draws; the coordinator and, each with probability
+    spot_check_probability, every honest peer recompute `spot_checks` random slices they do not own).
 
     Colluders lie on every slice whose owners are all theirs (a slice with one honest owner would
     be a disagreement: recomputed and caught at once). Returns the chance that a round offers them
@@ -94,7 +108,10 @@ def collusion_odds(servers: int, byzantine: int, replicas: int, slices: int, spo
             continue
         lie_rounds += 1
         honest = [p for p in ids if p not in bad][: max(0, checkers - 1)] + [""]  # "" = the coordinator, owns nothing
+        p = spot_check_probability(spot_checks, coverage, slices, servers)
         for checker in honest:
+            if checker and rng.random() >= p:  # this peer skips its checks this round (the coordinator never does)
+                continue
             candidates = [j for j in range(slices) if checker not in owners[j]]
             if lied & set(rng.sample(candidates, min(spot_checks, len(candidates)))):
                 caught += 1
