@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     # simulate
     s = sub.add_parser("simulate", help="N virtual peers in one process (same math, no network) for fast experiments")
     s.add_argument("--peers", type=int, default=4, help="virtual peers")
-    s.add_argument("--attack", metavar="NAME", help=f"the first --num-byzantine peers attack: {', '.join(ATTACKS)} (optim/attacks.py)")
+    s.add_argument("--attack", metavar="NAME", help=f"the first --num-byzantine peers attack: {', '.join(ATTACKS)} (optim/attacks.py); "
+                   "or lying-owner: as slice owners they sign false aggregated slices (sliced exchange)")
     s.add_argument("--attack-option", action="append", default=[], metavar="KEY=VALUE",
                    help="attack option, repeatable, e.g. --attack-option scale=4 (values parsed as JSON when possible)")
     s.add_argument("--baseline", choices=("diloco", "ddp"), default="diloco", help="diloco, or ddp: synchronous data-parallel on the same peers")
