@@ -17,8 +17,9 @@ if str(ROOT / "scripts") not in sys.path:
 from machine_info import machine_lines, write_keeping_notes  # noqa: E402
 
 FORMULAS = [
-    "- sliced, received ≈ r·(n−1)/m·P + (1 − r/m)·A + k·((n−1)·P − A)/S",
-    "- sliced, sent ≈ (r − r/m)·P + (n − r + 1)/m·A + k·((n−1)·P − A)/S",
+    "- sliced, received ≈ r·(n−1)/m·P + (1 − r/m)·A + p·k·((n−1)·P − A)/S, p = min(1, coverage·S/(n·k)), coverage = 2",
+    "  (p = 1 in every measured run below: n ≤ 12)",
+    "- sliced, sent ≈ (r − r/m)·P + (n − r + 1)/m·A + p·k·((n−1)·P − A)/S",
     "- all-to-all, received ≈ (n − 1)·P",
     "- coordinator, fetched ≈ A + k·(n·P − A)/S (sliced: gathers θ_{r+1}, spot-checks k slices); n·P (all-to-all)",
 ]
