@@ -3,19 +3,22 @@
 An owner fetches slice j of every update the manifest lists, verifies each against the author's
 signed header, runs the robust rule on that slice alone and signs
 
-    {run_id, round, slice, owner, manifest_sha256, result_sha256, result_size, inputs, excluded}
+    {run_id, round, slice, owner, manifest_sha256, result_sha256, result_size, excluded}
 
-`inputs` are the peer_ids whose slices went into the result (in aggregation order) and
-`excluded` the listed peers left out, with why (unreachable, non-finite, undecodable,
-hash-mismatch). Anyone holding the same signed inputs can recompute the result bit for bit and
-check `result_sha256`: two owners that signed different hashes over the same inputs prove one of
-them wrong, and a recomputation says which (the signed result is the evidence).
+`excluded` names the listed peers left out, with why (unreachable, non-finite, undecodable,
+hash-mismatch); the result's `inputs` are the manifest's other entries, in its order. They are
+not signed as a list: the manifest (bound by its sha256) already fixes them, and a list of n peer
+ids in each of the S·r results every peer downloads would grow the round's control traffic as n².
+Anyone holding the same signed inputs can recompute the result bit for bit and check
+`result_sha256`: two owners that signed different hashes over the same inputs prove one of them
+wrong, and a recomputation says which (the signed result is the evidence).
 """
 
 from __future__ import annotations
 
 import base64
 from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from protocol._generated import swarm_pb2
@@ -49,7 +52,7 @@ def sign_slice_result(identity: Identity, result: SliceResult) -> swarm_pb2.Sign
     if result.owner != identity.peer_id:
         raise ValueError("a slice result must name its signer as owner")
     body = asdict(result)
-    body["inputs"] = list(result.inputs)
+    del body["inputs"]  # the manifest's entries minus `excluded`: see the module docstring
     return sign_body(identity, SLICE_RESULT_TAG, body)
 
 
@@ -58,11 +61,13 @@ def _is_hex64(value: Any) -> bool:
 
 
 def open_slice_result(
-    signed: swarm_pb2.Signed, *, run_id: str, round_: int, num_slices: int, max_result_bytes: int
+    signed: swarm_pb2.Signed, *, run_id: str, round_: int, num_slices: int, max_result_bytes: int, peer_ids: Sequence[str]
 ) -> SliceResult:
-    """Verify a signed slice result's signature and shape; raise EnvelopeError."""
+    """Verify a signed slice result's signature and shape; raise EnvelopeError. `peer_ids`: the
+    manifest's entries in its order (the result's inputs are those not excluded)."""
     fields, signer = open_envelope(signed, SLICE_RESULT_TAG, "slice result")
     try:
+        excluded = {str(k): str(v) for k, v in dict(fields["excluded"]).items()}
         result = SliceResult(
             run_id=str(fields["run_id"]),
             round=int(fields["round"]),
@@ -71,11 +76,13 @@ def open_slice_result(
             manifest_sha256=str(fields["manifest_sha256"]),
             result_sha256=str(fields["result_sha256"]),
             result_size=int(fields["result_size"]),
-            inputs=tuple(str(p) for p in fields["inputs"]),
-            excluded={str(k): str(v) for k, v in dict(fields["excluded"]).items()},
+            inputs=tuple(p for p in peer_ids if p not in excluded),
+            excluded=excluded,
         )
     except (KeyError, TypeError, ValueError):
         raise EnvelopeError("malformed", "slice result body lacks required fields") from None
+    if not set(excluded) <= set(peer_ids):
+        raise EnvelopeError("malformed", "slice result excludes peers the manifest does not list")
     if result.owner != signer:
         raise EnvelopeError("forged", f"slice result names owner {result.owner[:8]} but is signed by {signer[:8]}")
     if result.run_id != run_id or result.round != round_:

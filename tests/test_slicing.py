@@ -102,16 +102,20 @@ def test_signed_slice_results_verify_and_refuse_forgeries():
     result = SliceResult(run_id="r", round=4, slice=2, owner=owner.peer_id, manifest_sha256="0" * 64,
                          result_sha256="f" * 64, result_size=100, inputs=("a", "b"), excluded={"c": "non-finite"})
     signed = sign_slice_result(owner, result)
-    assert open_slice_result(signed, run_id="r", round_=4, num_slices=8, max_result_bytes=1000) == result
+    peers = ("a", "b", "c")  # the manifest's entries: inputs are those not excluded, not a signed list
+    assert open_slice_result(signed, run_id="r", round_=4, num_slices=8, max_result_bytes=1000, peer_ids=peers) == result
+    assert b'"inputs"' not in signed.body
+    with pytest.raises(EnvelopeError, match="does not list"):
+        open_slice_result(signed, run_id="r", round_=4, num_slices=8, max_result_bytes=1000, peer_ids=("a", "b"))
     with pytest.raises(EnvelopeError, match="wrong-round|expected"):
-        open_slice_result(signed, run_id="r", round_=5, num_slices=8, max_result_bytes=1000)
+        open_slice_result(signed, run_id="r", round_=5, num_slices=8, max_result_bytes=1000, peer_ids=peers)
     with pytest.raises(EnvelopeError):
-        open_slice_result(signed, run_id="r", round_=4, num_slices=2, max_result_bytes=1000)
+        open_slice_result(signed, run_id="r", round_=4, num_slices=2, max_result_bytes=1000, peer_ids=peers)
     with pytest.raises(ValueError):
         sign_slice_result(other, result)
     forged = type(signed)(body=signed.body, signature=signed.signature, public_key=other.public_key)
     with pytest.raises(EnvelopeError):
-        open_slice_result(forged, run_id="r", round_=4, num_slices=8, max_result_bytes=1000)
+        open_slice_result(forged, run_id="r", round_=4, num_slices=8, max_result_bytes=1000, peer_ids=peers)
 
 
 def test_collusion_odds_follow_the_owner_draw():

@@ -94,7 +94,7 @@ class SlicedRounds:
         rnd = state.slice_round
         try:
             result = open_slice_result(signed, run_id=c.cfg.run_id, round_=rnd.round, num_slices=c.math.layout.num_slices,
-                                       max_result_bytes=c.math.max_result_bytes())
+                                       max_result_bytes=c.math.max_result_bytes(), peer_ids=rnd.peer_ids)
         except EnvelopeError as exc:
             return self._refuse(exc.reason, f"{exc.reason}: {exc}")
         if result.owner not in rnd.owners[result.slice] or result.manifest_sha256 != rnd.manifest_sha256:
@@ -184,8 +184,10 @@ class SlicedRounds:
             return []
 
     def ban_liar(self, r: int, signed: swarm_pb2.Signed, why: str) -> None:
+        state = self.rounds.get(r)
         owner = open_slice_result(signed, run_id=self.c.cfg.run_id, round_=r, num_slices=self.c.math.layout.num_slices,
-                                  max_result_bytes=self.c.math.max_result_bytes()).owner
+                                  max_result_bytes=self.c.math.max_result_bytes(),
+                                  peer_ids=state.slice_round.peer_ids if state is not None else []).owner
         self.ban(owner, f"false slice result in round {r}", {"kind": "false-result", "round": r, "why": why,
                                                                "signed_result": signed_to_text(signed)})
 

@@ -201,6 +201,7 @@ class SliceExchange:
                 result = open_slice_result(
                     signed, run_id=self.math.cfg.run_id, round_=rnd.round,
                     num_slices=self.math.layout.num_slices, max_result_bytes=self.math.max_result_bytes(),
+                    peer_ids=rnd.peer_ids,
                 )
             except EnvelopeError as exc:
                 log.info("ignoring a slice result: %s", exc)
