@@ -223,7 +223,7 @@ def projection(results: list[dict], link_bits_per_s: float = LINK_BITS_PER_S) ->
     """Per-peer bytes and transfer time per round for big models and swarms, from measured bytes/param.
 
     Sliced at S = 32 (as measured) and S = n (each peer owns ~r slices). Control = c0 + c1·n·S/32
-    (the manifest's slice hashes and each signed result's input list grow as n·S). The busiest
+    (the manifest's slice hashes grow as n·S). The busiest
     peer owns ceil(S·r/n) slices: it receives their n − 1 inputs and serves their result to n/r peers."""
     c0, c1 = control_fit(results)
     rows = []

@@ -88,7 +88,7 @@ def projection_lines(data: dict) -> list[str]:
              "From the largest sliced run of each codec: P and A per parameter as measured (the codec's payload, the",
              "result format), the formula above, and the control bytes fitted on the measured sliced runs:",
              f"control received per peer per round ≈ {c0 / 1e3:,.1f} KB + {c1 / 1e3:,.2f} KB·n at S = 32, scaled as n·S/32",
-             "beyond (the manifest carries S slice hashes per update, each signed result lists its inputs). Every peer",
+             "beyond (the manifest carries S slice hashes per update; signed results list no inputs since 8a8e606). Every peer",
              "serves (m = n). The busiest peer owns ceil(S·r/n) slices: it receives their n − 1 inputs and serves their",
              "result to n/r peers; time = the larger of its received and sent bytes at 100 Mbit/s (the mean peer:",
              "received bytes). All-to-all: (n − 1)·P received by every peer. Spot checks run with probability",
