@@ -43,10 +43,6 @@ class SliceResult:
     inputs: tuple[str, ...]
     excluded: dict[str, str] = field(default_factory=dict)
 
-    def claim(self) -> tuple[str, tuple[str, ...]]:
-        """What two honest owners must agree on: the bytes, over the same inputs."""
-        return self.result_sha256, self.inputs
-
 
 def sign_slice_result(identity: Identity, result: SliceResult) -> swarm_pb2.Signed:
     if result.owner != identity.peer_id:

@@ -32,7 +32,7 @@ class LyingOwner(SliceExchange):
 
     colluders: frozenset[str] = frozenset()
 
-    def reduce_owned(self, rnd: SliceRound, sign: bool = True) -> list[swarm_pb2.Signed]:
+    def reduce_owned(self, rnd: SliceRound) -> list[swarm_pb2.Signed]:
         signed = []
         for j in slice_plan.owned_by(rnd.owners, self.identity.peer_id):
             data, result = self.reduce(rnd, j)

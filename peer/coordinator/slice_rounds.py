@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from peer.run import slice_plan
-from peer.run.slice_exchange import GatherOutcome, SliceExchange, SliceRound
+from peer.run.slice_exchange import GatherOutcome, SliceExchange, SliceRound, claim_of
 from protocol.envelope import EnvelopeError, RoundManifest, UpdateHeader
 from protocol.slice_result import SliceResult, open_slice_result, signed_to_text
 from protocol.rpc_errors import refusal_for
@@ -67,11 +67,6 @@ class SlicedRounds:
         self.reports = threading.Semaphore(2)  # evidence checks running at once (each may fetch a slice's inputs)
 
     # --- the manifest (under the coordinator's lock) ----------------------------------------
-
-    def owners_for(self, r: int, servers: list[str], payload_hashes: list[str]) -> list[list[str]]:
-        cfg = self.c.cfg
-        seed = slice_plan.owner_seed(cfg.run_id, r, payload_hashes)
-        return slice_plan.assign_owners(servers, self.c.math.layout.num_slices, cfg.exchange.replicas, seed)
 
     def open(self, r: int, manifest: RoundManifest, signed: swarm_pb2.Signed, headers: dict[str, UpdateHeader]) -> None:
         import hashlib
@@ -177,7 +172,7 @@ class SlicedRounds:
     def _verify_report(self, rnd: SliceRound, j: int, disputed: list[swarm_pb2.Signed]) -> list[tuple[swarm_pb2.Signed, str]]:
         try:
             results = self.exchange.open_results(rnd, disputed).get(j, [])
-            claims = slice_plan.distinct_claims([slice_plan.Claim(r.owner, r.result_sha256, r.result_size, r.inputs) for r, _ in results])
+            claims = slice_plan.distinct_claims([claim_of(r) for r, _ in results])
             return self.exchange.settle(rnd, j, results, claims)[2]
         except Exception as exc:  # noqa: BLE001 - a report that cannot be checked changes nothing
             log.info("could not check a report on slice %d of round %d: %s", j, rnd.round, exc)

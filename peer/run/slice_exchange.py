@@ -178,7 +178,7 @@ class SliceExchange:
             log.info("slice %d of %s unavailable: %s", j, peer_id[:8], exc)
             return None, "unreachable"
 
-    def reduce_owned(self, rnd: SliceRound, sign: bool = True) -> list[swarm_pb2.Signed]:
+    def reduce_owned(self, rnd: SliceRound) -> list[swarm_pb2.Signed]:
         """Every slice this node owns, reduced and signed (the node then submits them)."""
         assert self.identity is not None
         signed = []
@@ -229,7 +229,7 @@ class SliceExchange:
 
         def one(j: int) -> tuple[int, torch.Tensor, list[tuple[swarm_pb2.Signed, str]], bool, dict[str, str]]:
             results = by_slice.get(j, [])
-            claims = slice_plan.distinct_claims([_claim(res) for res, _ in results])
+            claims = slice_plan.distinct_claims([claim_of(res) for res, _ in results])
             if len(claims) == 1 and j not in spot:
                 sha, inputs = claims[0]
                 signers = [res for res, _ in results if res.result_sha256 == sha]
@@ -289,5 +289,5 @@ class SliceExchange:
         return data
 
 
-def _claim(result: SliceResult) -> slice_plan.Claim:
+def claim_of(result: SliceResult) -> slice_plan.Claim:
     return slice_plan.Claim(result.owner, result.result_sha256, result.result_size, result.inputs)

@@ -78,11 +78,6 @@ def distinct_claims(claims: Sequence[Claim]) -> list[tuple[str, tuple[str, ...]]
     return sorted(pairs, key=lambda pair: (-len(pair[1]), pair[0]))
 
 
-def liars(claims: Sequence[Claim], verified: dict[tuple[str, tuple[str, ...]], bool]) -> list[Claim]:
-    """Claims whose recomputation over their own inputs gave other bytes."""
-    return [c for c in claims if verified.get((c.result_sha256, c.inputs)) is False]
-
-
 def collusion_odds(servers: int, byzantine: int, replicas: int, slices: int, spot_checks: int,
                    honest_checkers: int | None = None, trials: int = 20_000, seed: int = 0,
                    coverage: float = 2.0) -> dict[str, float]:
