@@ -28,6 +28,11 @@ import torch
 from optim.codecs import Codec, CodecError
 
 
+def all_finite(values: torch.Tensor) -> bool:
+    """No NaN or Inf in `values`: max and min propagate NaN and reach ±Inf, one pass each, no mask."""
+    return bool(torch.isfinite(values.amax())) and bool(torch.isfinite(values.amin()))
+
+
 def codec_alignment(codec: Codec) -> int:
     """Smallest slice granularity that keeps the codec's blocks and chunks whole."""
     alignment = 1
@@ -167,6 +172,6 @@ def decode_result(data: bytes, size: int, fmt: str) -> torch.Tensor:
     if len(data) != expected:
         raise CodecError(f"aggregated slice: expected {expected} bytes for {size} {fmt} values, got {len(data)}")
     values = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).to(torch.float32)
-    if not (bool(torch.isfinite(values.amax())) and bool(torch.isfinite(values.amin()))):
+    if not all_finite(values):
         raise CodecError("aggregated slice holds NaN or Inf values")
     return values

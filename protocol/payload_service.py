@@ -43,22 +43,13 @@ class PayloadStore:
         self._lock = threading.Lock()
         self._items: dict[str, StoredPayload] = {}
         self._blobs: dict[str, StoredBlob] = {}
+        self._newest = -1  # the newest round stored: older than newest - keep_rounds is dropped
 
     def put_blob(self, sha256: str, round_: int, data: bytes) -> None:
         """Store bytes the caller has verified against `sha256` (a fetch checks it on receipt)."""
         with self._lock:
             self._blobs[sha256] = StoredBlob(round_, data)
-            newest = max(b.round for b in self._blobs.values())
-            for sha in [s for s, b in self._blobs.items() if b.round < newest - self.keep_rounds]:
-                del self._blobs[sha]
-
-    def get_blob(self, sha256: str) -> bytes | None:
-        with self._lock:
-            item = self._items.get(sha256)
-            if item is not None:
-                return item.payload
-            blob = self._blobs.get(sha256)
-            return None if blob is None else blob.payload
+            self._drop_old(round_)
 
     def put(self, item: StoredPayload, *, verified: bool = False) -> None:
         """Store a payload. `verified=True` when the caller has just checked size and sha256
@@ -67,13 +58,32 @@ class PayloadStore:
             check_payload(item.header, item.payload)
         with self._lock:
             self._items[item.header.payload_sha256] = item
-            newest = max(i.header.round for i in self._items.values())
-            for sha in [s for s, i in self._items.items() if i.header.round < newest - self.keep_rounds]:
-                del self._items[sha]
+            self._drop_old(item.header.round)
 
-    def get_blob_item(self, sha256: str) -> StoredBlob | None:
+    def _drop_old(self, round_: int) -> None:
+        """Under the lock, after storing something of `round_`: sweep only when the newest round
+        advances (a round stores hundreds of slices; a sweep per put would be quadratic)."""
+        if round_ <= self._newest:
+            if round_ < self._newest - self.keep_rounds:  # already too old to keep
+                self._items = {s: i for s, i in self._items.items() if i.header.round != round_}
+                self._blobs = {s: b for s, b in self._blobs.items() if b.round != round_}
+            return
+        self._newest = round_
+        cutoff = round_ - self.keep_rounds
+        self._items = {s: i for s, i in self._items.items() if i.header.round >= cutoff}
+        self._blobs = {s: b for s, b in self._blobs.items() if b.round >= cutoff}
+
+    def lookup(self, sha256: str) -> StoredBlob | None:
+        """What we serve under `sha256`: a whole payload or a blob, with its round."""
         with self._lock:
+            item = self._items.get(sha256)
+            if item is not None:
+                return StoredBlob(item.header.round, item.payload)
             return self._blobs.get(sha256)
+
+    def get_blob(self, sha256: str) -> bytes | None:
+        found = self.lookup(sha256)
+        return None if found is None else found.payload
 
     def get(self, sha256: str) -> StoredPayload | None:
         with self._lock:
@@ -104,14 +114,10 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
 
     @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), streaming=True, max_stream_s=lambda s: s.max_stream_s)
     def FetchPayload(self, request: swarm_pb2.FetchRequest, context: grpc.ServicerContext):
-        item = self.store.get(request.sha256)
-        if item is not None:
-            data, round_ = item.payload, item.header.round
-        else:
-            blob = self.store.get_blob_item(request.sha256)
-            if blob is None:
-                raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no payload {request.sha256[:16]}… here; try another holder", swarm_pb2.NOT_HELD)
-            data, round_ = blob.payload, blob.round
+        found = self.store.lookup(request.sha256)
+        if found is None:
+            raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no payload {request.sha256[:16]}… here; try another holder", swarm_pb2.NOT_HELD)
+        data, round_ = found.payload, found.round
         if not 0 <= request.offset <= len(data):
             self.on_reject("bad-offset")
             raise RpcAbort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(data)}", swarm_pb2.MALFORMED)

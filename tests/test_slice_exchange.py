@@ -137,7 +137,7 @@ def test_a_lone_lying_owner_is_outvoted_and_named(swarm):
     for node, rnd in zip(nodes, rounds):
         outcome = node.exchange.gather(rnd, tampered)
         assert torch.equal(outcome.combined, clean)  # the lie changed nobody's parameters
-        assert [lie.signature] == [s.signature for s, _ in outcome.liars]
+        assert [lie.signature] == [s.signature for s, *_ in outcome.liars]
         assert 3 in outcome.recomputed
 
 
@@ -159,7 +159,7 @@ def test_colluding_owners_are_caught_by_a_spot_check(swarm):
     assert not torch.equal(unchecked.combined, clean) and not unchecked.liars  # agreeing liars pass unchecked
     checked = checker.exchange.gather(rounds[checker_index], tampered, spot_checks=8, rng=random.Random(0))
     assert torch.equal(checked.combined, clean)
-    assert sorted(s.signature for s, _ in checked.liars) == sorted(s.signature for s in lies)
+    assert sorted(s.signature for s, *_ in checked.liars) == sorted(s.signature for s in lies)
 
 
 def test_a_non_finite_slice_is_excluded_from_that_slice_only(swarm):

@@ -101,7 +101,7 @@ class LocalSlicedRound:
         only_liars = sum(1 for o in owners if o and set(o) <= liar_ids)
         honest = next(i for i in range(len(self.identities)) if i not in liars and payloads[i] is not None)
         outcome = self.exchanges[honest].gather(rounds[honest], results, spot_checks=spot_checks, rng=self.rng)
-        caught = {s.signature for s, _ in outcome.liars} & set(told)  # each with its signed result: the evidence
+        caught = {lie.signed.signature for lie in outcome.liars} & set(told)  # each with its signed result: the evidence
         self.lies.told += len(told)
         self.lies.caught += len(caught)
         self.lies.slices_with_only_liars += only_liars

@@ -21,11 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from peer.run import slice_plan
-from peer.run.slice_exchange import GatherOutcome, SliceExchange, SliceRound, claim_of
+from peer.run.slice_exchange import GatherOutcome, Lie, SliceExchange, SliceRound
 from protocol.envelope import EnvelopeError, RoundManifest, UpdateHeader
-from protocol.slice_result import SliceResult, open_slice_result, signed_to_text
-from protocol.rpc_errors import refusal_for
+from protocol.slice_result import SliceResult, signed_to_text
 from protocol.wire import swarm_pb2
 
 if TYPE_CHECKING:
@@ -69,13 +67,8 @@ class SlicedRounds:
     # --- the manifest (under the coordinator's lock) ----------------------------------------
 
     def open(self, r: int, manifest: RoundManifest, signed: swarm_pb2.Signed, headers: dict[str, UpdateHeader]) -> None:
-        import hashlib
-
         self.exchange.own_endpoint = self.c.endpoint
-        holders = {e.peer_id: [h for h in e.holders if h] for e in manifest.entries}
-        endpoints = {e.peer_id: e.holders[0] for e in manifest.entries if e.serves and e.holders}
-        rnd = SliceRound(r, manifest, hashlib.sha256(signed.body).hexdigest(), headers, holders, manifest.owners, endpoints)
-        self.rounds[r] = SlicedRoundState(rnd, time.monotonic())
+        self.rounds[r] = SlicedRoundState(SliceRound.of(r, manifest, signed, headers), time.monotonic())
         for old in [k for k in self.rounds if k < r - KEEP_ROUNDS]:
             del self.rounds[old]
 
@@ -85,15 +78,12 @@ class SlicedRounds:
         c = self.c
         state = self.rounds.get(c.book.round)
         if state is None or state.final:
-            return self._refuse("stale-round", "stale-round: no sliced round is collecting results now")
+            return c.refuse("stale-round", "stale-round: no sliced round is collecting results now")
         rnd = state.slice_round
         try:
-            result = open_slice_result(signed, run_id=c.cfg.run_id, round_=rnd.round, num_slices=c.math.layout.num_slices,
-                                       max_result_bytes=c.math.max_result_bytes(), peer_ids=rnd.peer_ids)
+            result = self.exchange.open_result(rnd, signed)
         except EnvelopeError as exc:
-            return self._refuse(exc.reason, f"{exc.reason}: {exc}")
-        if result.owner not in rnd.owners[result.slice] or result.manifest_sha256 != rnd.manifest_sha256:
-            return self._refuse("not-owner", f"not-owner: {result.owner[:8]} does not own slice {result.slice} of this manifest")
+            return c.refuse(exc.reason, f"{exc.reason}: {exc}")
         key = (result.slice, result.owner)
         first = state.results.get(key)
         if first is not None:
@@ -102,16 +92,12 @@ class SlicedRounds:
             self.ban(result.owner, f"two different results for slice {result.slice} in round {rnd.round}",
                      {"kind": "result-equivocation", "round": rnd.round, "slice": result.slice,
                       "first_result": signed_to_text(first[1]), "second_result": signed_to_text(signed)})
-            return self._refuse("equivocation", "equivocation: two different results for one slice; banned")
+            return c.refuse("equivocation", "equivocation: two different results for one slice; banned")
         state.results[key] = (result, signed)
         if state.covered_at is None and state.covered():
             state.covered_at = time.monotonic()
         c.round_closed.notify_all()
         return swarm_pb2.CommitReply(accepted=True, current_round=c.round)
-
-    def _refuse(self, reason: str, message: str) -> swarm_pb2.CommitReply:
-        self.c.registry.reject(reason)
-        return swarm_pb2.CommitReply(accepted=False, reason=message, refusal=refusal_for(reason), current_round=self.c.round)
 
     def should_finalize(self, now: float) -> tuple[bool, str]:
         state = self.rounds.get(self.c.book.round)
@@ -158,33 +144,27 @@ class SlicedRounds:
         drop their results), then gather what is left, with our own spot checks."""
         false: set[bytes] = set()
         for reporter, j, disputed in reports:
-            for signed, why in self._verify_report(rnd, j, disputed):
-                false.add(signed.signature)
+            for lie in self._verify_report(rnd, j, disputed):
+                false.add(lie.signed.signature)
                 with self.c.lock:
-                    self.ban_liar(rnd.round, signed, f"{why} (reported by {reporter[:8]})")
+                    self.ban_liar(rnd.round, lie, f" (reported by {reporter[:8]})")
         kept = [s for s in results if s.signature not in false]
         outcome = self.exchange.gather(rnd, kept, spot_checks=self.c.cfg.exchange.spot_checks)
         with self.c.lock:
-            for signed, why in outcome.liars:
-                self.ban_liar(rnd.round, signed, why)
+            for lie in outcome.liars:
+                self.ban_liar(rnd.round, lie)
         return outcome
 
-    def _verify_report(self, rnd: SliceRound, j: int, disputed: list[swarm_pb2.Signed]) -> list[tuple[swarm_pb2.Signed, str]]:
+    def _verify_report(self, rnd: SliceRound, j: int, disputed: list[swarm_pb2.Signed]) -> list[Lie]:
         try:
-            results = self.exchange.open_results(rnd, disputed).get(j, [])
-            claims = slice_plan.distinct_claims([claim_of(r) for r, _ in results])
-            return self.exchange.settle(rnd, j, results, claims)[2]
+            return self.exchange.settle(rnd, j, self.exchange.open_results(rnd, disputed).get(j, []))[1]
         except Exception as exc:  # noqa: BLE001 - a report that cannot be checked changes nothing
             log.info("could not check a report on slice %d of round %d: %s", j, rnd.round, exc)
             return []
 
-    def ban_liar(self, r: int, signed: swarm_pb2.Signed, why: str) -> None:
-        state = self.rounds.get(r)
-        owner = open_slice_result(signed, run_id=self.c.cfg.run_id, round_=r, num_slices=self.c.math.layout.num_slices,
-                                  max_result_bytes=self.c.math.max_result_bytes(),
-                                  peer_ids=state.slice_round.peer_ids if state is not None else []).owner
-        self.ban(owner, f"false slice result in round {r}", {"kind": "false-result", "round": r, "why": why,
-                                                               "signed_result": signed_to_text(signed)})
+    def ban_liar(self, r: int, lie: Lie, note: str = "") -> None:
+        self.ban(lie.result.owner, f"false slice result in round {r}",
+                 {"kind": "false-result", "round": r, "why": lie.why + note, "signed_result": signed_to_text(lie.signed)})
 
     def ban(self, peer_id: str, reason: str, evidence: dict[str, Any]) -> None:
         record = self.c.registry.get(peer_id)
@@ -214,7 +194,7 @@ class SlicedRounds:
                 state = self.rounds.get(r)
                 done = state is None or (state.applied_hash if until_applied else state.final)
                 remaining = deadline - time.monotonic()
-                if done or remaining <= 0 or c.finished and state is None:
+                if done or remaining <= 0:
                     break
                 c.round_closed.wait(remaining)
             if state is None:
@@ -232,24 +212,24 @@ class SlicedRounds:
         beside the clock, and bans only."""
         state = self.rounds.get(r)
         if state is None:
-            return self._refuse("stale-round", "stale-round: that round's inputs are no longer kept")
+            return self.c.refuse("stale-round", "stale-round: that round's inputs are no longer kept")
         if not 0 <= j < self.c.math.layout.num_slices:
-            return self._refuse("malformed", f"malformed: slice {j} does not exist")
+            return self.c.refuse("malformed", f"malformed: slice {j} does not exist")
         if not state.applied_hash:
             if len(state.reports) >= 4 * len(state.slice_round.peer_ids):
-                return self._refuse("busy", "busy: too many reports this round")
+                return self.c.refuse("busy", "busy: too many reports this round")
             state.reports.append((reporter, j, signed_results))
             return swarm_pb2.CommitReply(accepted=True, reason="will be checked before the round is applied", current_round=self.c.round)
         if not self.reports.acquire(blocking=False):
-            return self._refuse("busy", "busy: evidence checks are running; report again later")
+            return self.c.refuse("busy", "busy: evidence checks are running; report again later")
         threading.Thread(target=self._check_late_report, args=(state.slice_round, j, signed_results, reporter),
                          name="swarmloco-evidence", daemon=True).start()
         return swarm_pb2.CommitReply(accepted=True, reason="checking", current_round=self.c.round)
 
     def _check_late_report(self, rnd: SliceRound, j: int, signed_results: list[swarm_pb2.Signed], reporter: str) -> None:
         try:
-            for signed, why in self._verify_report(rnd, j, signed_results):
+            for lie in self._verify_report(rnd, j, signed_results):
                 with self.c.lock:
-                    self.ban_liar(rnd.round, signed, f"{why} (reported by {reporter[:8]})")
+                    self.ban_liar(rnd.round, lie, f" (reported by {reporter[:8]})")
         finally:
             self.reports.release()

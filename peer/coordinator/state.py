@@ -1,10 +1,11 @@
 """The coordinator: bootstraps the DHT, admits peers, keeps the round clock, signs manifests.
 
-It follows the swarm as a light peer: it pulls each committed payload as soon as the commitment
-arrives, verifies it (signature, size, sha256, decode, finite values), and lists only verified
-updates in the signed manifest, so every honest peer excludes exactly the same updates. It
-applies the same round math as the peers to hold the authoritative θ_{r+1}, its hash, and the
-checkpoint that late joiners download. It never trains.
+Sliced exchange (default): it lists the committed headers and the owner draw in the signed
+manifest without downloading the updates, collects the owners' signed results
+(peer/coordinator/slice_rounds.py) and gathers the aggregate like a peer. All-to-all: it pulls
+each committed payload, verifies it (size, sha256, decode, finite values) and lists only verified
+updates. Either way it holds the authoritative θ_{r+1}, its hash, and the checkpoint and state
+parts that late joiners download. It never trains.
 """
 
 from __future__ import annotations
@@ -113,12 +114,13 @@ class Coordinator:
 
     def _snapshot(self) -> None:
         """Serialize θ_r for late joiners and write it to disk atomically."""
+        config_hash, outer_state = self.cfg.config_hash(), self.math.global_state_dict()
         ckpt = checkpoint.Checkpoint(
             round=self.round,
             params=self.params,
             param_hash=self.param_hash,
-            config_hash=self.cfg.config_hash(),
-            outer_state=self.math.global_state_dict(),
+            config_hash=config_hash,
+            outer_state=outer_state,
             # Peers, bans and evidence survive a coordinator restart: a banned peer stays banned,
             # and the peers of the run are awaited again instead of the first one back closing the round.
             extra={"history": [result_dict(r) for r in self.history], "peers": self.registry.to_dicts()},
@@ -126,8 +128,8 @@ class Coordinator:
         self.checkpoint_bytes = checkpoint.to_bytes(ckpt)
         # The same state as parts every in-sync peer also serves: joiners fetch it from many of them.
         self.state_manifest = state_sync.publish(
-            self.store, self.identity, run_id=self.cfg.run_id, config_hash=self.cfg.config_hash(), round_=self.round,
-            param_hash=self.param_hash, params=self.params, global_state=self.math.global_state_dict(),
+            self.store, self.identity, run_id=self.cfg.run_id, config_hash=config_hash, round_=self.round,
+            param_hash=self.param_hash, params=self.params, global_state=outer_state,
             layout=self.math.layout, sign=True)
         if self.checkpoint_path is not None:
             checkpoint.write_atomic(self.checkpoint_path, self.checkpoint_bytes)
@@ -170,7 +172,7 @@ class Coordinator:
 
     # --- commitments ---------------------------------------------------------------------
 
-    def _refuse(self, reason: str, message: str, *, count: bool = True) -> swarm_pb2.CommitReply:
+    def refuse(self, reason: str, message: str, *, count: bool = True) -> swarm_pb2.CommitReply:
         """A refused commitment: `reason` is the counted name and picks the typed refusal."""
         if count:
             self.registry.reject(reason)
@@ -179,33 +181,33 @@ class Coordinator:
     def submit(self, signed: swarm_pb2.Signed, endpoint: str) -> swarm_pb2.CommitReply:
         with self.lock:
             if self.finished:
-                return self._refuse("run-finished", "the run has finished", count=False)
+                return self.refuse("run-finished", "the run has finished", count=False)
             try:
                 header = self.verify_header(signed)
             except EnvelopeError as exc:
-                return self._refuse(exc.reason, f"{exc.reason}: {exc}")
+                return self.refuse(exc.reason, f"{exc.reason}: {exc}")
             if header.round != self.round:
-                return self._refuse(
+                return self.refuse(
                     "stale-round", f"stale-round: round {header.round} is not open (current round {self.round}); resynchronise"
                 )
             record = self.registry.get(header.peer_id)
             if record is not None and endpoint != record.endpoint:
                 # Only the endpoint the peer joined with: a commitment cannot aim our fetcher elsewhere.
-                return self._refuse("wrong-endpoint", f"wrong-endpoint: joined with {record.endpoint!r}; Join again to change it")
+                return self.refuse("wrong-endpoint", f"wrong-endpoint: joined with {record.endpoint!r}; Join again to change it")
             if header.base_param_hash != self.param_hash:
-                return self._refuse("wrong-base", "wrong-base: the update was computed from other parameters; download the checkpoint")
+                return self.refuse("wrong-base", "wrong-base: the update was computed from other parameters; download the checkpoint")
             pushed_first = self.book.pushed.get(header.peer_id)
             if pushed_first is not None and pushed_first[0].payload_sha256 != header.payload_sha256:
                 self._ban_equivocator(header, pushed_first[1], signed)
-                return self._refuse("equivocation", EQUIVOCATION_TEXT)
+                return self.refuse("equivocation", EQUIVOCATION_TEXT)
             existing = self.book.commitments.get(header.peer_id)
             if existing is not None:
                 if existing.header.payload_sha256 == header.payload_sha256:
                     return swarm_pb2.CommitReply(accepted=True, reason="already committed", current_round=self.round)
                 self._equivocation(existing, header, signed)  # counts it
-                return self._refuse("equivocation", EQUIVOCATION_TEXT, count=False)
+                return self.refuse("equivocation", EQUIVOCATION_TEXT, count=False)
             if self.book.closed:
-                return self._refuse("stale-round", f"stale-round: round {self.round}'s commit phase has closed; resynchronise")
+                return self.refuse("stale-round", f"stale-round: round {self.round}'s commit phase has closed; resynchronise")
             now = time.monotonic()
             commitment = Commitment(header=header, signed=signed, endpoint=endpoint, arrived=now)
             self.book.commitments[header.peer_id] = commitment
@@ -328,10 +330,7 @@ class Coordinator:
             verified = book.verified()
             self._record_aggregation(verified, None)
             self._record_slices(book.round, verified, outcome.excluded)
-            excluded = dict(book.excluded)
-            for per_slice in outcome.excluded.values():
-                for peer_id, reason in per_slice.items():
-                    excluded.setdefault(peer_id, reason)
+            excluded = {**outcome.excluded_by_peer(), **book.excluded}
             # An update counts when it took part in at least one slice.
             used = [p for p in verified if not outcome.excluded or not all(p in ex for ex in outcome.excluded.values())]
             result = self._advance(book, used, why, excluded)

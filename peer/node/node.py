@@ -237,7 +237,7 @@ class PeerNode:
 
     def publish_state(self) -> None:
         """Serve our in-sync θ_r's parts, so joiners can fetch the swarm state from us."""
-        if self.math.sliced and not self.options.client_mode:
+        if not self.options.client_mode:
             state_sync.publish(self.store, self.identity, run_id=self.cfg.run_id, config_hash=self.cfg.config_hash(),
                                round_=self.round, param_hash=self._hash, params=self.params,
                                global_state=self.math.global_state_dict(), layout=self.math.layout, sign=False)

@@ -24,6 +24,7 @@ import torch
 from peer.node.coordinator_client import CoordinatorClient
 from peer.node.round_exchange import Exchange
 from peer.run.faults import fail_point
+from peer.run import slice_plan
 from peer.run.round_math import RoundMath
 from peer.run.slice_exchange import SliceExchange
 from protocol.envelope import EnvelopeError, RoundManifest
@@ -84,10 +85,9 @@ def sliced_exchange(
                               coverage=math.cfg.exchange.spot_check_coverage)
     fail_point("gathered", r)
     by_slice: dict[int, list[swarm_pb2.Signed]] = {}
-    for signed, why in outcome.liars:
-        log.warning("round %d: a slice result did not recompute: %s", r, why)
-        slice_ = int(why.split()[1].rstrip(":")) if why.startswith("slice ") else -1
-        by_slice.setdefault(slice_, []).append(signed)
+    for lie in outcome.liars:
+        log.warning("round %d: a slice result did not recompute: %s", r, lie.why)
+        by_slice.setdefault(lie.result.slice, []).append(lie.signed)
     for slice_, signed_results in by_slice.items():
         client.report_evidence(sign_mismatch_report(identity, run_id=math.cfg.run_id, round_=r, slice_=slice_, results=signed_results))
     fetch_s = reduce_s + time.monotonic() - t_gather
@@ -103,11 +103,10 @@ def sliced_exchange(
         info = AppliedRound(round=r + 1, param_hash=applied.param_hash, finished=applied.finished)
     elif applied is not None:
         info = AppliedRound(round=applied.current_round, param_hash="", finished=applied.finished)
-    excluded = {p: reason for per_slice in outcome.excluded.values() for p, reason in per_slice.items()}
     return Exchange(
-        params=new_params, updates=len(rnd.headers), excluded={**manifest.excluded, **excluded},
+        params=new_params, updates=len(rnd.headers), excluded={**manifest.excluded, **outcome.excluded_by_peer()},
         wait_s=wait_s + waited, fetch_s=fetch_s, aggregate_s=aggregate_s, info=info,
-        slices={"owned": len([j for j, o in enumerate(rnd.owners) if identity.peer_id in o]),
+        slices={"owned": len(slice_plan.owned_by(rnd.owners, identity.peer_id)),
                 "recomputed": len(outcome.recomputed), "spot_checked": len(outcome.spot_checked), "liars": len(outcome.liars)},
     )
 

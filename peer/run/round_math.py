@@ -152,8 +152,7 @@ class RoundMath:
             raise UpdateRejected("undecodable", f"payload does not decode: {exc}") from None
         if update.shape != (self.numel,):
             raise UpdateRejected("wrong-shape", f"decoded update has shape {tuple(update.shape)}, expected ({self.numel},)")
-        # max/min propagate NaN and reach ±Inf: one pass each, no (d,) mask.
-        if not (bool(torch.isfinite(update.amax())) and bool(torch.isfinite(update.amin()))):
+        if not slicing.all_finite(update):
             raise UpdateRejected("non-finite", "decoded update holds NaN or Inf values")
         return update
 
@@ -163,7 +162,7 @@ class RoundMath:
             values = self.sliced_codec.decode_slice(data, j, seed=codec_seed(self.cfg, round_))
         except codecs.CodecError as exc:
             raise UpdateRejected("undecodable", f"slice {j} does not decode: {exc}") from None
-        if not (bool(torch.isfinite(values.amax())) and bool(torch.isfinite(values.amin()))):
+        if not slicing.all_finite(values):
             raise UpdateRejected("non-finite", f"slice {j} holds NaN or Inf values")
         return values
 
@@ -177,8 +176,7 @@ class RoundMath:
         if n == 0:
             return slicing.encode_result(torch.zeros(self.layout.size(j)), self.result_format)
         seed = codec_seed(self.cfg, round_)
-        f = self.effective_byzantine(n, excluded_for_cause)
-        rule = self.aggregator if aggregate.minimum_rows(self.aggregator.name, 0) <= n else self._small_round
+        rule, f = self._rule_for(n, excluded_for_cause)
         previous = self.aggregator.previous
         center = None if previous is None else previous[self.layout.range(j)]
         with single_thread():
@@ -198,6 +196,13 @@ class RoundMath:
             self.outer.step(params, combined)
         if self.aggregator.name == "centered-clip":
             self.aggregator.previous = combined
+
+    def _rule_for(self, n: int, excluded_for_cause: int) -> tuple[aggregate.Aggregator, int]:
+        """The rule and its f for n rows. A round smaller than the rule's minimum even at f = 0
+        (krum needs 3) falls back to the coordinate median (the mean of 1 or 2 rows), the same on
+        every node."""
+        rule = self.aggregator if aggregate.minimum_rows(self.aggregator.name, 0) <= n else self._small_round
+        return rule, self.effective_byzantine(n, excluded_for_cause)
 
     def effective_byzantine(self, n: int, excluded_for_cause: int = 0) -> int:
         """f for a round with n surviving updates.
@@ -256,10 +261,7 @@ class RoundMath:
         if self.sliced:
             return self._apply_sliced(params, updates, round_=round_ or 0, excluded_for_cause=excluded_for_cause)
         seed = None if round_ is None else codec_seed(self.cfg, round_)
-        f = self.effective_byzantine(len(updates), excluded_for_cause)
-        # A round smaller than the rule's minimum even at f = 0 (krum needs 3) falls back to the
-        # coordinate median (the mean of 1 or 2 rows), the same on every node.
-        rule = self.aggregator if aggregate.minimum_rows(self.aggregator.name, 0) <= len(updates) else self._small_round
+        rule, f = self._rule_for(len(updates), excluded_for_cause)
         with single_thread():
             stacked = torch.stack([u.float() for u in updates])  # (n, d)
             combined = rule(stacked, seed=seed, num_byzantine=f)  # (d,)

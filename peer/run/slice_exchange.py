@@ -18,7 +18,7 @@ import logging
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -33,16 +33,20 @@ from protocol.wire import swarm_pb2
 log = logging.getLogger("swarmloco.exchange")
 
 
+def draw_owners(math: RoundMath, r: int, entries: list[ManifestEntry]) -> list[list[str]]:
+    """Each slice's owners, drawn among the serving authors from the listed payload hashes: what
+    the coordinator signs and every node re-checks."""
+    seed = slice_plan.owner_seed(math.cfg.run_id, r, [e.payload_sha256 for e in entries])
+    return slice_plan.assign_owners([e.peer_id for e in entries if e.serves], math.layout.num_slices,
+                                    math.cfg.exchange.replicas, seed)
+
+
 def sliced_manifest(math: RoundMath, r: int, entries: list[ManifestEntry], *, base_param_hash: str,
                     excluded: dict[str, str] | None = None) -> RoundManifest:
-    """The round's manifest with its owner draw: entries sorted by peer_id, each slice's owners
-    drawn among the serving authors from the listed payload hashes (what every node re-checks)."""
+    """The round's manifest: entries sorted by peer_id, with the owner draw."""
     entries = sorted(entries, key=lambda e: e.peer_id)
-    seed = slice_plan.owner_seed(math.cfg.run_id, r, [e.payload_sha256 for e in entries])
-    owners = slice_plan.assign_owners([e.peer_id for e in entries if e.serves], math.layout.num_slices,
-                                      math.cfg.exchange.replicas, seed)
     return RoundManifest(run_id=math.cfg.run_id, round=r, base_param_hash=base_param_hash, entries=entries,
-                         excluded=dict(excluded or {}), owners=owners)
+                         excluded=dict(excluded or {}), owners=draw_owners(math, r, entries))
 
 
 @dataclass(slots=True)
@@ -61,14 +65,38 @@ class SliceRound:
     def peer_ids(self) -> list[str]:
         return list(self.headers)
 
+    @classmethod
+    def of(cls, r: int, manifest: RoundManifest, signed_manifest: swarm_pb2.Signed,
+           headers: dict[str, UpdateHeader]) -> "SliceRound":
+        """A signed manifest and its (verified) headers, in the manifest's order."""
+        holders = {e.peer_id: [h for h in e.holders if h] for e in manifest.entries}
+        endpoints = {e.peer_id: e.holders[0] for e in manifest.entries if e.serves and e.holders}
+        return cls(r, manifest, hashlib.sha256(signed_manifest.body).hexdigest(), headers, holders, manifest.owners, endpoints)
+
+
+class Lie(NamedTuple):
+    """A signed slice result that recomputation disproved: the evidence against its owner."""
+
+    signed: swarm_pb2.Signed
+    why: str
+    result: SliceResult
+
 
 @dataclass(slots=True)
 class GatherOutcome:
     combined: torch.Tensor  # (d,) the aggregate every honest node applies
     recomputed: list[int] = field(default_factory=list)  # slices recomputed here (disputes, spot checks, missing)
     spot_checked: list[int] = field(default_factory=list)
-    liars: list[tuple[swarm_pb2.Signed, str]] = field(default_factory=list)  # (their signed result, why)
+    liars: list[Lie] = field(default_factory=list)
     excluded: dict[int, dict[str, str]] = field(default_factory=dict)  # slice -> peer_id -> reason (agreed results)
+
+    def excluded_by_peer(self) -> dict[str, str]:
+        """peer_id -> the reason it was left out of (at least) one slice."""
+        merged: dict[str, str] = {}
+        for per_slice in self.excluded.values():
+            for peer_id, reason in per_slice.items():
+                merged.setdefault(peer_id, reason)
+        return merged
 
 
 class SliceExchange:
@@ -111,7 +139,6 @@ class SliceExchange:
                    verify_header: Callable[[Any, int | None], UpdateHeader]) -> SliceRound:
         """Check the manifest's entries and owner draw; raises EnvelopeError when they do not hold."""
         headers: dict[str, UpdateHeader] = {}
-        holders: dict[str, list[str]] = {}
         for entry in manifest.entries:
             header = verify_header(signed_from_json(entry.header), r)
             if header.payload_sha256 != entry.payload_sha256 or header.peer_id != entry.peer_id:
@@ -119,15 +146,9 @@ class SliceExchange:
             if len(header.slices) != self.math.layout.num_slices:
                 raise EnvelopeError("malformed", f"update of {entry.peer_id[:8]} commits to {len(header.slices)} slices, the run has {self.math.layout.num_slices}")
             headers[entry.peer_id] = header
-            holders[entry.peer_id] = [h for h in entry.holders if h]
-        cfg = self.math.cfg
-        servers = {e.peer_id: e.holders[0] for e in manifest.entries if e.serves and e.holders}
-        seed = slice_plan.owner_seed(cfg.run_id, r, [h.payload_sha256 for h in headers.values()])
-        expected = slice_plan.assign_owners(sorted(servers), self.math.layout.num_slices, cfg.exchange.replicas, seed)
-        if manifest.owners != expected:
+        if manifest.owners != draw_owners(self.math, r, manifest.entries):
             raise EnvelopeError("forged", "the manifest's slice owners are not the draw its entries determine")
-        sha = hashlib.sha256(signed_manifest.body).hexdigest()
-        return SliceRound(r, manifest, sha, headers, holders, expected, servers)
+        return SliceRound.of(r, manifest, signed_manifest, headers)
 
     # --- reduce-scatter ------------------------------------------------------------------
 
@@ -143,12 +164,15 @@ class SliceExchange:
         self.store.put_blob(sha, rnd.round, data)  # re-served: other owners may fetch it from us
         return data
 
-    def reduce(self, rnd: SliceRound, j: int, inputs: list[str] | None = None) -> tuple[bytes, SliceResult]:
-        """Aggregate slice j over `inputs` (default: every listed update we can get and use)."""
+    def reduce(self, rnd: SliceRound, j: int, inputs: list[str] | None = None,
+               fetched: list[tuple[bytes | None, str]] | None = None) -> tuple[bytes, SliceResult]:
+        """Aggregate slice j over `inputs` (default: every listed update we can get and use);
+        `fetched`: their (bytes or None, why not) when the caller has fetched them already."""
         candidates = rnd.peer_ids if inputs is None else inputs
         size = self.math.layout.size(j)
         rows = torch.empty(len(candidates), size)  # (n, s_j), filled in place
-        fetched = list(self.workers.map(lambda p: self._try_fetch(rnd, p, j), candidates))
+        if fetched is None:
+            fetched = list(self.workers.map(lambda p: self._try_fetch(rnd, p, j), candidates))
         used: list[str] = []
         excluded: dict[str, str] = {}
         for peer_id, (data, error) in zip(candidates, fetched):
@@ -184,10 +208,11 @@ class SliceExchange:
         signed = []
         owned = slice_plan.owned_by(rnd.owners, self.identity.peer_id)
         # Every input of every owned slice fetched at once (one pass of parallel streams), then
-        # the slices reduced one after another from the store (the rule runs on one thread).
-        list(self.workers.map(lambda job: self._try_fetch(rnd, *job), [(p, j) for j in owned for p in rnd.peer_ids]))
-        for j in owned:
-            _, result = self.reduce(rnd, j)
+        # the slices reduced one after another (the rule runs on one thread).
+        peers = rnd.peer_ids
+        fetched = list(self.workers.map(lambda job: self._try_fetch(rnd, *job), [(p, j) for j in owned for p in peers]))
+        for k, j in enumerate(owned):
+            _, result = self.reduce(rnd, j, fetched=fetched[k * len(peers):(k + 1) * len(peers)])
             signed.append(sign_slice_result(self.identity, result))
         return signed
 
@@ -198,24 +223,28 @@ class SliceExchange:
         by_slice: dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]] = {}
         for signed in signed_results:
             try:
-                result = open_slice_result(
-                    signed, run_id=self.math.cfg.run_id, round_=rnd.round,
-                    num_slices=self.math.layout.num_slices, max_result_bytes=self.math.max_result_bytes(),
-                    peer_ids=rnd.peer_ids,
-                )
+                result = self.open_result(rnd, signed)
             except EnvelopeError as exc:
                 log.info("ignoring a slice result: %s", exc)
-                continue
-            if result.owner not in rnd.owners[result.slice] or result.manifest_sha256 != rnd.manifest_sha256:
                 continue
             by_slice.setdefault(result.slice, []).append((result, signed))
         return by_slice
 
+    def open_result(self, rnd: SliceRound, signed: swarm_pb2.Signed) -> SliceResult:
+        """A signed result for this round's manifest, by an owner of its slice; EnvelopeError otherwise."""
+        result = open_slice_result(
+            signed, run_id=self.math.cfg.run_id, round_=rnd.round, num_slices=self.math.layout.num_slices,
+            max_result_bytes=self.math.max_result_bytes(), peer_ids=rnd.peer_ids,
+        )
+        if result.owner not in rnd.owners[result.slice] or result.manifest_sha256 != rnd.manifest_sha256:
+            raise EnvelopeError("not-owner", f"{result.owner[:8]} does not own slice {result.slice} of this manifest")
+        return result
+
     def gather(self, rnd: SliceRound, signed_results: list[swarm_pb2.Signed], *, spot_checks: int = 0,
                coverage: float | None = None, rng: random.Random | None = None) -> GatherOutcome:
-        """`coverage`: run the spot checks only with probability spot_check_probability (peers);
+        """The (d,) aggregate from the owners' signed results; recomputes where it must.
+        `coverage`: run the spot checks only with probability spot_check_probability (peers);
         None: always (the coordinator)."""
-        """The (d,) aggregate from the owners' signed results; recomputes where it must."""
         by_slice = self.open_results(rnd, signed_results)
         layout = self.math.layout
         me = self.identity.peer_id if self.identity is not None else ""
@@ -227,11 +256,11 @@ class SliceExchange:
         spot = sorted(rng.sample(not_mine, min(spot_checks, len(not_mine))))
         outcome = GatherOutcome(combined=torch.empty(layout.numel), spot_checked=spot)
 
-        def one(j: int) -> tuple[int, torch.Tensor, list[tuple[swarm_pb2.Signed, str]], bool, dict[str, str]]:
+        def one(j: int) -> tuple[int, torch.Tensor, list[Lie], bool, dict[str, str]]:
             results = by_slice.get(j, [])
-            claims = slice_plan.distinct_claims([claim_of(res) for res, _ in results])
+            claims = slice_plan.distinct_claims((res.result_sha256, res.inputs) for res, _ in results)
             if len(claims) == 1 and j not in spot:
-                sha, inputs = claims[0]
+                sha = claims[0][0]
                 signers = [res for res, _ in results if res.result_sha256 == sha]
                 data = self._fetch_result(rnd, j, sha, signers)
                 try:
@@ -239,8 +268,8 @@ class SliceExchange:
                         return j, self.math.decode_result(data, j), [], False, dict(signers[0].excluded)
                 except ValueError:  # agreed bytes that cannot be an aggregate: recomputation says who lied
                     pass
-            j, data, liars, recomputed, excluded = self.settle(rnd, j, results, claims)
-            return j, self.math.decode_result(data, j), liars, recomputed, excluded
+            data, liars, excluded = self.settle(rnd, j, results)
+            return j, self.math.decode_result(data, j), liars, True, excluded
 
         for j, values, liars, recomputed, excluded in self.slice_workers.map(one, range(layout.num_slices)):
             outcome.combined[layout.range(j)] = values
@@ -250,9 +279,11 @@ class SliceExchange:
                 outcome.recomputed.append(j)
         return outcome
 
-    def settle(self, rnd: SliceRound, j: int, results: list[tuple[SliceResult, swarm_pb2.Signed]],
-                claims: list[tuple[str, tuple[str, ...]]]) -> tuple[int, bytes, list, bool, dict[str, str]]:
-        """Recompute each claim over its own inputs; keep the preferred one that holds."""
+    def settle(self, rnd: SliceRound, j: int,
+               results: list[tuple[SliceResult, swarm_pb2.Signed]]) -> tuple[bytes, list[Lie], dict[str, str]]:
+        """Recompute each claim over its own inputs; keep the preferred one that holds.
+        -> (slice j's aggregate, the results disproved, its exclusions)."""
+        claims = slice_plan.distinct_claims((res.result_sha256, res.inputs) for res, _ in results)
         verified: dict[tuple[str, tuple[str, ...]], bytes | None] = {}
         for sha, inputs in claims:
             try:
@@ -263,16 +294,16 @@ class SliceExchange:
             if mine.inputs != inputs:
                 continue  # some input is out of our reach now: neither proven nor disproven
             verified[(sha, inputs)] = data if mine.result_sha256 == sha else None
-        liars = [(signed, f"slice {j}: signed sha256 {res.result_sha256[:12]} over {len(res.inputs)} inputs; "
-                  "recomputing those inputs gives other bytes")
+        liars = [Lie(signed, f"slice {j}: signed sha256 {res.result_sha256[:12]} over {len(res.inputs)} inputs; "
+                     "recomputing those inputs gives other bytes", res)
                  for res, signed in results if (res.result_sha256, res.inputs) in verified and verified[(res.result_sha256, res.inputs)] is None]
         for sha, inputs in claims:  # claims are in preference order
             data = verified.get((sha, inputs))
             if data is not None:
                 excluded = next(res.excluded for res, _ in results if res.result_sha256 == sha and res.inputs == inputs)
-                return j, data, liars, True, dict(excluded)
+                return data, liars, dict(excluded)
         data, mine = self.reduce(rnd, j)  # nothing to believe (or nobody answered): as an owner would
-        return j, data, liars, True, dict(mine.excluded)
+        return data, liars, dict(mine.excluded)
 
     def _fetch_result(self, rnd: SliceRound, j: int, sha: str, signers: list[SliceResult]) -> bytes | None:
         data = self.store.get_blob(sha)
@@ -288,6 +319,3 @@ class SliceExchange:
         self.store.put_blob(sha, rnd.round, data)
         return data
 
-
-def claim_of(result: SliceResult) -> slice_plan.Claim:
-    return slice_plan.Claim(result.owner, result.result_sha256, result.result_size, result.inputs)

@@ -10,8 +10,7 @@ about S·r/m slices). The draw is a pure function of the manifest, so every node
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 
 
 def owner_seed(run_id: str, round_: int, payload_sha256s: Sequence[str]) -> bytes:
@@ -61,21 +60,10 @@ def expected_traffic(n: int, payload: float, result: float, replicas: int, serve
             "received": r * (n - 1) / m * payload + (1 - r / m) * result + spot}
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """One owner's word on slice j: the result's sha256 over an input set."""
-
-    owner: str
-    result_sha256: str
-    result_size: int
-    inputs: tuple[str, ...]
-
-
-def distinct_claims(claims: Sequence[Claim]) -> list[tuple[str, tuple[str, ...]]]:
-    """The different (result_sha256, inputs) pairs, most inputs first, then by hash: the order
-    in which every node prefers them once they are verified."""
-    pairs = {(c.result_sha256, c.inputs) for c in claims}
-    return sorted(pairs, key=lambda pair: (-len(pair[1]), pair[0]))
+def distinct_claims(claims: Iterable[tuple[str, tuple[str, ...]]]) -> list[tuple[str, tuple[str, ...]]]:
+    """The different (result_sha256, inputs) claims of a slice's owners, most inputs first, then
+    by hash: the order in which every node prefers them once they are verified."""
+    return sorted(set(claims), key=lambda pair: (-len(pair[1]), pair[0]))
 
 
 def collusion_odds(servers: int, byzantine: int, replicas: int, slices: int, spot_checks: int,
