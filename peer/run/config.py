@@ -45,15 +45,35 @@ def _is_number(value: Any) -> bool:
 
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
-    """A small GPT over bytes (vocab 256): ~0.5M parameters by default."""
+    """A small GPT over bytes (vocab 256): ~0.5M parameters by default.
+
+    arch = "llama" is a Llama-style decoder (RMSNorm, RoPE, SwiGLU; peer/learn/llama.py);
+    `preset` names one of its sizes (peer/learn/presets.py: llama-20m ... llama-1b) and then
+    sets arch, d_model, n_layer, n_head and ffn_hidden. vocab_size 0 means the tokenizer's
+    default (256 for bytes, 8192 for BPE)."""
 
     seq_len: int = 128
     d_model: int = 128
     n_layer: int = 2
     n_head: int = 4
     dropout: float = 0.0
+    arch: str = "gpt"  # gpt (byte-level, the default) or llama
+    preset: str = ""  # e.g. llama-20m; overrides arch and the dimensions above
+    vocab_size: int = 0  # 0: 256 with data.tokenizer bytes, 8192 with bpe
+    ffn_hidden: int = 0  # llama: SwiGLU hidden width (0: 8/3 d_model rounded up to 64)
+    tie_embeddings: bool = False  # llama: lm head shares the embedding matrix (gpt always ties)
+    rope_theta: float = 10000.0
 
     def __post_init__(self) -> None:
+        if self.preset:
+            from peer.learn.presets import apply_preset  # torch-free table
+
+            apply_preset(self)
+        _require(self.arch in ("gpt", "llama"), f"model.arch={self.arch!r}: choose gpt or llama")
+        _require(self.vocab_size >= 0 and self.ffn_hidden >= 0, "model.vocab_size and model.ffn_hidden must be >= 0")
+        _require(self.arch == "llama" or self.vocab_size in (0, 256),
+                 f"model.vocab_size={self.vocab_size}: the byte-level gpt has 256; use arch llama (or a preset) for a BPE vocabulary")
+        _require(self.rope_theta > 0, f"model.rope_theta={self.rope_theta}: use a positive base")
         _require(self.seq_len >= 8, f"model.seq_len={self.seq_len}: use at least 8")
         _require(self.d_model > 0 and self.n_layer > 0, "model.d_model and model.n_layer must be positive")
         _require(
@@ -72,8 +92,13 @@ class DataConfig:
     val_fraction: float = 0.1  # share of files held out, chosen by a stable hash of the path
     val_batches: int = 16  # batches of the fixed validation set used for every val-loss figure
     max_corpus_bytes: int = 8_000_000  # cap on bytes read, so startup stays fast
+    tokenizer: str = "bytes"  # bytes (no tokenizer) or bpe (peer/learn/tokenizer.py)
+    tokenizer_path: str | None = None  # bpe: a tokenizer.json shipped by the run owner (default: trained on the corpus)
+    tokenizer_sha256: str = ""  # bpe: filled in when the run config is loaded; every peer's tokenizer must match
+    shards: str | None = None  # a folder written by `swarmloco prepare-data` (memory-mapped tokens; replaces path)
 
     def __post_init__(self) -> None:
+        _require(self.tokenizer in ("bytes", "bpe"), f"data.tokenizer={self.tokenizer!r}: choose bytes or bpe")
         _require(self.batch_size > 0, f"data.batch_size={self.batch_size}: use a positive batch size")
         _require(0.0 < self.val_fraction < 1.0, f"data.val_fraction={self.val_fraction}: use a value in (0, 1)")
         _require(self.val_batches > 0, "data.val_batches must be positive")
@@ -91,12 +116,17 @@ class InnerConfig:
     beta2: float = 0.95
     warmup_steps: int = 50  # linear warm-up of the inner lr over the first steps of the run
     grad_clip: float = 1.0
+    micro_batch_size: int = 0  # rows per forward/backward; data.batch_size / this = gradient accumulation (0: no accumulation)
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU), bf16, fp32
+    compile: bool = False  # torch.compile the model (CUDA runs; the first steps compile)
 
     def __post_init__(self) -> None:
         _require(self.steps > 0, f"inner.steps={self.steps}: use at least 1 inner step per round")
         _require(self.lr > 0, f"inner.lr={self.lr}: use a positive learning rate")
         _require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "inner.beta1/beta2 must be in [0, 1)")
         _require(self.warmup_steps >= 0 and self.grad_clip >= 0, "inner.warmup_steps and inner.grad_clip must be >= 0")
+        _require(self.micro_batch_size >= 0, f"inner.micro_batch_size={self.micro_batch_size}: use 0 (no accumulation) or more")
+        _require(self.precision in ("auto", "bf16", "fp32"), f"inner.precision={self.precision!r}: choose auto, bf16 or fp32")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -145,9 +175,13 @@ class CompressionConfig:
         "dct-topk:C:K, chained with + (e.g. topk:0.01+int8)",
     )
     error_feedback: bool = True  # the sender keeps what the codec dropped and adds it next round
+    # Error-feedback decay β (SparseLoCo): e <- β·e + Δ, send codec(e), e <- e - sent. 1.0 keeps
+    # every dropped value in full (classic error feedback); SparseLoCo uses 0.95.
+    error_feedback_decay: float = 1.0
 
     def __post_init__(self) -> None:
         _require(bool(self.codec.strip()), "compression.codec is empty: use e.g. fp16, int8, topk:0.01+int8")
+        _require(0 < self.error_feedback_decay <= 1, f"compression.error_feedback_decay={self.error_feedback_decay}: use a value in (0, 1]")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -191,6 +225,11 @@ class RoundConfig:
     overlap_communication: bool = _documented(
         False, "overlap the exchange with the next round's inner steps (one-round-delayed outer update)"
     )
+    # Eager updates (Kale et al. 2025) for overlapped rounds: the next inner phase starts from an
+    # outer step taken at once on this peer's own fresh pseudo-gradient standing in for its share
+    # of the average still in flight (the others' shares from the last known average), instead of
+    # from the peer's own local model. Only the local starting point changes: θ_{r+1} is the same.
+    eager_updates: bool = True
 
     def __post_init__(self) -> None:
         _require(self.rounds > 0, f"rounds.rounds={self.rounds}: use at least 1 round")
@@ -234,6 +273,27 @@ class ExchangeConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class ControlConfig:
+    """Who may coordinate the run, and how a standby takes over (docs/threat-model.md).
+
+    A run's identity is its coordinator keys: peers accept manifests and signed states from these
+    keys only. The active coordinator holds a lease in the DHT and renews it every lease_s / 3; when
+    it lapses, a standby listed here takes over with a higher term."""
+
+    coordinators: list[str] = field(default_factory=list, metadata={
+        "help": "fingerprints (peer ids) of the keys allowed to coordinate this run; the active coordinator's own is added"})
+    lease_s: float = _documented(6.0, "seconds a coordinator's DHT lease lasts: a standby takes over this long after the active one stops")
+    end_grace_s: float = _documented(60.0, "after the last round: keep serving the final state until every peer has it, at most this long")
+
+    def __post_init__(self) -> None:
+        for fingerprint in self.coordinators:
+            _require(len(fingerprint) == 64 and all(c in "0123456789abcdef" for c in fingerprint),
+                     f"control.coordinators entry {fingerprint!r} is not a fingerprint (the 64 hex characters a coordinator prints)")
+        _require(1.0 <= self.lease_s <= 600.0, f"control.lease_s={self.lease_s}: use 1 to 600 seconds")
+        _require(self.end_grace_s >= 0, f"control.end_grace_s={self.end_grace_s}: use a non-negative number")
+
+
+@dataclass(kw_only=True, slots=True)
 class RunConfig:
     run_id: str = "swarmloco-demo"
     seed: int = _documented(0, "seed of the model init, the data order and the codecs' shared random choices")
@@ -245,6 +305,7 @@ class RunConfig:
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     rounds: RoundConfig = field(default_factory=RoundConfig)
     exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
     max_payload_bytes: int = 64 * 1024 * 1024  # hard upper bound on one update payload
     allowed_peers: list[str] = field(default_factory=list)  # hex public keys; empty = open run
 
@@ -259,6 +320,15 @@ class RunConfig:
                 len(key) == 64 and all(c in "0123456789abcdef" for c in key.lower()),
                 f"allowed_peers entry {key!r} is not a hex Ed25519 public key (64 hex characters)",
             )
+        if self.model.vocab_size == 0:  # the tokenizer's default vocabulary
+            self.model.vocab_size = 256 if self.data.tokenizer == "bytes" else 8192
+        _require(self.data.tokenizer == "bpe" or self.model.vocab_size == 256,
+                 f"model.vocab_size={self.model.vocab_size} needs data.tokenizer = \"bpe\" (bytes have 256 symbols)")
+        _require(self.data.tokenizer == "bytes" or self.model.arch == "llama",
+                 "data.tokenizer = \"bpe\" needs a llama model (model.preset, e.g. llama-20m): the gpt is byte-level")
+        micro = self.inner.micro_batch_size
+        _require(micro == 0 or self.data.batch_size % micro == 0,
+                 f"inner.micro_batch_size={micro} must divide data.batch_size={self.data.batch_size}")
 
     # --- (de)serialization -------------------------------------------------------------
 
@@ -284,6 +354,7 @@ class RunConfig:
             "aggregation": AggregationConfig,
             "rounds": RoundConfig,
             "exchange": ExchangeConfig,
+            "control": ControlConfig,
         }
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
