@@ -24,53 +24,53 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0bswarm.proto\x12\x0cswarmloco.v1\"=\n\x06Signed\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\"\x10\n\x0eRunInfoRequest\"\xf9\x01\n\x07RunInfo\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x1e\n\x16\x63oordinator_public_key\x18\x03 \x01(\x0c\x12\x18\n\x10software_version\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\x03\x12\x12\n\nparam_hash\x18\x06 \x01(\t\x12\x15\n\rinitial_peers\x18\x07 \x03(\t\x12\x10\n\x08\x66inished\x18\x08 \x01(\x08\x12,\n\x0estate_manifest\x18\t \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x15\n\rstate_holders\x18\n \x03(\t\"\x89\x01\n\tJoinReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\x03\x12\x12\n\nparam_hash\x18\x05 \x01(\t\x12&\n\x07refusal\x18\x06 \x01(\x0e\x32\x15.swarmloco.v1.Refusal\"\x9b\x01\n\x0eHeartbeatReply\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x12\n\nparam_hash\x18\x02 \x01(\t\x12\x0e\n\x06\x62\x61nned\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12&\n\x07refusal\x18\x07 \x01(\x0e\x32\x15.swarmloco.v1.RefusalJ\x04\x08\x03\x10\x04R\x06resync\"G\n\rCommitRequest\x12$\n\x06header\x18\x01 \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\"n\n\x0b\x43ommitReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x15\n\rcurrent_round\x18\x03 \x01(\x03\x12&\n\x07refusal\x18\x04 \x01(\x0e\x32\x15.swarmloco.v1.Refusal\"0\n\x0fManifestRequest\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\"o\n\rManifestReply\x12\r\n\x05ready\x18\x01 \x01(\x08\x12&\n\x08manifest\x18\x02 \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x15\n\rcurrent_round\x18\x03 \x01(\x03\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"#\n\x11\x43heckpointRequest\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"X\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x12\n\ntotal_size\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\x03\"\x0f\n\rStatusRequest\"\x1b\n\x0bStatusReply\x12\x0c\n\x04json\x18\x01 \x01(\t\".\n\x0c\x46\x65tchRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"?\n\tPushChunk\x12$\n\x06header\x18\x01 \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"e\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12&\n\x07refusal\x18\x04 \x01(\x0e\x32\x15.swarmloco.v1.Refusal\"K\n\x13SliceResultsRequest\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\x12\x15\n\runtil_applied\x18\x03 \x01(\x08\"\x97\x01\n\x11SliceResultsReply\x12\r\n\x05ready\x18\x01 \x01(\x08\x12%\n\x07results\x18\x02 \x03(\x0b\x32\x14.swarmloco.v1.Signed\x12\x0f\n\x07\x61pplied\x18\x03 \x01(\x08\x12\x12\n\nparam_hash\x18\x04 \x01(\t\x12\x15\n\rcurrent_round\x18\x05 \x01(\x03\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08*\xd9\x02\n\x07Refusal\x12\x17\n\x13REFUSAL_UNSPECIFIED\x10\x00\x12\x10\n\x0cUNKNOWN_PEER\x10\x01\x12\x12\n\x0eWRONG_ENDPOINT\x10\x02\x12\x0f\n\x0bSTALE_ROUND\x10\x03\x12\x0e\n\nWRONG_BASE\x10\x04\x12\x10\n\x0c\x45QUIVOCATION\x10\x05\x12\n\n\x06\x42\x41NNED\x10\x06\x12\x10\n\x0cRUN_FINISHED\x10\x07\x12\r\n\tWRONG_RUN\x10\x08\x12\x0e\n\nCLOCK_SKEW\x10\t\x12\x0f\n\x0bNOT_ALLOWED\x10\n\x12\x11\n\rBAD_SIGNATURE\x10\x0b\x12\x12\n\x0eINVALID_UPDATE\x10\x0c\x12\r\n\tMALFORMED\x10\r\x12\x10\n\x0cRATE_LIMITED\x10\x0e\x12\x11\n\rREGISTRY_FULL\x10\x0f\x12\x0c\n\x08NOT_HELD\x10\x10\x12\x0c\n\x08NO_RELAY\x10\x11\x12\r\n\tNOT_OWNER\x10\x12\x12\x08\n\x04\x42USY\x10\x13\x32\xcd\x05\n\x0b\x43oordinator\x12\x41\n\nGetRunInfo\x12\x1c.swarmloco.v1.RunInfoRequest\x1a\x15.swarmloco.v1.RunInfo\x12\x35\n\x04Join\x12\x14.swarmloco.v1.Signed\x1a\x17.swarmloco.v1.JoinReply\x12?\n\tHeartbeat\x12\x14.swarmloco.v1.Signed\x1a\x1c.swarmloco.v1.HeartbeatReply\x12J\n\x10SubmitCommitment\x12\x1b.swarmloco.v1.CommitRequest\x1a\x19.swarmloco.v1.CommitReply\x12I\n\x0bGetManifest\x12\x1d.swarmloco.v1.ManifestRequest\x1a\x1b.swarmloco.v1.ManifestReply\x12J\n\x10StreamCheckpoint\x12\x1f.swarmloco.v1.CheckpointRequest\x1a\x13.swarmloco.v1.Chunk0\x01\x12@\n\x06Status\x12\x1b.swarmloco.v1.StatusRequest\x1a\x19.swarmloco.v1.StatusReply\x12\x44\n\x11SubmitSliceResult\x12\x14.swarmloco.v1.Signed\x1a\x19.swarmloco.v1.CommitReply\x12U\n\x0fGetSliceResults\x12!.swarmloco.v1.SliceResultsRequest\x1a\x1f.swarmloco.v1.SliceResultsReply\x12\x41\n\x0eReportEvidence\x12\x14.swarmloco.v1.Signed\x1a\x19.swarmloco.v1.CommitReply2\x8c\x01\n\x04Peer\x12\x41\n\x0c\x46\x65tchPayload\x12\x1a.swarmloco.v1.FetchRequest\x1a\x13.swarmloco.v1.Chunk0\x01\x12\x41\n\x0bPushPayload\x12\x17.swarmloco.v1.PushChunk\x1a\x17.swarmloco.v1.PushReply(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0bswarm.proto\x12\x0cswarmloco.v1\"=\n\x06Signed\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\"1\n\x0eRunInfoRequest\x12\x10\n\x08\x61t_round\x18\x01 \x01(\x08\x12\r\n\x05round\x18\x02 \x01(\x03\"\xc1\x02\n\x07RunInfo\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x1e\n\x16\x63oordinator_public_key\x18\x03 \x01(\x0c\x12\x18\n\x10software_version\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\x03\x12\x12\n\nparam_hash\x18\x06 \x01(\t\x12\x15\n\rinitial_peers\x18\x07 \x03(\t\x12\x10\n\x08\x66inished\x18\x08 \x01(\x08\x12,\n\x0estate_manifest\x18\t \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x15\n\rstate_holders\x18\n \x03(\t\x12\'\n\trun_state\x18\x0b \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x1d\n\x15\x63oordinator_endpoints\x18\x0c \x03(\t\"\x89\x01\n\tJoinReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\x03\x12\x12\n\nparam_hash\x18\x05 \x01(\t\x12&\n\x07refusal\x18\x06 \x01(\x0e\x32\x15.swarmloco.v1.Refusal\"\x9b\x01\n\x0eHeartbeatReply\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x12\n\nparam_hash\x18\x02 \x01(\t\x12\x0e\n\x06\x62\x61nned\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12&\n\x07refusal\x18\x07 \x01(\x0e\x32\x15.swarmloco.v1.RefusalJ\x04\x08\x03\x10\x04R\x06resync\"G\n\rCommitRequest\x12$\n\x06header\x18\x01 \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\"n\n\x0b\x43ommitReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x15\n\rcurrent_round\x18\x03 \x01(\x03\x12&\n\x07refusal\x18\x04 \x01(\x0e\x32\x15.swarmloco.v1.Refusal\"0\n\x0fManifestRequest\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\"o\n\rManifestReply\x12\r\n\x05ready\x18\x01 \x01(\x08\x12&\n\x08manifest\x18\x02 \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x15\n\rcurrent_round\x18\x03 \x01(\x03\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"#\n\x11\x43heckpointRequest\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"X\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x12\n\ntotal_size\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\x03\"\x0f\n\rStatusRequest\"\x1b\n\x0bStatusReply\x12\x0c\n\x04json\x18\x01 \x01(\t\".\n\x0c\x46\x65tchRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"?\n\tPushChunk\x12$\n\x06header\x18\x01 \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"e\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12&\n\x07refusal\x18\x04 \x01(\x0e\x32\x15.swarmloco.v1.Refusal\"K\n\x13SliceResultsRequest\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\x12\x15\n\runtil_applied\x18\x03 \x01(\x08\"\x97\x01\n\x11SliceResultsReply\x12\r\n\x05ready\x18\x01 \x01(\x08\x12%\n\x07results\x18\x02 \x03(\x0b\x32\x14.swarmloco.v1.Signed\x12\x0f\n\x07\x61pplied\x18\x03 \x01(\x08\x12\x12\n\nparam_hash\x18\x04 \x01(\t\x12\x15\n\rcurrent_round\x18\x05 \x01(\x03\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08*\xe9\x02\n\x07Refusal\x12\x17\n\x13REFUSAL_UNSPECIFIED\x10\x00\x12\x10\n\x0cUNKNOWN_PEER\x10\x01\x12\x12\n\x0eWRONG_ENDPOINT\x10\x02\x12\x0f\n\x0bSTALE_ROUND\x10\x03\x12\x0e\n\nWRONG_BASE\x10\x04\x12\x10\n\x0c\x45QUIVOCATION\x10\x05\x12\n\n\x06\x42\x41NNED\x10\x06\x12\x10\n\x0cRUN_FINISHED\x10\x07\x12\r\n\tWRONG_RUN\x10\x08\x12\x0e\n\nCLOCK_SKEW\x10\t\x12\x0f\n\x0bNOT_ALLOWED\x10\n\x12\x11\n\rBAD_SIGNATURE\x10\x0b\x12\x12\n\x0eINVALID_UPDATE\x10\x0c\x12\r\n\tMALFORMED\x10\r\x12\x10\n\x0cRATE_LIMITED\x10\x0e\x12\x11\n\rREGISTRY_FULL\x10\x0f\x12\x0c\n\x08NOT_HELD\x10\x10\x12\x0c\n\x08NO_RELAY\x10\x11\x12\r\n\tNOT_OWNER\x10\x12\x12\x08\n\x04\x42USY\x10\x13\x12\x0e\n\nNOT_ACTIVE\x10\x14\x32\xcd\x05\n\x0b\x43oordinator\x12\x41\n\nGetRunInfo\x12\x1c.swarmloco.v1.RunInfoRequest\x1a\x15.swarmloco.v1.RunInfo\x12\x35\n\x04Join\x12\x14.swarmloco.v1.Signed\x1a\x17.swarmloco.v1.JoinReply\x12?\n\tHeartbeat\x12\x14.swarmloco.v1.Signed\x1a\x1c.swarmloco.v1.HeartbeatReply\x12J\n\x10SubmitCommitment\x12\x1b.swarmloco.v1.CommitRequest\x1a\x19.swarmloco.v1.CommitReply\x12I\n\x0bGetManifest\x12\x1d.swarmloco.v1.ManifestRequest\x1a\x1b.swarmloco.v1.ManifestReply\x12J\n\x10StreamCheckpoint\x12\x1f.swarmloco.v1.CheckpointRequest\x1a\x13.swarmloco.v1.Chunk0\x01\x12@\n\x06Status\x12\x1b.swarmloco.v1.StatusRequest\x1a\x19.swarmloco.v1.StatusReply\x12\x44\n\x11SubmitSliceResult\x12\x14.swarmloco.v1.Signed\x1a\x19.swarmloco.v1.CommitReply\x12U\n\x0fGetSliceResults\x12!.swarmloco.v1.SliceResultsRequest\x1a\x1f.swarmloco.v1.SliceResultsReply\x12\x41\n\x0eReportEvidence\x12\x14.swarmloco.v1.Signed\x1a\x19.swarmloco.v1.CommitReply2\x8c\x01\n\x04Peer\x12\x41\n\x0c\x46\x65tchPayload\x12\x1a.swarmloco.v1.FetchRequest\x1a\x13.swarmloco.v1.Chunk0\x01\x12\x41\n\x0bPushPayload\x12\x17.swarmloco.v1.PushChunk\x1a\x17.swarmloco.v1.PushReply(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'swarm_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REFUSAL']._serialized_start=1629
-  _globals['_REFUSAL']._serialized_end=1974
+  _globals['_REFUSAL']._serialized_start=1734
+  _globals['_REFUSAL']._serialized_end=2095
   _globals['_SIGNED']._serialized_start=29
   _globals['_SIGNED']._serialized_end=90
   _globals['_RUNINFOREQUEST']._serialized_start=92
-  _globals['_RUNINFOREQUEST']._serialized_end=108
-  _globals['_RUNINFO']._serialized_start=111
-  _globals['_RUNINFO']._serialized_end=360
-  _globals['_JOINREPLY']._serialized_start=363
-  _globals['_JOINREPLY']._serialized_end=500
-  _globals['_HEARTBEATREPLY']._serialized_start=503
-  _globals['_HEARTBEATREPLY']._serialized_end=658
-  _globals['_COMMITREQUEST']._serialized_start=660
-  _globals['_COMMITREQUEST']._serialized_end=731
-  _globals['_COMMITREPLY']._serialized_start=733
-  _globals['_COMMITREPLY']._serialized_end=843
-  _globals['_MANIFESTREQUEST']._serialized_start=845
-  _globals['_MANIFESTREQUEST']._serialized_end=893
-  _globals['_MANIFESTREPLY']._serialized_start=895
-  _globals['_MANIFESTREPLY']._serialized_end=1006
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1008
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1043
-  _globals['_CHUNK']._serialized_start=1045
-  _globals['_CHUNK']._serialized_end=1133
-  _globals['_STATUSREQUEST']._serialized_start=1135
-  _globals['_STATUSREQUEST']._serialized_end=1150
-  _globals['_STATUSREPLY']._serialized_start=1152
-  _globals['_STATUSREPLY']._serialized_end=1179
-  _globals['_FETCHREQUEST']._serialized_start=1181
-  _globals['_FETCHREQUEST']._serialized_end=1227
-  _globals['_PUSHCHUNK']._serialized_start=1229
-  _globals['_PUSHCHUNK']._serialized_end=1292
-  _globals['_PUSHREPLY']._serialized_start=1294
-  _globals['_PUSHREPLY']._serialized_end=1395
-  _globals['_SLICERESULTSREQUEST']._serialized_start=1397
-  _globals['_SLICERESULTSREQUEST']._serialized_end=1472
-  _globals['_SLICERESULTSREPLY']._serialized_start=1475
-  _globals['_SLICERESULTSREPLY']._serialized_end=1626
-  _globals['_COORDINATOR']._serialized_start=1977
-  _globals['_COORDINATOR']._serialized_end=2694
-  _globals['_PEER']._serialized_start=2697
-  _globals['_PEER']._serialized_end=2837
+  _globals['_RUNINFOREQUEST']._serialized_end=141
+  _globals['_RUNINFO']._serialized_start=144
+  _globals['_RUNINFO']._serialized_end=465
+  _globals['_JOINREPLY']._serialized_start=468
+  _globals['_JOINREPLY']._serialized_end=605
+  _globals['_HEARTBEATREPLY']._serialized_start=608
+  _globals['_HEARTBEATREPLY']._serialized_end=763
+  _globals['_COMMITREQUEST']._serialized_start=765
+  _globals['_COMMITREQUEST']._serialized_end=836
+  _globals['_COMMITREPLY']._serialized_start=838
+  _globals['_COMMITREPLY']._serialized_end=948
+  _globals['_MANIFESTREQUEST']._serialized_start=950
+  _globals['_MANIFESTREQUEST']._serialized_end=998
+  _globals['_MANIFESTREPLY']._serialized_start=1000
+  _globals['_MANIFESTREPLY']._serialized_end=1111
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1113
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1148
+  _globals['_CHUNK']._serialized_start=1150
+  _globals['_CHUNK']._serialized_end=1238
+  _globals['_STATUSREQUEST']._serialized_start=1240
+  _globals['_STATUSREQUEST']._serialized_end=1255
+  _globals['_STATUSREPLY']._serialized_start=1257
+  _globals['_STATUSREPLY']._serialized_end=1284
+  _globals['_FETCHREQUEST']._serialized_start=1286
+  _globals['_FETCHREQUEST']._serialized_end=1332
+  _globals['_PUSHCHUNK']._serialized_start=1334
+  _globals['_PUSHCHUNK']._serialized_end=1397
+  _globals['_PUSHREPLY']._serialized_start=1399
+  _globals['_PUSHREPLY']._serialized_end=1500
+  _globals['_SLICERESULTSREQUEST']._serialized_start=1502
+  _globals['_SLICERESULTSREQUEST']._serialized_end=1577
+  _globals['_SLICERESULTSREPLY']._serialized_start=1580
+  _globals['_SLICERESULTSREPLY']._serialized_end=1731
+  _globals['_COORDINATOR']._serialized_start=2098
+  _globals['_COORDINATOR']._serialized_end=2815
+  _globals['_PEER']._serialized_start=2818
+  _globals['_PEER']._serialized_end=2958
 # @@protoc_insertion_point(module_scope)

@@ -29,6 +29,7 @@ class Refusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NO_RELAY: _ClassVar[Refusal]
     NOT_OWNER: _ClassVar[Refusal]
     BUSY: _ClassVar[Refusal]
+    NOT_ACTIVE: _ClassVar[Refusal]
 REFUSAL_UNSPECIFIED: Refusal
 UNKNOWN_PEER: Refusal
 WRONG_ENDPOINT: Refusal
@@ -49,6 +50,7 @@ NOT_HELD: Refusal
 NO_RELAY: Refusal
 NOT_OWNER: Refusal
 BUSY: Refusal
+NOT_ACTIVE: Refusal
 
 class Signed(_message.Message):
     __slots__ = ("body", "signature", "public_key")
@@ -61,11 +63,15 @@ class Signed(_message.Message):
     def __init__(self, body: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., public_key: _Optional[bytes] = ...) -> None: ...
 
 class RunInfoRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("at_round", "round")
+    AT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    at_round: bool
+    round: int
+    def __init__(self, at_round: _Optional[bool] = ..., round: _Optional[int] = ...) -> None: ...
 
 class RunInfo(_message.Message):
-    __slots__ = ("run_id", "config_json", "coordinator_public_key", "software_version", "round", "param_hash", "initial_peers", "finished", "state_manifest", "state_holders")
+    __slots__ = ("run_id", "config_json", "coordinator_public_key", "software_version", "round", "param_hash", "initial_peers", "finished", "state_manifest", "state_holders", "run_state", "coordinator_endpoints")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +82,8 @@ class RunInfo(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     STATE_MANIFEST_FIELD_NUMBER: _ClassVar[int]
     STATE_HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    RUN_STATE_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     config_json: str
     coordinator_public_key: bytes
@@ -86,7 +94,9 @@ class RunInfo(_message.Message):
     finished: bool
     state_manifest: Signed
     state_holders: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., config_json: _Optional[str] = ..., coordinator_public_key: _Optional[bytes] = ..., software_version: _Optional[str] = ..., round: _Optional[int] = ..., param_hash: _Optional[str] = ..., initial_peers: _Optional[_Iterable[str]] = ..., finished: _Optional[bool] = ..., state_manifest: _Optional[_Union[Signed, _Mapping]] = ..., state_holders: _Optional[_Iterable[str]] = ...) -> None: ...
+    run_state: Signed
+    coordinator_endpoints: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., config_json: _Optional[str] = ..., coordinator_public_key: _Optional[bytes] = ..., software_version: _Optional[str] = ..., round: _Optional[int] = ..., param_hash: _Optional[str] = ..., initial_peers: _Optional[_Iterable[str]] = ..., finished: _Optional[bool] = ..., state_manifest: _Optional[_Union[Signed, _Mapping]] = ..., state_holders: _Optional[_Iterable[str]] = ..., run_state: _Optional[_Union[Signed, _Mapping]] = ..., coordinator_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("accepted", "reason", "peer_id", "round", "param_hash", "refusal")
