@@ -36,6 +36,11 @@ def _shard(text: str) -> tuple[int, int]:
     return index, total
 
 
+def _add_metrics_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on http://HOST:PORT/metrics (0 = any free port)")
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="interface for the metrics endpoint (0.0.0.0 for a remote Prometheus)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="swarmloco",
@@ -54,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--identity-path", help="Ed25519 key file (created with mode 0600 if missing)")
     c.add_argument("--checkpoint", help="checkpoint file: written atomically every round, resumed from on restart")
     c.add_argument("--summary-json", help="write the final status here when the run ends")
+    _add_metrics_flags(c)
+    c.add_argument("--dashboard-port", type=int, help="serve the live dashboard on this port (0 = any free port)")
+    c.add_argument("--dashboard-host", default="127.0.0.1", help="interface for the dashboard (default loopback: it shows endpoints and evidence)")
+    c.add_argument("--run-log", metavar="PATH", help="append one JSON line per event (rounds, joins, bans, takeovers); scripts/plot_run.py plots it")
     add_run_flags(c, "coordinator")
 
     # peer
@@ -61,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     where = p.add_argument_group("how to find the swarm (one of)")
     where.add_argument("--initial-peers", nargs="+", default=[], metavar="MULTIADDR", help="DHT multiaddr(s) printed by the coordinator")
     where.add_argument("--coordinator", metavar="HOST:PORT", help="the coordinator's gRPC port, directly (no DHT)")
-    p.add_argument("--run-id", help="which run, when the DHT hosts several")
+    p.add_argument("--run-id", "--run", dest="run_id", help="which run, when the DHT hosts several (`swarmloco runs` lists them)")
     p.add_argument("--identity-path", help="Ed25519 key file (created with mode 0600 if missing); needed for --resume")
     p.add_argument("--data", help="your own training text: a file or a directory (default: the Python standard library's sources)")
     p.add_argument("--client-mode", action="store_true", help="no inbound port (behind NAT): push updates to the coordinator instead of serving them")
@@ -79,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rounds", type=int, help="leave after this many rounds")
     p.add_argument("--summary-json", help="write this peer's per-round record here at exit")
     p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the DHT / coordinator")
+    _add_metrics_flags(p)
 
     # demo
     d = sub.add_parser("demo", help="a coordinator and N peers as separate processes on loopback")
@@ -110,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from peer.cli import interrupts
     from peer.coordinator.main import CoordinatorOptions, run_coordinator
+    from peer.coordinator.operations import OperationsOptions
 
     cfg = load_run_config(args)
     stop = threading.Event()
@@ -125,6 +136,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             identity_path=args.identity_path,
             checkpoint_path=args.checkpoint,
             summary_json=args.summary_json,
+            operations=OperationsOptions(metrics_port=args.metrics_port, metrics_host=args.metrics_host, dashboard_port=args.dashboard_port,
+                                         dashboard_host=args.dashboard_host, run_log=args.run_log),
         ),
         stop,
     )
@@ -161,7 +174,12 @@ def cmd_peer(args: argparse.Namespace, make_node=None) -> int:
     from peer.node.node import PeerExit
 
     interrupts.install()
+    metrics = None
     try:
+        if args.metrics_port is not None:
+            from peer.node.metrics import serve_node_metrics
+
+            metrics = serve_node_metrics(node, host=args.metrics_host, port=args.metrics_port)
         node.connect()
         result = node.run(max_rounds=args.max_rounds)
         node.quiesce()
@@ -178,6 +196,8 @@ def cmd_peer(args: argparse.Namespace, make_node=None) -> int:
         return 1
     finally:
         node.close()
+        if metrics is not None:
+            metrics.close()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

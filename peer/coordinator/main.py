@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from peer.run.config import RunConfig
+from peer.coordinator.operations import OperationsOptions, start_operations
 from peer.coordinator.state import Coordinator
 from peer.coordinator.server import build_coordinator_server
 from peer.run import faults
@@ -34,6 +35,7 @@ class CoordinatorOptions:
     summary_json: str | None = None
     use_dht: bool = True
     linger_s: float = 3.0  # keep serving after the last round so peers see `finished`
+    operations: OperationsOptions | None = None  # metrics, dashboard, run log (peer/coordinator/operations.py)
 
 
 def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = None) -> dict:
@@ -46,7 +48,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         # The DHT first: hivemind forks its worker, and gRPC is not fork-safe.
         dht = discovery.start_dht(identity, host_maddrs=options.host_maddrs, announce_maddrs=options.announce_maddrs)
     counter = ByteCounter(identity.peer_id)
-    server = None
+    server = operations = None
     try:
         coordinator = Coordinator(cfg, identity, checkpoint_path=options.checkpoint_path, counter=counter)
         server = build_coordinator_server(
@@ -62,6 +64,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         print(f"coordinator gRPC: {coordinator.endpoint}   (peers: swarmloco peer --coordinator {coordinator.endpoint})", flush=True)
         for maddr in coordinator.initial_peers:
             print(f"  --initial-peers {maddr}", flush=True)
+        operations = start_operations(coordinator, options.operations)
 
         last_announce = time.monotonic()
         finished_at = None
@@ -86,6 +89,8 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
                   f"coordinator traffic {format_bytes(counter.total().sent + counter.total().received)}", flush=True)
         return summary
     finally:
+        if operations is not None:
+            operations.close()
         if server is not None:
             server.stop(grace=1.0).wait(3.0)
         if dht is not None:
