@@ -47,21 +47,34 @@ class Corpus:
     source: str  # where it came from, for logs: "python-stdlib:/usr/lib/python3.11" or the path
     files: int  # files read (at least partly)
     digest: str = ""  # sha256 over both splits: equal digests mean comparable val losses
+    tokenizer: Any = None  # data.tokenizer bpe: the BpeCodec whose token ids train/val hold (else bytes)
 
 
 # --- loading -------------------------------------------------------------------------------
 
-_CACHE: dict[tuple[str | None, float, int], Corpus] = {}
+_CACHE: dict[tuple, Corpus] = {}
 
 
 def load_corpus(cfg: DataConfig, *, seq_len: int | None = None) -> Corpus:
     """Read (once per process, then cached) and split the corpus named by cfg.
 
-    With seq_len, also check that both splits hold at least one (seq_len + 1)-byte window."""
-    key = (cfg.path, cfg.val_fraction, cfg.max_corpus_bytes)
+    data.shards: memory-mapped token files (peer/learn/token_shards.py); data.tokenizer bpe: the
+    bytes encoded by the run's BPE (peer/learn/tokenizer.py), whose hash must be the run's.
+    With seq_len, also check that both splits hold at least one (seq_len + 1)-token window."""
+    key = (cfg.path, cfg.val_fraction, cfg.max_corpus_bytes, cfg.shards, cfg.tokenizer, cfg.tokenizer_path,
+           cfg.tokenizer_sha256, cfg.bpe_vocab_size)
     corpus = _CACHE.get(key)
     if corpus is None:
-        corpus = _read_corpus(cfg)
+        if cfg.shards:
+            from peer.learn.token_shards import open_shards
+
+            corpus = open_shards(cfg)
+        elif cfg.tokenizer == "bpe":
+            from peer.learn.tokenizer import encode_corpus
+
+            corpus = encode_corpus(cfg, _read_corpus(cfg))
+        else:
+            corpus = _read_corpus(cfg)
         _CACHE[key] = corpus
     if seq_len is not None:
         check_split_size(corpus.train, seq_len, "train", corpus.source)

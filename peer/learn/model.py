@@ -122,11 +122,16 @@ class GPT(nn.Module):
         return logits, loss
 
 
-def build_model(cfg: ModelConfig, seed: int) -> GPT:
+def build_model(cfg: ModelConfig, seed: int) -> nn.Module:
     """The run's initial model: same (cfg, seed) -> bit-identical parameters on every peer.
+    model.arch "llama" (or a preset) builds peer/learn/llama.py's decoder, else the byte GPT.
 
     Uses its own generator and leaves the global torch RNG untouched, so building a model
     never shifts anyone else's random stream."""
+    if cfg.arch == "llama":
+        from peer.learn.llama import build_llama
+
+        return build_llama(cfg, seed)
     with torch.random.fork_rng(devices=[]):
         model = GPT(cfg)  # the constructor's own init draws from the (forked) global RNG
     generator = torch.Generator().manual_seed(seed)

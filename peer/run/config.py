@@ -50,7 +50,7 @@ class ModelConfig:
     arch = "llama" is a Llama-style decoder (RMSNorm, RoPE, SwiGLU; peer/learn/llama.py);
     `preset` names one of its sizes (peer/learn/presets.py: llama-20m ... llama-1b) and then
     sets arch, d_model, n_layer, n_head and ffn_hidden. vocab_size 0 means the tokenizer's
-    default (256 for bytes, 8192 for BPE)."""
+    default (256 for bytes, data.bpe_vocab_size for BPE)."""
 
     seq_len: int = 128
     d_model: int = 128
@@ -59,7 +59,7 @@ class ModelConfig:
     dropout: float = 0.0
     arch: str = "gpt"  # gpt (byte-level, the default) or llama
     preset: str = ""  # e.g. llama-20m; overrides arch and the dimensions above
-    vocab_size: int = 0  # 0: 256 with data.tokenizer bytes, 8192 with bpe
+    vocab_size: int = 0  # 0: 256 with data.tokenizer bytes, data.bpe_vocab_size with bpe
     ffn_hidden: int = 0  # llama: SwiGLU hidden width (0: 8/3 d_model rounded up to 64)
     tie_embeddings: bool = False  # llama: lm head shares the embedding matrix (gpt always ties)
     rope_theta: float = 10000.0
@@ -95,10 +95,12 @@ class DataConfig:
     tokenizer: str = "bytes"  # bytes (no tokenizer) or bpe (peer/learn/tokenizer.py)
     tokenizer_path: str | None = None  # bpe: a tokenizer.json shipped by the run owner (default: trained on the corpus)
     tokenizer_sha256: str = ""  # bpe: filled in when the run config is loaded; every peer's tokenizer must match
+    bpe_vocab_size: int = 8192  # bpe: tokens the tokenizer is trained to (model.vocab_size follows it)
     shards: str | None = None  # a folder written by `swarmloco prepare-data` (memory-mapped tokens; replaces path)
 
     def __post_init__(self) -> None:
         _require(self.tokenizer in ("bytes", "bpe"), f"data.tokenizer={self.tokenizer!r}: choose bytes or bpe")
+        _require(512 <= self.bpe_vocab_size <= 1 << 20, f"data.bpe_vocab_size={self.bpe_vocab_size}: use 512 to 1048576")
         _require(self.batch_size > 0, f"data.batch_size={self.batch_size}: use a positive batch size")
         _require(0.0 < self.val_fraction < 1.0, f"data.val_fraction={self.val_fraction}: use a value in (0, 1)")
         _require(self.val_batches > 0, "data.val_batches must be positive")
@@ -321,9 +323,11 @@ class RunConfig:
                 f"allowed_peers entry {key!r} is not a hex Ed25519 public key (64 hex characters)",
             )
         if self.model.vocab_size == 0:  # the tokenizer's default vocabulary
-            self.model.vocab_size = 256 if self.data.tokenizer == "bytes" else 8192
+            self.model.vocab_size = 256 if self.data.tokenizer == "bytes" else self.data.bpe_vocab_size
         _require(self.data.tokenizer == "bpe" or self.model.vocab_size == 256,
                  f"model.vocab_size={self.model.vocab_size} needs data.tokenizer = \"bpe\" (bytes have 256 symbols)")
+        _require(self.data.tokenizer == "bytes" or self.model.vocab_size >= self.data.bpe_vocab_size,
+                 f"model.vocab_size={self.model.vocab_size} is smaller than data.bpe_vocab_size={self.data.bpe_vocab_size}")
         _require(self.data.tokenizer == "bytes" or self.model.arch == "llama",
                  "data.tokenizer = \"bpe\" needs a llama model (model.preset, e.g. llama-20m): the gpt is byte-level")
         micro = self.inner.micro_batch_size
