@@ -1,0 +1,121 @@
+"""A live local swarm scraped through /metrics: the coordinator's numbers agree with its status
+JSON, each peer's with its own history; the run log records the run and plot_run draws it."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import ROOT, write_run_config
+from peer.cli.status import fetch_status
+
+pytestmark = pytest.mark.integration
+ROUNDS = 8
+
+
+def url_in(child, pattern: str, timeout_s: float = 90.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        match = re.search(pattern + r" (http://\S+)", "".join(child.lines))
+        if match:
+            return match.group(1)
+        assert child.alive(), "".join(child.lines)[-3000:]
+        time.sleep(0.1)
+    raise TimeoutError(f"no {pattern!r} line:\n{''.join(child.lines)[-2000:]}")
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} of one scrape, parsed by prometheus_client's parser."""
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def consistent_view(metrics_url: str, endpoint: str) -> tuple[dict, dict]:
+    """A scrape bracketed by two equal status views (nothing changed while it was taken)."""
+    for _ in range(100):
+        before = fetch_status(endpoint)
+        metrics = scrape(metrics_url)
+        after = fetch_status(endpoint)
+        keys = ("round", "history", "rejections")
+        if all(before[k] == after[k] for k in keys) and \
+                [(p["bytes_sent"], p["state"], p["last_round_bytes"]) for p in before["peers"]] == \
+                [(p["bytes_sent"], p["state"], p["last_round_bytes"]) for p in after["peers"]]:
+            return metrics, after
+        time.sleep(0.05)
+    raise AssertionError("the status never held still for one scrape")
+
+
+def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path):
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": ROUNDS, "expected_peers": 2})
+    log = tmp_path / "run.jsonl"
+    coordinator = swarm.start_coordinator(["--config", str(config), "--metrics-port", "0", "--run-log", str(log)])
+    peers = [swarm.start_peer(f"p{i}", ["--shard", f"{i}/2", "--metrics-port", "0"]) for i in range(2)]
+    metrics_url = url_in(coordinator, "coordinator metrics:")
+    peer_urls = [url_in(p, "metrics:") for p in peers]
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # two closed rounds, and both peers reported a round's bytes
+        status = fetch_status(swarm.coordinator_endpoint)
+        if status["round"] >= 2 and len(status["peers"]) == 2 and all(p["last_round_bytes"] for p in status["peers"]):
+            break
+        time.sleep(0.2)
+    m, s = consistent_view(metrics_url, swarm.coordinator_endpoint)
+    assert m[("swarmloco_round", ())] == s["round"] >= 2
+    assert m[("swarmloco_rounds_planned", ())] == ROUNDS
+    assert m[("swarmloco_val_loss", ())] == pytest.approx(s["history"][-1]["val_loss"])
+    assert m[("swarmloco_round_duration_seconds_count", ())] == len(s["history"])
+    assert m[("swarmloco_round_duration_seconds_sum", ())] == pytest.approx(sum(h["seconds"] for h in s["history"]))
+    closed = {labels: v for (name, labels), v in m.items() if name == "swarmloco_rounds_closed_total"}
+    assert sum(closed.values()) == len(s["history"])
+    assert m[("swarmloco_coordinator_sent_bytes_total", ())] >= s["coordinator_traffic"]["bytes_sent"] > 0
+    for p in s["peers"]:
+        peer = p["peer_id"][:16]
+        assert m[("swarmloco_peer_sent_bytes_total", (("peer", peer),))] == p["bytes_sent"] > 0
+        assert m[("swarmloco_peer_received_bytes_total", (("peer", peer),))] == p["bytes_received"] > 0
+        assert m[("swarmloco_peer_last_round", (("peer", peer),))] == p["last_round"]
+        assert m[("swarmloco_peer_state", (("peer", peer), ("state", p["state"])))] == 1.0
+        assert m[("swarmloco_peer_round_bytes", (("direction", "sent"), ("peer", peer)))] == p["last_round_bytes"]["sent"]
+        assert m[("swarmloco_peer_utilization_ratio", (("peer", peer),))] == pytest.approx(p["utilization"])
+        assert m[("swarmloco_peer_aggregation_weight", (("peer", peer),))] == p["aggregation"]["weight"]
+    live = sum(v for (name, labels), v in m.items() if name == "swarmloco_peers")
+    assert live == len(s["peers"]) == 2
+
+    for url in peer_urls:
+        pm = scrape(url)
+        assert pm[("swarmloco_rounds_completed_total", ())] >= 1
+        assert pm[("swarmloco_sent_bytes_total", ())] > 0 and pm[("swarmloco_received_bytes_total", ())] > 0
+        assert sum(v for (name, _), v in pm.items() if name == "swarmloco_phase") == 1.0  # exactly one phase
+        step_s = pm[("swarmloco_inner_step_seconds", ())]
+        tokens = 8 * 4 * 64  # tiny config: H x batch x seq_len
+        assert step_s > 0 and pm[("swarmloco_tokens_per_second", ())] == pytest.approx(tokens / (8 * step_s), rel=1e-6)
+        assert pm[("swarmloco_last_round_phase_seconds", (("phase", "compute"),))] == pytest.approx(8 * step_s)
+
+    assert swarm.wait(coordinator, 180) == 0
+    for p in peers:
+        assert swarm.wait(p, 60) == 0
+    summary = json.loads((swarm.workdir / "coordinator.json").read_text())
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "finished" and kinds.count("join") == 2
+    rounds = [e for e in events if e["event"] == "round"]
+    assert [e["round"] for e in rounds] == list(range(ROUNDS))
+    assert [e["val_loss"] for e in rounds] == [h["val_loss"] for h in summary["history"]]
+    assert all(e["updates"] == 2 and e["coordinator_bytes_sent"] >= 0 for e in rounds)
+    assert sum(e["coordinator_bytes_sent"] for e in rounds) > 0
+    peer_rounds = [e for e in events if e["event"] == "peer_round"]
+    assert {e["peer_id"] for e in peer_rounds} == {p["peer_id"] for p in summary["peers"]}
+    assert all(e["bytes_sent"] > 0 for e in peer_rounds)
+
+    out = tmp_path / "plots"
+    result = subprocess.run([sys.executable, str(ROOT / "scripts/plot_run.py"), str(log), "--out", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for name in ("loss_vs_round.png", "loss_vs_bytes.png", "peer_bytes.png", "utilization.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / name).stat().st_size > 5000
