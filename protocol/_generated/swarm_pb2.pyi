@@ -253,3 +253,51 @@ class SliceResultsReply(_message.Message):
     current_round: int
     finished: bool
     def __init__(self, ready: _Optional[bool] = ..., results: _Optional[_Iterable[_Union[Signed, _Mapping]]] = ..., applied: _Optional[bool] = ..., param_hash: _Optional[str] = ..., current_round: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...
+
+class PingRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PingReply(_message.Message):
+    __slots__ = ("round",)
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    def __init__(self, round: _Optional[int] = ...) -> None: ...
+
+class ProbeDownloadRequest(_message.Message):
+    __slots__ = ("size", "chunk_bytes")
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    size: int
+    chunk_bytes: int
+    def __init__(self, size: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class ProbeUploadReply(_message.Message):
+    __slots__ = ("bytes", "seconds", "first_chunk_bytes")
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    seconds: float
+    first_chunk_bytes: int
+    def __init__(self, bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., first_chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class DialBackRequest(_message.Message):
+    __slots__ = ("port", "nonce")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    nonce: bytes
+    def __init__(self, port: _Optional[int] = ..., nonce: _Optional[bytes] = ...) -> None: ...
+
+class DialBackReply(_message.Message):
+    __slots__ = ("connected", "address", "error", "seconds")
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    connected: bool
+    address: str
+    error: str
+    seconds: float
+    def __init__(self, connected: _Optional[bool] = ..., address: _Optional[str] = ..., error: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...

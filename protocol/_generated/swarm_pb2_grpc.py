@@ -601,3 +601,204 @@ class Peer:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class PreflightStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Ping = channel.unary_unary(
+                '/swarmloco.v1.Preflight/Ping',
+                request_serializer=swarm__pb2.PingRequest.SerializeToString,
+                response_deserializer=swarm__pb2.PingReply.FromString,
+                _registered_method=True)
+        self.ProbeDownload = channel.unary_stream(
+                '/swarmloco.v1.Preflight/ProbeDownload',
+                request_serializer=swarm__pb2.ProbeDownloadRequest.SerializeToString,
+                response_deserializer=swarm__pb2.Chunk.FromString,
+                _registered_method=True)
+        self.ProbeUpload = channel.stream_unary(
+                '/swarmloco.v1.Preflight/ProbeUpload',
+                request_serializer=swarm__pb2.Chunk.SerializeToString,
+                response_deserializer=swarm__pb2.ProbeUploadReply.FromString,
+                _registered_method=True)
+        self.DialBack = channel.unary_unary(
+                '/swarmloco.v1.Preflight/DialBack',
+                request_serializer=swarm__pb2.DialBackRequest.SerializeToString,
+                response_deserializer=swarm__pb2.DialBackReply.FromString,
+                _registered_method=True)
+
+
+class PreflightServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Ping(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProbeDownload(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProbeUpload(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DialBack(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_PreflightServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Ping': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ping,
+                    request_deserializer=swarm__pb2.PingRequest.FromString,
+                    response_serializer=swarm__pb2.PingReply.SerializeToString,
+            ),
+            'ProbeDownload': grpc.unary_stream_rpc_method_handler(
+                    servicer.ProbeDownload,
+                    request_deserializer=swarm__pb2.ProbeDownloadRequest.FromString,
+                    response_serializer=swarm__pb2.Chunk.SerializeToString,
+            ),
+            'ProbeUpload': grpc.stream_unary_rpc_method_handler(
+                    servicer.ProbeUpload,
+                    request_deserializer=swarm__pb2.Chunk.FromString,
+                    response_serializer=swarm__pb2.ProbeUploadReply.SerializeToString,
+            ),
+            'DialBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.DialBack,
+                    request_deserializer=swarm__pb2.DialBackRequest.FromString,
+                    response_serializer=swarm__pb2.DialBackReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'swarmloco.v1.Preflight', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('swarmloco.v1.Preflight', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Preflight:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Ping(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/swarmloco.v1.Preflight/Ping',
+            swarm__pb2.PingRequest.SerializeToString,
+            swarm__pb2.PingReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeDownload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/swarmloco.v1.Preflight/ProbeDownload',
+            swarm__pb2.ProbeDownloadRequest.SerializeToString,
+            swarm__pb2.Chunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeUpload(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/swarmloco.v1.Preflight/ProbeUpload',
+            swarm__pb2.Chunk.SerializeToString,
+            swarm__pb2.ProbeUploadReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DialBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/swarmloco.v1.Preflight/DialBack',
+            swarm__pb2.DialBackRequest.SerializeToString,
+            swarm__pb2.DialBackReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
