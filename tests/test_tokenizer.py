@@ -1,0 +1,77 @@
+"""The BPE tokenizer: trained here, deterministic, named by its hash in the run config; a peer
+whose tokenizer differs is refused before it joins, with what to do (a real swarm on loopback)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from peer.learn.data import load_corpus, stdlib_sources
+from peer.learn.tokenizer import ByteCodec, TokenizerMismatch, text_chunks, train_bpe, with_tokenizer_hash
+from peer.run.config import RunConfig
+from tests.conftest import tiny_run_config
+
+BPE_TINY = {"model": {"arch": "llama", "d_model": 32, "n_layer": 1, "n_head": 2, "seq_len": 32, "vocab_size": 0},
+            "data": {"tokenizer": "bpe", "bpe_vocab_size": 512, "max_corpus_bytes": 150_000}}
+
+
+def bpe_config(path, **sections):
+    return tiny_run_config(model=BPE_TINY["model"], data={**BPE_TINY["data"], "path": str(path)}, **sections)
+
+
+def text_folder(path, skip: int, size: int = 160_000):
+    """A folder of stdlib sources (skipping the first `skip` files) of about `size` bytes."""
+    root, files = stdlib_sources()
+    path.mkdir()
+    total = 0
+    for i, source in enumerate(files[skip:]):
+        shutil.copyfile(source, path / f"{i:04d}.py")
+        total += source.stat().st_size
+        if total > size:
+            return path
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SWARMLOCO_CACHE", str(tmp_path / "cache"))  # train for real, in every test
+
+
+def test_same_corpus_same_hash_other_corpus_other_hash(tmp_path):
+    a = text_folder(tmp_path / "a", 0)
+    text = b"\n".join(p.read_bytes() for p in sorted(a.iterdir()))
+    first, second = train_bpe(text_chunks(text), 512), train_bpe(text_chunks(text), 512)
+    assert first.sha256 == second.sha256 and first.vocab_size == 512
+    assert train_bpe(text_chunks(text[: len(text) // 2]), 512).sha256 != first.sha256
+    ids = first.encode("def main():\n    return 0\n")
+    assert first.decode(ids) == "def main():\n    return 0\n" and len(ids) < 20  # fewer tokens than bytes
+    assert ByteCodec().decode(ByteCodec().encode("héllo")) == "héllo"
+
+
+def test_run_config_names_the_tokenizer_and_a_different_one_is_refused(tmp_path):
+    cfg = bpe_config(text_folder(tmp_path / "a", 0))
+    named = with_tokenizer_hash(cfg)
+    assert len(named.data.tokenizer_sha256) == 64 and named.model.vocab_size == 512
+    corpus = load_corpus(named.data, seq_len=32)
+    assert corpus.tokenizer.sha256 == named.data.tokenizer_sha256
+    assert corpus.train.max() < 512 and corpus.train.numel() < 150_000 // 2  # tokens, not bytes
+    other = RunConfig.from_dict({**named.to_dict(), "data": {**named.to_dict()["data"], "path": str(text_folder(tmp_path / "b", 300))}})
+    with pytest.raises(TokenizerMismatch, match="tokenizer_path"):
+        load_corpus(other.data)
+
+
+@pytest.mark.integration
+def test_peer_with_another_tokenizer_is_refused_and_the_same_one_trains(swarm, tmp_path):
+    cfg = bpe_config(text_folder(tmp_path / "a", 0), rounds={"rounds": 1, "expected_peers": 1}, inner={"steps": 4})
+    (tmp_path / "run.json").write_text(cfg.to_json())
+    coordinator = swarm.start_coordinator(["--config", str(tmp_path / "run.json")])
+    stranger = swarm.start_peer("stranger", ["--data", str(text_folder(tmp_path / "b", 300))])
+    assert swarm.wait(stranger, 120) != 0
+    log = "".join(stranger.lines)
+    assert "BPE tokenizer" in log and "tokenizer_path" in log, log[-2000:]
+    peer = swarm.start_peer("peer", [])
+    assert swarm.wait(coordinator, 240) == 0
+    assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
+    history = json.loads((swarm.workdir / "peer.json").read_text())["history"]
+    assert len(history) == 1 and all(h["in_sync"] for h in history)
