@@ -6,6 +6,8 @@ encodes the VALUES kept by the earlier one:
     fp32  fp16  bf16                 dtype cast (fp32 is lossless)
     int8  int4  int2  [:BLOCK]       blockwise absmax quantization, float32 scale per BLOCK (64)
     sign[:BLOCK]                     1 bit per value, float32 scale (mean |x|) per BLOCK (64)
+    stat2[:BLOCK]                    2 bits per value: 4 bins over ±6σ, a float32 lookup table of
+                                     the bins' means per BLOCK (4096) (SparseLoCo; optim/stat_quant.py)
     topk:FRACTION                    global top-k by magnitude, k = round(FRACTION * d)
     chunk-topk:CHUNK:K               top-K by magnitude per chunk of CHUNK
     randk:FRACTION                   k coordinates drawn from the shared seed (no index bytes)
@@ -31,6 +33,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from optim.quantize import CAST_FORMATS, BlockQuantFormat, CastFormat, CodecError, SignFormat, ValueFormat
+from optim.stat_quant import StatFormat
 from optim.sparsify import ChunkTopK, DctTopK, RandK, Sparsifier, TopK
 
 __all__ = ["Codec", "CodecError", "ErrorFeedback", "build", "HEADER_SIZE", "FORMAT_VERSION"]
@@ -40,7 +43,7 @@ FORMAT_VERSION = 1
 HEADER_SIZE = 4
 
 VALID_FORMS = (
-    "fp32, fp16, bf16, int8[:BLOCK], int4[:BLOCK], int2[:BLOCK], sign[:BLOCK], topk:FRACTION, randk:FRACTION, "
+    "fp32, fp16, bf16, int8[:BLOCK], int4[:BLOCK], int2[:BLOCK], sign[:BLOCK], stat2[:BLOCK], topk:FRACTION, randk:FRACTION, "
     "chunk-topk:CHUNK:K, dct-topk:CHUNK:K; at most one sparsifier then one value format, "
     "joined with '+' (e.g. topk:0.01+int8, dct-topk:64:4+int8)"
 )
@@ -63,7 +66,7 @@ class StagedCodec:
     """An optional sparsifier followed by a value format (see the module docstring)."""
 
     sparsifier: Sparsifier | None
-    values: ValueFormat
+    values: ValueFormat | StatFormat
 
     @property
     def spec(self) -> str:
@@ -130,7 +133,7 @@ def build(spec: str) -> Codec:
         raise ValueError(f"codec spec {spec!r} is empty; valid forms: {VALID_FORMS}")
     parts = [part.strip().lower() for part in spec.split("+")]
     stages = [_parse_stage(spec, part) for part in parts]
-    sparsifiers = [stage for stage in stages if not isinstance(stage, (BlockQuantFormat, CastFormat, SignFormat))]
+    sparsifiers = [stage for stage in stages if not isinstance(stage, (BlockQuantFormat, CastFormat, SignFormat, StatFormat))]
     if len(stages) > 2 or len(sparsifiers) > 1:
         raise ValueError(f"codec spec {spec!r}: use at most one sparsifier and one value format; valid forms: {VALID_FORMS}")
     if len(stages) == 2 and (stages[0] not in sparsifiers or stages[1] in sparsifiers):
@@ -144,7 +147,7 @@ def build(spec: str) -> Codec:
 
 
 
-def _parse_stage(spec: str, part: str) -> ValueFormat | Sparsifier:
+def _parse_stage(spec: str, part: str) -> ValueFormat | StatFormat | Sparsifier:
     name, *args = part.split(":")
 
     def fail(why: str) -> ValueError:
@@ -166,6 +169,8 @@ def _parse_stage(spec: str, part: str) -> ValueFormat | Sparsifier:
             return BlockQuantFormat(int(name[3:]), *(number(a, int) for a in args))
         if name == "sign" and len(args) <= 1:
             return SignFormat(*(number(a, int) for a in args))
+        if name == "stat2" and len(args) <= 1:
+            return StatFormat(*(number(a, int) for a in args))
         if name in ("topk", "randk") and len(args) == 1:
             fraction = number(args[0], float)
             if not 0 < fraction <= 1:
@@ -184,20 +189,26 @@ def _parse_stage(spec: str, part: str) -> ValueFormat | Sparsifier:
 class ErrorFeedback:
     """Sender-side error feedback: what the codec dropped this round is added to the next input.
 
-    residual (d,) float32 stays on this peer (never sent). Each call encodes y = x + residual and
-    keeps residual = y - decode(payload), so over many rounds the sum of what receivers decode
+    residual (d,) float32 stays on this peer (never sent). Each call encodes y = x + decay*residual
+    and keeps residual = y - decode(payload) (decay 1: classic error feedback; SparseLoCo's 0.95
+    lets stale dropped values fade), so over many rounds the sum of what receivers decode
     tracks the sum of the inputs, off by exactly the current (bounded) residual. Non-finite residual
     entries are reset to 0 so one bad input cannot poison every later round.
     """
 
-    def __init__(self, codec: Codec, numel: int):
+    def __init__(self, codec: Codec, numel: int, *, decay: float = 1.0):
+        if not 0 < decay <= 1:
+            raise ValueError(f"error-feedback decay {decay}: use a value in (0, 1] (1.0: classic error feedback)")
         self.codec = codec
         self.numel = numel
+        self.decay = decay
         self.residual = torch.zeros(numel, dtype=torch.float32)
 
     def encode(self, x: torch.Tensor, *, seed: int = 0) -> bytes:
         if x.shape != (self.numel,):
             raise ValueError(f"ErrorFeedback for {self.numel} values got a tensor of shape {tuple(x.shape)}")
+        if self.decay != 1.0:
+            self.residual.mul_(self.decay)  # SparseLoCo: e <- β·e + x
         corrected = self.residual.add_(x.detach().to(device="cpu", dtype=torch.float32))  # (d,), in place: x + residual
         payload = self.codec.encode(corrected, seed=seed)
         if self.codec.lossless:

@@ -81,7 +81,6 @@ def test_every_documented_flag_reaches_the_run_config(flag, verb):
 
 
 @pytest.mark.parametrize("verb, flag, reason", [
-    ("simulate", "--overlap", "no exchange to hide"),
     ("simulate", "--min-peers", "no quorum"),
     ("simulate", "--expected-peers", "use --peers"),
     ("demo", "--expected-peers", "waits for its --peers"),

@@ -17,6 +17,7 @@ ALL_SPECS = [
     "topk:0.01", "topk:0.3", "topk:0.01+int8", "chunk-topk:64:4", "chunk-topk:300:20+int4",
     "randk:0.1", "randk:0.1+fp16", "dct-topk:64:4", "dct-topk:64:4+int8", "dct-topk:512:16+int2",
     "sign", "sign:7", "topk:0.01+sign", "chunk-topk:32:1+sign", "randk:0.2+sign",
+    "stat2", "stat2:64", "chunk-topk:512:8+stat2", "chunk-topk:64:4+stat2:16",
 ]
 
 
@@ -70,6 +71,8 @@ def ceil_div(a: int, b: int) -> int:
         ("sign", 1001, 4 + 4 * ceil_div(1001, 64) + ceil_div(1001, 8)),  # 1 bit + a scale per 64
         ("chunk-topk:32:1+sign", 1000, 4 + 32 * 1 + (4 * 1 + 4)),  # 31 full chunks + 8 left: 32 kept
         ("randk:0.2+sign", 1000, 4 + 0 + (4 * ceil_div(200, 64) + 25)),
+        ("stat2", 1001, 4 + 16 * 1 + ceil_div(1001, 4)),  # a 4-entry float32 table per 4096 + 2 bits each
+        ("chunk-topk:4096:64+stat2", 10_000, 4 + (2 * 64 + 64) * 2 + 16 + ceil_div(192, 4)),  # 2 full chunks + 1808 left
     ],
 )
 def test_encoded_size_is_exact(spec: str, d: int, expected: int) -> None:
@@ -403,3 +406,46 @@ def test_error_feedback_resets_non_finite_residual() -> None:
 
 def test_codecs_module_reexports_codec_error() -> None:
     assert codecs.CodecError is CodecError and issubclass(CodecError, ValueError)
+
+
+# --- SparseLoCo's value format and error-feedback decay ------------------------------------------
+
+def test_stat2_decodes_every_value_to_its_bins_mean_over_6_sigma() -> None:
+    x = torch.tensor([-9.0, -2.0, -1.0, 0.5, 1.5, 2.5, 8.0, 0.0])
+    sigma = float(x.pow(2).mean().sqrt())  # 4.375...: bins of 3σ ≈ 13.1 wide
+    y = round_trip("stat2", x)
+    # bin edges -3σ, 0, 3σ: {-9, -2, -1} | {0.5, 1.5, 2.5, 8, 0}, each decoded to its bin's mean
+    assert 3 * sigma > 9
+    assert torch.allclose(y[:3], torch.full((3,), -4.0))
+    assert torch.allclose(y[3:], torch.full((5,), 2.5))
+    wide = round_trip("stat2", torch.tensor([-100.0, -1.0, 1.0, 100.0] + [0.5] * 60))  # outliers get outer bins
+    assert wide[0] == -100.0 and wide[3] == 100.0 and abs(float(wide[1]) + 1.0) < 1e-6
+
+
+def test_stat2_keeps_each_bins_mean_and_refuses_a_non_finite_table() -> None:
+    x = vector(5000, seed=4)
+    codes, table = build("stat2").values.quantize(x)
+    for block in range(2):
+        part, c = x[block * 4096:(block + 1) * 4096], codes[block * 4096:(block + 1) * 4096].long()
+        for b in range(4):
+            if (c == b).any():
+                assert math.isclose(float(part[c == b].mean()), float(table[block, b]), rel_tol=1e-5, abs_tol=1e-6)
+    payload = bytearray(build("stat2").encode(x))
+    payload[HEADER_SIZE:HEADER_SIZE + 4] = struct.pack("<f", float("nan"))
+    with pytest.raises(CodecError, match="not finite"):
+        build("stat2").decode(bytes(payload), 5000)
+
+
+def test_error_feedback_with_decay_follows_e_beta_e_plus_delta_minus_sent() -> None:
+    codec = build("chunk-topk:8:1")  # keeps the largest of every 8, fp32 values: sent = exactly those
+    feedback = ErrorFeedback(codec, 16, decay=0.95)
+    e = torch.zeros(16)
+    for step in range(4):
+        delta = vector(16, seed=step)
+        sent = codec.decode(feedback.encode(delta), 16)
+        e = 0.95 * e + delta
+        assert torch.allclose(sent, codec.decode(codec.encode(e), 16))  # top-k of the decayed accumulator
+        e = e - sent
+        assert torch.allclose(feedback.residual, e, atol=1e-6)
+    with pytest.raises(ValueError, match="decay"):
+        ErrorFeedback(codec, 16, decay=1.5)

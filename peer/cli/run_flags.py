@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from peer.run.config import RunConfig, read_config_file
+from peer.run.recipes import NAMES as RECIPE_NAMES, RECIPES, recipe_overrides
 
 RUN_VERBS = ("coordinator", "demo", "simulate")
 
@@ -50,10 +51,7 @@ RUN_FLAGS: tuple[RunFlag, ...] = (
         {"demo": "demo waits for its --peers peers", "simulate": f"{_NO_NETWORK}; use --peers"},
     ),
     RunFlag("--run-seed", "seed"),
-    RunFlag(
-        "--overlap", "rounds.overlap_communication",
-        {"simulate": f"{_NO_NETWORK}, so there is no exchange to hide; try `swarmloco demo --overlap`"},
-    ),
+    RunFlag("--overlap", "rounds.overlap_communication"),  # simulate: the overlapped schedule's math, no time hidden
 )
 
 
@@ -83,6 +81,11 @@ def add_run_flags(parser: argparse.ArgumentParser, verb: str) -> None:
     assert verb in RUN_VERBS, verb
     group = parser.add_argument_group("run config (flags override --config; defaults: peer/run/config.py)")
     group.add_argument("--config", metavar="RUN.toml", help="run config file (see docs/run.example.toml)")
+    group.add_argument(
+        "--recipe", choices=RECIPE_NAMES, default=None,
+        help="published settings by name, applied after --config and before the flags below: "
+        + "; ".join(f"{r.name}: {r.summary}" for r in RECIPES.values()),
+    )
     for spec in RUN_FLAGS:
         if verb in spec.refused:
             group.add_argument(spec.flag, dest=spec.dest, action=_Refused, reason=spec.refused[verb])
@@ -105,7 +108,9 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_run_config(args: argparse.Namespace) -> RunConfig:
     """The run config of a verb: --config (or the defaults), then the override flags, validated."""
-    return resolve_run_config(getattr(args, "config", None), flag_overrides(args))
+    recipe = getattr(args, "recipe", None)
+    overrides = {**(recipe_overrides(recipe) if recipe else {}), **flag_overrides(args)}
+    return resolve_run_config(getattr(args, "config", None), overrides)
 
 
 def resolve_run_config(source: str | Path | RunConfig | None, overrides: Mapping[str, Any]) -> RunConfig:
@@ -113,14 +118,16 @@ def resolve_run_config(source: str | Path | RunConfig | None, overrides: Mapping
     ({"inner.steps": 12, "seed": 3, ...}), every rule checked (ConfigError says what to change).
 
     On a sparse codec the default median becomes centered-clip unless an aggregator was named,
-    in the file or as an override; outer.lr unset becomes the chosen optimizer's default."""
+    in the file or as an override; outer demo without a named codec sends its DCT top-k as signs;
+    outer.lr unset becomes the chosen optimizer's default."""
     from peer.run import config_rules  # imports torch (the codec and aggregator registries)
 
     if isinstance(source, RunConfig):
-        data, named_in_file = source.to_dict(), False
+        data, named_in_file, codec_in_file = source.to_dict(), False, True
     else:
         data = read_config_file(source) if source is not None else {}
         named_in_file = "name" in data.get("aggregation", {})
+        codec_in_file = "codec" in data.get("compression", {})
     for path, value in overrides.items():
         config_field(path)  # a KeyError here is a typo in the caller, not a user error
         *sections, name = path.split(".")
@@ -130,4 +137,5 @@ def resolve_run_config(source: str | Path | RunConfig | None, overrides: Mapping
         table[name] = value
     cfg = RunConfig.from_dict(data)
     explicit = named_in_file or "aggregation.name" in overrides
-    return config_rules.finalize(cfg, explicit_aggregator=explicit)
+    explicit_codec = codec_in_file or "compression.codec" in overrides
+    return config_rules.finalize(cfg, explicit_aggregator=explicit, explicit_codec=explicit_codec)

@@ -39,6 +39,7 @@ from typing import Any, Literal
 import torch
 
 from optim import aggregate, attacks
+from optim import eager as eager_math
 from peer.cli.run_flags import load_run_config, resolve_run_config
 from peer.run.config import RunConfig
 from peer.learn.data import ShardSampler, load_corpus, validation_batches
@@ -137,6 +138,8 @@ class VirtualPeer:
     trainer: InnerTrainer
     sender: RoundMath  # this peer's codec/outer sender state (error feedback, DeMo momentum)
     history: list[torch.Tensor] = field(default_factory=list)  # an attacker's own past honest Δs
+    anchor: torch.Tensor | None = None  # overlapped: where this peer's inner phase starts (None: θ_r)
+    own_previous: torch.Tensor | None = None  # overlapped + eager: its Δ of the last round
 
 
 def run_simulation(opts: SimulationOptions) -> dict[str, Any]:
@@ -209,9 +212,12 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
             t0 = time.perf_counter()
             deltas, losses = [], []
             for peer in peers:
-                load_flat_params(peer.model, params)
+                start = params if peer.anchor is None else peer.anchor
+                load_flat_params(peer.model, start)
                 losses.append(peer.trainer.run(cfg.inner.steps).mean_loss)
-                deltas.append(params - flat_params(peer.model))  # pseudo-gradient Δ_i, (d,)
+                deltas.append(start - flat_params(peer.model))  # pseudo-gradient Δ_i = −progress, (d,)
+            if cfg.rounds.overlap_communication:  # the next phase starts before θ_{r+1} is known
+                overlapped_anchors(peers, deltas, params, receiver, eager=cfg.rounds.eager_updates)
             sent = _craft_attacks(opts, attack, peers, deltas, r, cfg.seed)
 
             payloads: list[bytes | None] = []
@@ -260,6 +266,20 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
     curve.final_params_sha256 = hashlib.sha256(params.numpy().tobytes()).hexdigest()
     curve.lies = None if exchange is None else exchange.lies.to_dict()
     return curve
+
+
+def overlapped_anchors(peers: list[VirtualPeer], deltas: list[torch.Tensor], params: torch.Tensor,
+                       receiver: RoundMath, *, eager: bool) -> None:
+    """Each peer's next starting point, chosen as peer/node/overlap.py does while round r is in
+    flight: its own local model θ_r − Δ_i (delayed), or the eager outer step (optim/eager.py)."""
+    for peer, delta in zip(peers, deltas):
+        if eager:
+            guess = eager_math.estimate(delta, last_average=receiver.last_aggregate, own_previous=peer.own_previous,
+                                   peers=len(peers))
+            peer.anchor = eager_math.start_point(receiver.outer, params, guess)
+        else:
+            peer.anchor = params - delta
+        peer.own_previous = delta
 
 
 def _craft_attacks(

@@ -11,6 +11,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+import torch
+
+from optim import eager as eager_math
 from peer.learn.model import flat_params, load_flat_params
 from peer.node.errors import PeerExit
 
@@ -21,13 +24,16 @@ if TYPE_CHECKING:
 def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
     """Rounds with the exchange of round r running in the background while round r+1 trains.
 
-    The inner steps of round r+1 start from the local parameters P at the end of round r,
-    before θ_{r+1} is known. When it is, the local progress is moved onto it:
+    The inner steps of round r+1 start before θ_{r+1} is known, from a point P: with
+    rounds.eager_updates (the default) the eager outer step of optim/eager.py (this peer's own
+    Δ_r standing in for its share of the average in flight), otherwise its own local parameters
+    at the end of round r. When θ_{r+1} is known, the local progress is moved onto it:
     θ_local = θ_{r+1} + (θ_local − P), so Δ_{r+1} = −(progress made in round r+1).
     """
     done = 0
     pending = None  # (future, round, update, stats, compute, started, before)
     anchor = node.params.clone()  # where the current inner phase started, (d,)
+    eager = EagerStart(node.cfg.rounds.eager_updates)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-exchange") as background:
         while not node.finished and not node.stop.is_set():
             if node.banned_reason:
@@ -43,6 +49,7 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
                 pending = None
                 t_join = time.monotonic()
                 result = future.result()
+                eager.joined(result.updates)
                 # Idle time is only what the join costs; the exchange itself ran beside training.
                 result.exchange_s, result.wait_s = result.wait_s + result.fetch_s + result.aggregate_s, time.monotonic() - t_join
                 previous_started = context[4]
@@ -52,6 +59,7 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
                 if node.round != r or node.finished or (max_rounds is not None and done >= max_rounds):
                     # Resynchronised or finished: this phase's progress has no valid base.
                     anchor = node.params.clone()
+                    eager.forget()
                     continue
             local = node.params + progress  # θ_r + this phase's progress
             load_flat_params(node.model, local.to(node.options.device))
@@ -59,10 +67,14 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
             if not node.commit(update, r):
                 anchor = node.params.clone()
                 load_flat_params(node.model, anchor.to(node.options.device))
+                eager.forget()
                 continue
+            # Before the exchange runs: it steps node.math's outer state in the background.
+            anchor = eager.start(node, -progress) if r + 1 < node.cfg.rounds.rounds else local
+            if anchor is not local:
+                load_flat_params(node.model, anchor.to(node.options.device))
             future = background.submit(node.exchange, r, node.params.clone(), update)
             pending = (future, r, update, stats, compute, started, before)
-            anchor = local
             if r + 1 >= node.cfg.rounds.rounds:
                 break  # the last round: nothing left to overlap with
         if pending is not None:
@@ -70,3 +82,30 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
             node.finish_round(*context[:1], future.result(), *context[1:])
             done += 1
     return done
+
+
+class EagerStart:
+    """Where an overlapped inner phase starts (optim/eager.py): what the peer remembers between
+    rounds is its own last Δ and how many updates the last average had."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.own_previous: torch.Tensor | None = None  # (d,) this peer's Δ in the last average
+        self.peers = 0  # updates in the last average (0: none known yet)
+
+    def joined(self, updates: int) -> None:
+        self.peers = updates
+
+    def forget(self) -> None:
+        """After a resync the last Δ no longer belongs to the average that will be known."""
+        self.own_previous, self.peers = None, 0
+
+    def start(self, node: "PeerNode", own: torch.Tensor) -> torch.Tensor:
+        """The next phase's starting point, given this round's own Δ (d,): the eager outer step
+        from θ_r (node.params), or the peer's own local parameters θ_r − Δ when disabled."""
+        if not self.enabled:
+            return node.params - own
+        last = node.math.last_aggregate if self.peers else None
+        guess = eager_math.estimate(own, last_average=last, own_previous=self.own_previous, peers=self.peers)
+        self.own_previous = own
+        return eager_math.start_point(node.math.outer, node.params, guess)

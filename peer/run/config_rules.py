@@ -44,9 +44,21 @@ def check_run_config(cfg: RunConfig) -> None:
         )
 
 
-def finalize(cfg: RunConfig, *, explicit_aggregator: bool) -> RunConfig:
-    """A loaded config made ready to run: the aggregator that suits its codec, the outer lr
-    written out (so the served config and every record show the step size that ran), all rules checked."""
+def with_demo_codec(cfg: RunConfig, *, explicit: bool) -> RunConfig:
+    """Outer demo with no codec named sends what DeMo transmits, its top-k DCT coefficients per
+    chunk, as 1-bit signs (Psyche's DisTrO setting), without error feedback (DeMo's decoupled
+    momentum keeps what is not sent). A named codec is kept as is."""
+    if explicit or cfg.outer.name != "demo":
+        return cfg
+    codec = f"dct-topk:{cfg.outer.demo_chunk}:{cfg.outer.demo_topk}+sign"
+    return dataclasses.replace(cfg, compression=dataclasses.replace(cfg.compression, codec=codec, error_feedback=False))
+
+
+def finalize(cfg: RunConfig, *, explicit_aggregator: bool, explicit_codec: bool = True) -> RunConfig:
+    """A loaded config made ready to run: DeMo's codec when none is named, the aggregator that
+    suits its codec, the outer lr written out (so the served config and every record show the step
+    size that ran), all rules checked."""
+    cfg = with_demo_codec(cfg, explicit=explicit_codec)
     cfg = with_suitable_aggregator(cfg, explicit=explicit_aggregator)
     if cfg.outer.lr is None:
         cfg = dataclasses.replace(cfg, outer=dataclasses.replace(cfg.outer, lr=cfg.outer.effective_lr))

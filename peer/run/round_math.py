@@ -16,7 +16,7 @@ from typing import Iterator
 
 import torch
 
-from optim import aggregate, codecs, outer, slicing
+from optim import aggregate, codecs, outer, slicing, sparse_mean
 from peer.run.config import ConfigError, OuterConfig, RunConfig
 from protocol.wire import swarm_pb2
 from protocol.envelope import UpdateHeader, open_update
@@ -76,7 +76,7 @@ def build_codec(cfg: RunConfig) -> codecs.Codec:
 
 def build_aggregator(cfg: RunConfig) -> aggregate.Aggregator:
     try:
-        return aggregate.build(cfg.aggregation.name, num_byzantine=cfg.aggregation.num_byzantine, **cfg.aggregation.options)
+        return sparse_mean.build(cfg.aggregation.name, num_byzantine=cfg.aggregation.num_byzantine, **cfg.aggregation.options)
     except ValueError as exc:
         raise ConfigError(f"aggregation: {exc}") from None
 
@@ -117,7 +117,9 @@ class RoundMath:
         self.aggregator = build_aggregator(cfg)
         self._small_round = aggregate.build("median")
         use_feedback = cfg.compression.error_feedback and not self.codec.lossless
-        self.error_feedback = codecs.ErrorFeedback(self.codec, numel) if use_feedback else None
+        decay = cfg.compression.error_feedback_decay
+        self.error_feedback = codecs.ErrorFeedback(self.codec, numel, decay=decay) if use_feedback else None
+        self.last_aggregate: torch.Tensor | None = None  # (d,) the last round's aggregate (eager updates)
 
     # --- sender --------------------------------------------------------------------------
 
@@ -194,6 +196,7 @@ class RoundMath:
         """Outer step on the gathered (d,) aggregate; it is also centered-clip's next centre."""
         with single_thread():
             self.outer.step(params, combined)
+        self.last_aggregate = combined
         if self.aggregator.name == "centered-clip":
             self.aggregator.previous = combined
 
@@ -266,6 +269,7 @@ class RoundMath:
             stacked = torch.stack([u.float() for u in updates])  # (n, d)
             combined = rule(stacked, seed=seed, num_byzantine=f)  # (d,)
             self.outer.step(params, combined)
+        self.last_aggregate = combined
         return rule.last_report
 
     def _apply_sliced(self, params: torch.Tensor, updates: list[torch.Tensor], *, round_: int, excluded_for_cause: int) -> None:

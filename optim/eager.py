@@ -1,0 +1,44 @@
+"""Eager updates for overlapped rounds (Kale et al. 2025, "Eager Updates for Overlapped
+Communication and Computation in DiLoCo").
+
+With the exchange of round r in flight while round r+1 trains, a peer must start round r+1
+before θ_{r+1} = step(θ_r, mean_i Δ_i^r) is known. The naive schedule starts from its own local
+model θ_r − Δ_own^r, as if its own pseudo-gradient were the whole average under plain averaging,
+then moves its progress onto θ_{r+1} when it arrives. Eager updates instead take the outer step at
+once on an estimate of the average in which the peer's own fresh pseudo-gradient stands in for its
+share and the others' shares are taken from the last average it knows:
+
+    estimate = mean^{r-1} − Δ_own^{r-1} / n + Δ_own^r / n       (n: peers in the average)
+
+and start round r+1 from step(θ_r, estimate) with a copy of the outer state (the real state is
+untouched: θ_{r+1}, what every node hashes, is computed from the real average as before).
+Before any average is known (the first round) the own pseudo-gradient stands in for all of it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from optim.outer import OuterOptimizer
+
+
+def estimate(own: torch.Tensor, *, last_average: torch.Tensor | None, own_previous: torch.Tensor | None, peers: int) -> torch.Tensor:
+    """(d,) estimate of this round's average from this peer's own Δ (d,) and what it last saw."""
+    if last_average is None or peers < 1:
+        return own.clone()
+    out = last_average.clone()
+    if own_previous is not None:
+        out.sub_(own_previous, alpha=1.0 / peers)
+    else:  # we were not in the last average: the others' shares are all of it, over n - 1 of n
+        out.mul_((peers - 1) / peers if peers > 1 else 0.0)
+    return out.add_(own, alpha=1.0 / peers)
+
+
+def start_point(outer: OuterOptimizer, params: torch.Tensor, average_estimate: torch.Tensor) -> torch.Tensor:
+    """step(θ_r, estimate) on a copy of `outer`'s state: the (d,) point the next inner phase starts from."""
+    trial = copy.deepcopy(outer)
+    point = params.clone()
+    trial.step(point, average_estimate)
+    return point

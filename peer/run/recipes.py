@@ -1,0 +1,68 @@
+"""Recipes: published training settings reachable by name (`--recipe NAME`).
+
+A recipe is a set of RunConfig overrides applied after the config file and before the explicit
+flags (peer/cli/run_flags.py), so `--recipe sparseloco --inner-steps 30` runs SparseLoCo with
+H = 30. benchmarks/fidelity.md measures each one; README "Recipes" says which link suits which.
+
+    diloco      DiLoCo (Douillard et al. 2023): Nesterov outer step, dense fp16 pseudo-gradients.
+    sparseloco  SparseLoCo (Templar 2025, CCLoco): top-64 per chunk of 4096, 2-bit statistical
+                values, error feedback with decay 0.95, each coordinate averaged over the peers
+                that sent it, outer SGD lr 1.0, H = 15.
+    demo        DeMo (Peng et al. 2024) as Psyche runs it: decoupled momentum (decay 0.999),
+                only the top-4 DCT coefficients per chunk of 64 on the wire as 1-bit signs,
+                a sign step on their average.
+
+Imports no torch (the CLI's --help stays fast).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    name: str
+    summary: str  # one line for --help and the README
+    link: str  # which network it suits
+    overrides: dict[str, Any] = field(default_factory=dict)  # RunConfig path -> value
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe(
+            "diloco", "DiLoCo: Nesterov outer step (lr 0.7, momentum 0.9), dense fp16 pseudo-gradients",
+            "fast links (datacenter, >= 1 Gbit/s): the best loss per round",
+            {"outer.name": "nesterov", "outer.lr": 0.7, "outer.momentum": 0.9, "compression.codec": "fp16",
+             "compression.error_feedback": True, "compression.error_feedback_decay": 1.0},
+        ),
+        Recipe(
+            "sparseloco",
+            "SparseLoCo: top-64 of every 4096 values, 2-bit statistical values, error feedback decay 0.95, "
+            "sparse-mean, outer SGD lr 1.0, H=15",
+            "slow links (home broadband, WAN): ~110x fewer bytes than fp32",
+            {"compression.codec": "chunk-topk:4096:64+stat2", "compression.error_feedback": True,
+             "compression.error_feedback_decay": 0.95, "aggregation.name": "sparse-mean", "outer.name": "fedavg",
+             "outer.lr": 1.0, "inner.steps": 15},
+        ),
+        Recipe(
+            "demo",
+            "DeMo: decoupled momentum 0.999, top-4 DCT coefficients per chunk of 64 as 1-bit signs, sign step",
+            "very slow links where a larger loss gap is acceptable",
+            {"outer.name": "demo", "outer.demo_decay": 0.999, "outer.demo_chunk": 64, "outer.demo_topk": 4,
+             "compression.codec": "dct-topk:64:4+sign", "compression.error_feedback": False,
+             "aggregation.name": "mean"},
+        ),
+    )
+}
+NAMES = tuple(RECIPES)
+
+
+def recipe_overrides(name: str) -> dict[str, Any]:
+    """The overrides of recipe `name`; ValueError naming the known recipes otherwise."""
+    recipe = RECIPES.get(name)
+    if recipe is None:
+        raise ValueError(f"unknown recipe {name!r}: choose one of {', '.join(NAMES)}")
+    return dict(recipe.overrides)

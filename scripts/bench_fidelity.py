@@ -1,0 +1,172 @@
+"""Training fidelity: sparse codecs, SparseLoCo, DeMo, overlapped rounds, DiLoCo vs DDP.
+
+Every row is `swarmloco simulate` (same model, corpus, peers; 1 torch thread) with its settings
+written out in full: codec, outer optimizer, aggregator, H, rounds, seeds and the overlap schedule.
+Writes benchmarks/fidelity.json (one record per row and seed) and, through
+scripts/fidelity_report.py, benchmarks/fidelity.md and benchmarks/fidelity.png.
+
+    nice -n 15 .venv/bin/python scripts/bench_fidelity.py --rows "DiLoCo fp32,SparseLoCo"  # resumable
+    .venv/bin/python scripts/bench_fidelity.py --report-only
+    .venv/bin/python scripts/bench_fidelity.py --rounds 1 --inner-steps 2 --rows "DiLoCo fp32" --out /tmp/f  # smoke
+
+A stored (row, seed) run is kept by --resume-style default when its stored run config and
+schedule equal what the row would run now; otherwise it runs again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from peer.cli.run_flags import resolve_run_config  # noqa: E402
+from peer.cli.simulate import SimulationOptions, run_simulation  # noqa: E402
+from peer.run.recipes import recipe_overrides  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fidelity_report import write_report  # noqa: E402
+
+OUT = Path(__file__).resolve().parents[1] / "benchmarks"
+SEEDS3 = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    group: str  # the section of the report: sparse, sparseloco, demo, overlap, ddp
+    overrides: dict[str, Any] = field(default_factory=dict)  # RunConfig path -> value
+    recipe: str | None = None  # applied before `overrides`, as --recipe is before flags
+    baseline: str = "diloco"
+    rounds: int = 8
+    inner_steps: int = 25
+    seeds: tuple[int, ...] = (0,)
+    note: str = ""
+
+
+def _d(codec: str = "fp32", aggregator: str = "mean", **more: Any) -> dict[str, Any]:
+    """Overrides of a DiLoCo row: codec, aggregator (explicit: no default rule) and the rest."""
+    return {"compression.codec": codec, "aggregation.name": aggregator, "exchange.mode": "all-to-all", **more}
+
+
+ROWS: list[Row] = [
+    Row("DDP", "ref", baseline="ddp", seeds=SEEDS3, note="fp32 gradient all-reduce every inner step"),
+    Row("DiLoCo fp32", "ref", _d(), seeds=SEEDS3, note="reference: Nesterov 0.7/0.9"),
+    # (1) why the sparse path loses: the same codec through each stage of the project's path
+    Row("topk 1% + int8 sliced", "sparse", {**_d("topk:0.01+int8"), "exchange.mode": "sliced"},
+        note="the issue's run: per-slice top-k (32 slices), fp16 results"),
+    Row("topk 1% + int8", "sparse", _d("topk:0.01+int8"), note="global top-k, int8 blocks of 64"),
+    Row("topk 1% + int8 one scale", "sparse", _d("topk:0.01+int8:65536"),
+        note="the naive reference: global top-k of Δ+e, one int8 scale"),
+    Row("topk 1% fp32 values", "sparse", _d("topk:0.01"), note="no value quantization"),
+    Row("topk 1% + int8 sparse-mean", "sparse", _d("topk:0.01+int8", "sparse-mean"),
+        note="each coordinate averaged over the peers that sent it"),
+    # (2) SparseLoCo as published (peer/run/recipes.py), and what moves it
+    Row("SparseLoCo", "sparseloco", {"exchange.mode": "all-to-all"}, recipe="sparseloco", rounds=13, inner_steps=15,
+        seeds=SEEDS3, note="recipe sparseloco; 13 x 15 = 195 inner steps (~ 8 x 25)"),
+    Row("SparseLoCo H=25", "sparseloco", {"exchange.mode": "all-to-all", "inner.steps": 25}, recipe="sparseloco",
+        note="recipe sparseloco at the reference's H"),
+    Row("SparseLoCo plain mean", "sparseloco", {"exchange.mode": "all-to-all", "aggregation.name": "mean"},
+        recipe="sparseloco", rounds=13, inner_steps=15, note="zero-filled mean instead of sparse-mean"),
+    # (3) DeMo as Psyche runs it: DCT top-k as 1-bit signs, sign step
+    Row("DeMo lr 5e-3", "demo", {"exchange.mode": "all-to-all", "outer.lr": 5e-3}, recipe="demo",
+        note="recipe demo (top-4 of 64, signs, decay 0.999)"),
+    Row("DeMo lr 1e-2", "demo", {"exchange.mode": "all-to-all", "outer.lr": 1e-2}, recipe="demo"),
+    Row("DeMo lr 5e-3 decay 0.995", "demo", {"exchange.mode": "all-to-all", "outer.lr": 5e-3, "outer.demo_decay": 0.995},
+        recipe="demo"),
+    Row("DeMo lr 1e-3 (paper)", "demo", {"exchange.mode": "all-to-all", "outer.lr": 1e-3}, recipe="demo"),
+    # (4) overlapped rounds: the synchronous reference is DiLoCo fp32 (same codec, outer, H, rounds)
+    Row("overlap delayed", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": False}),
+        seeds=SEEDS3, note="next phase starts from the local model (before this change)"),
+    Row("overlap eager", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True}),
+        seeds=SEEDS3, note="eager updates (Kale et al. 2025)"),
+    # (5) DiLoCo vs DDP at >= 20x fewer bytes
+    Row("fp16 0.7/0.9", "ddp", _d("fp16"), note="37x fewer bytes than DDP"),
+    Row("fp16 0.7/0.8", "ddp", _d("fp16", **{"outer.momentum": 0.8}), seeds=SEEDS3),
+    Row("topk 1% + int8 no EF", "sparse", _d("topk:0.01+int8", **{"compression.error_feedback": False}),
+        note="error feedback off"),
+]
+ROW_BY_LABEL = {row.label: row for row in ROWS}
+
+
+def row_options(row: Row, seed: int, rounds: int | None, inner_steps: int | None) -> SimulationOptions:
+    overrides = {**(recipe_overrides(row.recipe) if row.recipe else {}), **row.overrides, "seed": seed,
+                 "rounds.rounds": rounds or row.rounds, "inner.steps": inner_steps or row.inner_steps}
+    cfg = resolve_run_config(None, overrides)
+    return SimulationOptions(peers=4, baseline=row.baseline, threads=1, config=cfg)
+
+
+def _same(stored: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Equal configs, ignoring fields added to RunConfig after the run was stored."""
+    return all(k not in now or (_same(v, now[k]) if isinstance(v, dict) and isinstance(now[k], dict) else v == now[k])
+               for k, v in stored.items()) if isinstance(stored, dict) else stored == now
+
+
+def _key(record: dict[str, Any]) -> tuple[str, int]:
+    return record["label"], record["seed"]
+
+
+def run_rows(rows: list[Row], out: Path, rounds: int | None, inner_steps: int | None) -> None:
+    path = out / "fidelity.json"
+    data = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    stored = {_key(r): r for r in data["runs"]}
+    for row in rows:
+        for seed in row.seeds:
+            opts = row_options(row, seed, rounds, inner_steps)
+            cfg = opts.run_config().to_dict()
+            old = stored.get((row.label, seed))
+            if old is not None and _same(old["config"], cfg):
+                continue
+            started = time.time()
+            result = run_simulation(opts)
+            result.update(label=row.label, group=row.group, recipe=row.recipe, note=row.note,
+                          loadavg_1m=os.getloadavg()[0])
+            print(f"{row.label} seed {seed}: {result['final_val_loss']:.4f} in {time.time() - started:.0f}s", flush=True)
+            stored[(row.label, seed)] = result
+            data["runs"] = sorted(stored.values(), key=lambda r: (r["label"], r["seed"]))
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(data, indent=1) + "\n")  # after every run: resumable
+
+
+def merge(out: Path, others: list[Path]) -> None:
+    """Add the runs of other fidelity.json files to out/fidelity.json (a later file's run of the same
+    row and seed wins)."""
+    path = out / "fidelity.json"
+    runs = {_key(r): r for r in (json.loads(path.read_text())["runs"] if path.exists() else [])}
+    for other in others:
+        runs.update({_key(r): r for r in json.loads(other.read_text())["runs"]})
+    path.write_text(json.dumps({"runs": sorted(runs.values(), key=_key)}, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", help="comma-separated row labels (default: every row)")
+    p.add_argument("--rounds", type=int, help="override every row's rounds (smoke tests)")
+    p.add_argument("--inner-steps", type=int, help="override every row's H (smoke tests)")
+    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--report-only", action="store_true")
+    p.add_argument("--merge", type=Path, nargs="*", default=[],
+                   help="fidelity.json files of runs made in parallel (--out elsewhere) to add to --out's JSON")
+    args = p.parse_args(argv)
+    if args.merge:
+        merge(args.out, args.merge)
+    if not args.report_only:
+        labels = [x.strip() for x in args.rows.split(",")] if args.rows else [r.label for r in ROWS]
+        unknown = [x for x in labels if x not in ROW_BY_LABEL]
+        if unknown:
+            p.error(f"unknown rows {unknown}; known: {', '.join(ROW_BY_LABEL)}")
+        run_rows([ROW_BY_LABEL[x] for x in labels], args.out, args.rounds, args.inner_steps)
+    command = "python scripts/bench_fidelity.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    write_report(args.out, ROWS, command)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
