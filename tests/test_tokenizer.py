@@ -17,8 +17,8 @@ BPE_TINY = {"model": {"arch": "llama", "d_model": 32, "n_layer": 1, "n_head": 2,
             "data": {"tokenizer": "bpe", "bpe_vocab_size": 512, "max_corpus_bytes": 150_000}}
 
 
-def bpe_config(path, **sections):
-    return tiny_run_config(model=BPE_TINY["model"], data={**BPE_TINY["data"], "path": str(path)}, **sections)
+def bpe_config(path, model=None, **sections):
+    return tiny_run_config(model={**BPE_TINY["model"], **(model or {})}, data={**BPE_TINY["data"], "path": str(path)}, **sections)
 
 
 def text_folder(path, skip: int, size: int = 160_000):

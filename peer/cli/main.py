@@ -14,6 +14,7 @@ import logging
 import sys
 import threading
 
+from peer.cli.model_verbs import HANDLERS as MODEL_HANDLERS, add_model_verbs
 from peer.cli.run_flags import add_run_flags, load_run_config
 
 EPILOG_PEER = """examples:
@@ -114,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--coordinator", required=True, metavar="HOST:PORT", help="the coordinator's gRPC port")
     st.add_argument("--json", action="store_true", help="print the raw JSON")
     st.add_argument("--connect-timeout", type=float, help="seconds to wait for the coordinator (default: the gRPC client's connect timeout)")
+    add_model_verbs(sub)  # prepare-data, export, sample, models (peer/cli/model_verbs.py)
     return parser
 
 
@@ -231,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "demo": cmd_demo,
         "simulate": cmd_simulate,
         "status": cmd_status,
+        **MODEL_HANDLERS,
     }
     try:
         return handlers[args.verb](args)

@@ -1,0 +1,65 @@
+"""The verbs around real models: `prepare-data`, `export`, `sample`, `models`.
+
+Kept apart from peer/cli/main.py, which adds them with add_model_verbs and dispatches through
+HANDLERS; like every verb, each module is imported only when its verb runs (no torch at --help).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_model_verbs(sub) -> None:
+    pd = sub.add_parser("prepare-data", help="tokenize the run's corpus into memory-mapped token shards + manifest (data.shards)")
+    pd.add_argument("--config", metavar="RUN.toml", help="the run config (its data, tokenizer and model vocabulary)")
+    pd.add_argument("--data", help="text file or folder to tokenize (default: the config's data.path, else the stdlib sources)")
+    pd.add_argument("--out", required=True, metavar="DIR", help="folder to write the shards, manifest.json and tokenizer.json into")
+    pd.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard file")
+
+    for name, help_text in (("export", "write a llama run's model as Hugging Face files (safetensors + config.json + tokenizer)"),
+                            ("sample", "generate text from a run's checkpoint")):
+        v = sub.add_parser(name, help=help_text)
+        v.add_argument("--checkpoint", required=True, help="a checkpoint file (the coordinator's --checkpoint, or a peer's state)")
+        v.add_argument("--config", help="the run config that wrote it (default: run.json beside the checkpoint)")
+        if name == "export":
+            v.add_argument("--out", required=True, metavar="DIR", help="output folder")
+        else:
+            v.add_argument("--prompt", default="def ", help="text to continue")
+            v.add_argument("--max-tokens", type=int, default=100, help="tokens to generate")
+            v.add_argument("--temperature", type=float, default=0.8, help="softmax temperature (0: always the most likely token)")
+            v.add_argument("--top-k", type=int, default=50, help="draw among the k most likely tokens (0: all)")
+            v.add_argument("--seed", type=int, default=0, help="seed of the draws")
+
+    sub.add_parser("models", help="list the llama presets (model.preset) with their parameter counts")
+
+
+def cmd_prepare_data(args: argparse.Namespace) -> int:
+    from peer.cli import prepare_data
+
+    if args.shard_tokens < 1000:
+        raise ValueError(f"--shard-tokens {args.shard_tokens}: use at least 1000")
+    return prepare_data.main(args)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from peer.cli import export
+
+    return export.main(args)
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from peer.cli import sample
+
+    return sample.main(args)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from peer.learn.presets import PRESETS, describe
+
+    print("model.preset (data.tokenizer = \"bpe\"; the default model is the byte-level gpt, 0.45M parameters):")
+    for name in PRESETS:
+        print("  " + describe(name))
+    return 0
+
+
+HANDLERS = {"prepare-data": cmd_prepare_data, "export": cmd_export, "sample": cmd_sample, "models": cmd_models}
