@@ -52,6 +52,25 @@ def consistent_view(metrics_url: str, endpoint: str) -> tuple[dict, dict]:
     raise AssertionError("the status never held still for one scrape")
 
 
+WATCH = """
+import os, signal, sys, threading
+from peer.cli.main import main
+threading.Timer(2.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+code = main(["status", "--coordinator", sys.argv[1], "--watch", "0.3"])
+print("exit", code, "loaded", sorted(m for m in ("torch", "hivemind") if m in sys.modules))
+"""
+
+
+def watch_status_in_place(endpoint: str) -> None:
+    """`status --watch` redraws the table in place (clear-screen frames) until ^C, without torch."""
+    result = subprocess.run([sys.executable, "-c", WATCH, endpoint], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    frames = result.stdout.split("\x1b[H\x1b[2J")[1:]
+    assert result.stdout.splitlines()[-1] == "exit 0 loaded []", result.stdout[-1000:] + result.stderr[-2000:]
+    assert len(frames) >= 3 and all(f.startswith("run swarmloco-demo | ") for f in frames), result.stdout[:2000]
+    rounds = [int(re.search(r"round (\d+)/", f).group(1)) for f in frames]
+    assert rounds == sorted(rounds)
+
+
 def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path):
     config = write_run_config(tmp_path / "run.json", rounds={"rounds": ROUNDS, "expected_peers": 2})
     log = tmp_path / "run.jsonl"
@@ -97,6 +116,7 @@ def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path):
         assert step_s > 0 and pm[("swarmloco_tokens_per_second", ())] == pytest.approx(tokens / (8 * step_s), rel=1e-6)
         assert pm[("swarmloco_last_round_phase_seconds", (("phase", "compute"),))] == pytest.approx(8 * step_s)
 
+    watch_status_in_place(swarm.coordinator_endpoint)
     assert swarm.wait(coordinator, 180) == 0
     for p in peers:
         assert swarm.wait(p, 60) == 0

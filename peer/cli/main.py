@@ -1,4 +1,4 @@
-"""`swarmloco`: coordinator, peer, demo, simulate, status.
+"""`swarmloco`: coordinator, peer, demo, simulate, status, preflight.
 
 Network flags follow hivemind/Petals habits (--initial-peers, --host-maddrs, --announce-maddrs,
 --identity-path, --client-mode). Run-config overrides (--rounds, --codec, ...) come from one table
@@ -116,6 +116,23 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="print the raw JSON")
     st.add_argument("--connect-timeout", type=float, help="seconds to wait for the coordinator (default: the gRPC client's connect timeout)")
     add_model_verbs(sub)  # prepare-data, export, sample, models (peer/cli/model_verbs.py)
+    st.add_argument("--watch", nargs="?", type=float, const=2.0, metavar="SECONDS", help="redraw in place every SECONDS (default 2) until ^C")
+
+    # preflight
+    pf = sub.add_parser("preflight", help="before joining: measure RTT, bandwidth, dial-back and step time; recommend --client-mode, H and codec")
+    pf_where = pf.add_argument_group("which coordinator (one of)")
+    pf_where.add_argument("--initial-peers", nargs="+", default=[], metavar="MULTIADDR", help="DHT multiaddr(s) printed by the coordinator")
+    pf_where.add_argument("--coordinator", metavar="HOST:PORT", help="the coordinator's gRPC port, directly (no DHT)")
+    pf.add_argument("--run-id", "--run", dest="run_id", help="which run, when the DHT hosts several")
+    pf.add_argument("--port", type=int, default=31340, help="the port this machine would announce as a peer (the dial-back check listens on it)")
+    pf.add_argument("--host", default="0.0.0.0", help="interface the dial-back check listens on")
+    pf.add_argument("--skip-dial-back", action="store_true", help="do not check whether the coordinator can reach this machine")
+    pf.add_argument("--device", default="cpu", help="cpu or cuda: where the inner steps would run")
+    pf.add_argument("--threads", type=int, help="CPU threads for the step-time measurement")
+    pf.add_argument("--seconds", type=float, default=3.0, help="about how long each throughput transfer runs")
+    pf.add_argument("--json", metavar="PATH", help="also write the measurements and the recommendation here")
+    pf.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the DHT / coordinator")
+
     return parser
 
 
@@ -217,7 +234,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from peer.cli.status import print_status
 
-    return print_status(args.coordinator, as_json=args.json, connect_timeout_s=args.connect_timeout)
+    return print_status(args.coordinator, as_json=args.json, connect_timeout_s=args.connect_timeout, watch_s=args.watch)
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from peer.cli import preflight
+
+    return preflight.main(args)
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "demo": cmd_demo,
         "simulate": cmd_simulate,
         "status": cmd_status,
+        "preflight": cmd_preflight,
         **MODEL_HANDLERS,
     }
     try:

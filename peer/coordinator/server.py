@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from peer.coordinator.preflight_service import PreflightServicer
 from peer.coordinator.service import CoordinatorServicer
 from peer.coordinator.state import Coordinator
 from protocol.channels import create_server
@@ -48,4 +49,5 @@ def build_coordinator_server(
     )
     swarm_pb2_grpc.add_CoordinatorServicer_to_server(servicer, server)
     swarm_pb2_grpc.add_PeerServicer_to_server(payloads, server)
+    swarm_pb2_grpc.add_PreflightServicer_to_server(PreflightServicer(coordinator), server)  # `swarmloco preflight`
     return CoordinatorServer(server, bound, servicer, payloads)
