@@ -7,7 +7,9 @@
 Rules: ``mean``, ``median`` (coordinate-wise), ``trimmed-mean``, ``krum``,
 ``multi-krum`` (option ``m``), ``geometric-median`` (options ``iterations``,
 ``eps``, ``nu``), ``centered-clip`` (options ``tau``, ``iterations``; keeps
-the previous aggregate as its next centre, ``reset()`` forgets it).
+the previous aggregate as its next centre, ``reset()`` forgets it), ``dnc``
+(Divide-and-Conquer, options ``iterations``, ``subsample``, ``c``; its coordinate
+subsets come from ``seed``, as bucketing's shuffle; optim/aggregate_dnc.py).
 Pre-aggregation, with any rule: ``nnm=True`` (nearest-neighbour mixing) and
 ``bucket_size=s`` (with ``seed``); NNM runs first, then bucketing, then the rule.
 
@@ -52,6 +54,7 @@ from typing import Any
 import torch
 
 from optim import aggregate_rules as rules
+from optim.aggregate_dnc import dnc
 from optim.aggregate_mixing import Mixing, bucketing, nearest_neighbour_mixing
 
 # Defaults from the papers; None means "derived from the input" (documented per rule).
@@ -63,6 +66,7 @@ _RULE_OPTIONS: dict[str, dict[str, Any]] = {
     "multi-krum": {"m": None},  # None: n - f
     "geometric-median": {"iterations": 100, "eps": 1e-6, "nu": 1e-6},
     "centered-clip": {"tau": None, "iterations": 3},  # tau None: median distance to the centre
+    "dnc": {"iterations": 5, "subsample": 10_000, "c": 1.0},  # drops floor(c·f) rows per iteration
 }
 _MIXING_OPTIONS: dict[str, Any] = {"bucket_size": None, "seed": 0, "nnm": False}
 NAMES: tuple[str, ...] = tuple(_RULE_OPTIONS)
@@ -143,6 +147,7 @@ class Aggregator:
         _require_enough_rows(self.name, n, f, "")
         mixing = Mixing.identity(n)
         mixed = rows
+        rule_seed = self.options["seed"] if seed is None else seed
         if self.options["nnm"]:
             if n <= f:
                 raise ValueError(f"nnm averages each row with its n - f nearest rows: needs more than f={f} rows, got {n}")
@@ -150,15 +155,14 @@ class Aggregator:
             mixing = mixing.then(step)
         bucket_size = self.options["bucket_size"]
         if bucket_size is not None:
-            bucket_seed = self.options["seed"] if seed is None else seed
-            mixed, step = bucketing(mixed, bucket_size, bucket_seed)
+            mixed, step = bucketing(mixed, bucket_size, rule_seed)
             mixing = mixing.then(step)
             # Each Byzantine row spoils at most one bucket.
             f = min(f, mixed.shape[0])
             _require_enough_rows(
                 self.name, mixed.shape[0], f, f" after bucketing {n} rows by bucket_size={bucket_size}"
             )
-        result = self._rule(mixed, f, center)
+        result = self._rule(mixed, f, center, rule_seed)
         if report:
             self.last_report = AggregationReport(
                 weights=(result.weights @ mixing.matrix).tolist(),
@@ -168,7 +172,7 @@ class Aggregator:
             )
         return result.output
 
-    def _rule(self, rows: torch.Tensor, f: int, center: torch.Tensor | None) -> rules.RuleResult:
+    def _rule(self, rows: torch.Tensor, f: int, center: torch.Tensor | None, seed: int) -> rules.RuleResult:
         o = self.options
         match self.name:
             case "mean":
@@ -193,6 +197,8 @@ class Aggregator:
                         f"have size {rows.shape[1]}; call reset() when the model changes"
                     )
                 return rules.centered_clip(rows, tau=o["tau"], iterations=o["iterations"], center=center)
+            case "dnc":
+                return dnc(rows, f, iterations=o["iterations"], subsample=o["subsample"], c=o["c"], seed=seed)
         raise AssertionError(self.name)
 
 
@@ -274,7 +280,7 @@ def _check_option(name: str, key: str, value: Any) -> None:
             raise ValueError(f"{name}: option {key} must be a number > 0, got {value!r}")
 
     match key:
-        case "bucket_size" | "m" | "iterations":
+        case "bucket_size" | "m" | "iterations" | "subsample":
             if not (key == "m" and value is None) and not (key == "bucket_size" and value is None):
                 positive_int()
         case "seed":
@@ -282,7 +288,7 @@ def _check_option(name: str, key: str, value: Any) -> None:
         case "nnm":
             if not isinstance(value, bool):
                 raise ValueError(f"{name}: option nnm must be True or False, got {value!r}")
-        case "eps" | "nu":
+        case "eps" | "nu" | "c":
             positive_float()
         case "tau":
             if value is not None:

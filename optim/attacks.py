@@ -13,7 +13,9 @@ Names: ``sign-flip`` (scale), ``gaussian`` (sigma), ``label-flip`` (a data
 attack: the update is honest work on poisoned batches, see
 :func:`poison_batch`), ``alie`` (z), ``ipm`` (eps), ``mimic`` (peer),
 ``stale-replay`` (delay), ``free-rider`` (mode), ``nan`` (inf),
-``huge-norm`` (factor).
+``huge-norm`` (factor), ``min-max`` / ``min-sum`` (perturbation) and
+``agr-tailored`` (rule, perturbation): the optimisation attacks of
+optim/attacks_minmax.py.
 
 A data attack needs no hook in the trainer: wrap the attacker's sampler,
 ``InnerTrainer(model, cfg, PoisonedSampler(sampler))``.
@@ -28,6 +30,8 @@ from typing import Any
 
 import torch
 
+from optim import attacks_minmax as minmax
+
 # name -> default options
 _OPTIONS: dict[str, dict[str, Any]] = {
     "sign-flip": {"scale": 1.0},
@@ -40,6 +44,7 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     "free-rider": {"mode": "zero"},  # "zero" or "copy" (submit the honest mean, doing no work)
     "nan": {"inf": False},
     "huge-norm": {"factor": 1e6},
+    **minmax.OPTIONS,
 }
 NAMES: tuple[str, ...] = tuple(_OPTIONS)
 
@@ -154,6 +159,7 @@ def _check_options(name: str, o: dict[str, Any]) -> None:
         raise ValueError(f"attack {name}: option mode must be 'zero' or 'copy', got {o['mode']!r}")
     if "inf" in o and not isinstance(o["inf"], bool):
         raise ValueError(f"attack {name}: option inf must be True or False, got {o['inf']!r}")
+    minmax.check_options(name, o)
 
 
 def _need_honest(name: str, honest: torch.Tensor) -> None:
@@ -240,4 +246,5 @@ _CRAFT: dict[str, Callable[..., torch.Tensor]] = {
     "free-rider": _free_rider,
     "nan": _nan,
     "huge-norm": _huge_norm,
+    **minmax.CRAFT,
 }

@@ -55,13 +55,22 @@ DENSE = "fp16"  # the run config's default codec
 # the mean (DiLoCo's outer lr 0.7 tolerates that); x4 makes the mean point uphill.
 ATTACK_OPTIONS: dict[str, dict[str, Any]] = {"sign-flip": {"scale": 4.0}}
 # label -> (aggregator name, options): the rules plus the pre-aggregation variants worth trying.
-AGGREGATORS: dict[str, tuple[str, dict[str, Any]]] = {name: (name, {}) for name in aggregate.NAMES}
+# The first grid's rules and attacks, frozen: later ones (dnc, min-max, ...) run in scripts/byzantine_strong.py.
+CLASSIC_RULES = ("mean", "median", "trimmed-mean", "krum", "multi-krum", "geometric-median", "centered-clip")
+CLASSIC_ATTACKS = ("sign-flip", "gaussian", "label-flip", "alie", "ipm", "mimic", "stale-replay", "free-rider", "nan",
+                   "huge-norm")
+AGGREGATORS: dict[str, tuple[str, dict[str, Any]]] = {name: (name, {}) for name in CLASSIC_RULES}
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "centered-clip+bucket2": ("centered-clip", {"bucket_size": 2}),
     "krum+nnm": ("krum", {"nnm": True}),
     "centered-clip+nnm": ("centered-clip", {"nnm": True}),
 }
 ALL_AGGREGATORS = {**AGGREGATORS, **VARIANTS}
+# Every rule label a run may name (the strong grid adds its own).
+RULES: dict[str, tuple[str, dict[str, Any]]] = {
+    **ALL_AGGREGATORS, "dnc": ("dnc", {}), "trimmed-mean+nnm": ("trimmed-mean", {"nnm": True}),
+    "median+bucket2": ("median", {"bucket_size": 2}),
+}
 CLEAN = "none"  # the attack label of runs without attackers
 EXCHANGES = ("all-to-all", "sliced")
 A2A = "all-to-all"  # the original grid's exchange: records without an `exchange` field ran it
@@ -86,7 +95,7 @@ class Profile:
     outer: str = "fedavg"
 
     def config(self, seed: int, aggregator: str, f: int, codec: str, exchange: str = A2A) -> RunConfig:
-        name, options = ALL_AGGREGATORS[aggregator]
+        name, options = RULES[aggregator]
         return RunConfig(
             seed=seed,
             model=ModelConfig(d_model=self.d_model, n_layer=self.n_layer, n_head=self.n_head, seq_len=self.seq_len),
@@ -111,7 +120,7 @@ PROFILES = {
 @dataclass(frozen=True)
 class Case:
     phase: str
-    aggregator: str  # a key of ALL_AGGREGATORS
+    aggregator: str  # a key of RULES
     f: int  # declared Byzantine (the aggregator's num_byzantine)
     attack: str  # CLEAN or an attack name; attackers = f when an attack is set
     seed: int
@@ -134,7 +143,7 @@ def _attack_case(phase: str, aggregator: str, f: int, attack: str, seed: int, co
 
 def refusal(aggregator: str, f: int, n: int = PEERS, exchange: str = A2A) -> str | None:
     """Why `aggregator` cannot tolerate f of n peers at all, or cannot run in `exchange` (None: it can)."""
-    name, options = ALL_AGGREGATORS[aggregator]
+    name, options = RULES[aggregator]
     if exchange == "sliced" and (name in WHOLE_VECTOR_RULES or options.get("nnm")):
         return "scores whole update vectors: refused by the sliced exchange (docs/sliced-exchange.md)"
     rows = n // options["bucket_size"] if options.get("bucket_size") else n
@@ -161,7 +170,7 @@ def plan(phases: list[str], seeds: list[int], results: dict[str, dict], exchange
             for agg in aggs:
                 if agg != "mean":  # `mean` ignores f: with nobody attacking it IS the clean reference
                     cases.append(Case("main", agg, 2, CLEAN, s, exchange=x))  # false positive: f declared, nobody attacks
-                cases += [_attack_case("main", agg, 2, a, s, exchange=x) for a in attacks.NAMES]
+                cases += [_attack_case("main", agg, 2, a, s, exchange=x) for a in CLASSIC_ATTACKS]
                 if x == "sliced" and agg != "mean":
                     cases.append(Case("main", agg, 2, LYING_OWNER, s, exchange=x))  # honest updates, false slice results
             if "mean" in aggs:
@@ -285,12 +294,12 @@ def loss_of(results: dict[str, dict], agg: str, f: int, attack: str, codec: str 
 def worst_attacks(results: dict[str, dict], k: int = 3, exchange: str = A2A) -> list[str]:
     """The k attacks that hurt the robust rules most at f=2 (fixed list before `main` has run)."""
     scores = {}
-    for a in attacks.NAMES:
+    for a in CLASSIC_ATTACKS:
         gaps = [gap(results, agg, 2, a, exchange=exchange)[0] for agg in AGGREGATORS if agg != "mean"]
         gaps = [g for g in gaps if g is not None]
         if gaps:
             scores[a] = max(gaps)
-    if len(scores) < len(attacks.NAMES):
+    if len(scores) < len(CLASSIC_ATTACKS):
         return ["alie", "ipm", "mimic"][:k]
     return sorted(scores, key=lambda a: -scores[a])[:k]
 
@@ -418,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _run_all(todo: list[Case], profile: Profile, workers: int, results: dict[str, dict], checkpoint) -> None:
+def _run_all(todo: list[Case], profile: Profile, workers: int, results: dict[str, dict], checkpoint, runner=run_case) -> None:
     t0 = time.perf_counter()
 
     def done(i: int, record: dict[str, Any]) -> None:
@@ -430,10 +439,10 @@ def _run_all(todo: list[Case], profile: Profile, workers: int, results: dict[str
 
     if workers <= 0:
         for i, case in enumerate(todo, 1):
-            done(i, run_case(case, profile))
+            done(i, runner(case, profile))
         return
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(run_case, case, profile) for case in todo]
+        futures = [pool.submit(runner, case, profile) for case in todo]
         for i, future in enumerate(as_completed(futures), 1):
             done(i, future.result())
 

@@ -8,13 +8,13 @@ picks the default aggregator from them.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
 
-from optim import attacks
 from scripts.byzantine_bench import (
-    AGGREGATORS, ALL_AGGREGATORS, ATTACK_OPTIONS, CLEAN, COMPRESSION, COMPRESSION_ATTACKS, DENSE, PEERS, Case,
+    AGGREGATORS, ALL_AGGREGATORS, ATTACK_OPTIONS, CLASSIC_ATTACKS, CLEAN, COMPRESSION, COMPRESSION_ATTACKS, DENSE, PEERS, Case,
     _attack_label, gap, loss_of, refusal, worst_case,
 )
 
@@ -43,15 +43,15 @@ def pick_default(results: dict[str, dict]) -> tuple[str | None, list[str]]:
     lines, best = [], None
     for agg in ALL_AGGREGATORS:
         fp, st = gap(results, agg, 2, CLEAN)
-        w, attack, bad = worst_case(results, agg, 2, list(attacks.NAMES))
+        w, attack, bad = worst_case(results, agg, 2, list(CLASSIC_ATTACKS))
         if st != "ok" or fp is None or w is None:
             continue
-        missing = [a for a in attacks.NAMES if gap(results, agg, 2, a)[1] == "missing"]
+        missing = [a for a in CLASSIC_ATTACKS if gap(results, agg, 2, a)[1] == "missing"]
         ok = fp <= 0.01 and not bad and not missing
         worst = "diverged" if not math.isfinite(w) or w > 10 else f"{100 * w:+.1f}%"
         lines.append(f"{agg}: no-attacker gap {100 * fp:+.2f}%, worst {worst} ({attack})"
                      + (f", stops on {bad}" if bad else "")
-                     + (f", only {len(attacks.NAMES) - len(missing)} attacks run" if missing else "")
+                     + (f", only {len(CLASSIC_ATTACKS) - len(missing)} attacks run" if missing else "")
                      + ("" if ok else " -> not eligible"))
         if ok and (best is None or w < best[1]):
             best = (agg, w)
@@ -59,7 +59,7 @@ def pick_default(results: dict[str, dict]) -> tuple[str | None, list[str]]:
 
 
 def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict[str, Any]], out: Path) -> None:
-    names = list(attacks.NAMES)
+    names = list(CLASSIC_ATTACKS)
     md = ["# Byzantine robustness: attacks x aggregators (8 simulated peers)", ""]
     md += ["Produced by `scripts/byzantine_bench.py` through `swarmloco simulate` (peer/cli/simulate.py: the real "
            "round math; attackers are the first f virtual peers, omniscient: they see the round's honest updates; "
@@ -150,7 +150,7 @@ def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict
            "among rules within 1% of clean `mean` with no attacker and that no attack stops).", ""]
     md += [f"- {line}" for line in lines]
     if default:
-        w, attack, _ = worst_case(results, default, 2, list(attacks.NAMES))
+        w, attack, _ = worst_case(results, default, 2, list(CLASSIC_ATTACKS))
         fp = gap(results, default, 2, CLEAN)[0]
         flip = gap(results, "mean", 2, "sign-flip")[0]
         md += ["", "Targets (f = 2 of 8): default's worst case over attacks "
@@ -163,6 +163,12 @@ def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict
                      if r["status"] == "error"})
     if errors:
         md += ["", "## Runs that stopped", ""] + [f"- {e}" for e in errors]
+    strong = out / "byzantine_strong.json"
+    if strong.exists():  # the strong-attack grid (scripts/byzantine_strong.py), its own JSON
+        from scripts.byzantine_bench import load
+        from scripts.byzantine_strong import section
+
+        md += ["", *section(load(strong), json.loads(strong.read_text())["meta"])]
     (out / "byzantine.md").write_text("\n".join(md) + "\n")
     heatmap(results, out / "byzantine.png")
 
@@ -174,7 +180,7 @@ def heatmap(results: dict[str, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    cols = [CLEAN, *attacks.NAMES]
+    cols = [CLEAN, *CLASSIC_ATTACKS]
     rows = [a for a in ALL_AGGREGATORS if gap(results, a, 2, CLEAN)[1] != "missing"]
     if not rows:
         return
@@ -242,7 +248,7 @@ def write_sliced_report(results: dict[str, dict], meta: dict[str, Any], path: Pa
     from peer.run.config import AggregationConfig, ExchangeConfig
     from scripts.byzantine_bench import LYING_OWNER, WHOLE_VECTOR_RULES, load
 
-    x, names, ex = "sliced", list(attacks.NAMES), ExchangeConfig()
+    x, names, ex = "sliced", list(CLASSIC_ATTACKS), ExchangeConfig()
     default = AggregationConfig().name
     p = meta.get("profile", {})
     md = ["# Byzantine robustness with the sliced exchange (8 simulated peers)", "",

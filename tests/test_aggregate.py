@@ -282,6 +282,8 @@ CONFIGS = [
     ("median", {"bucket_size": 2}),
     ("krum", {"nnm": True}),
     ("centered-clip", {"tau": 0.5}),
+    ("dnc", {}),
+    ("dnc", {"subsample": 2}),  # random coordinate subsets (d up to 4): drawn from the seed, not the row order
 ]
 
 

@@ -53,7 +53,7 @@ def test_pick_default_takes_the_best_worst_case_among_rules_quiet_without_attack
     records = []
     for agg, fp, worst in (("median", 4.2, 4.1), ("centered-clip", 4.02, 4.1), ("geometric-median", 4.0, 4.3)):
         records.append(_record(agg, 2, bench.CLEAN, 0, fp))  # median: +5% with no attacker -> not eligible
-        records += [_record(agg, 2, a, 0, worst if a == "alie" else 4.0) for a in bench.attacks.NAMES]
+        records += [_record(agg, 2, a, 0, worst if a == "alie" else 4.0) for a in bench.CLASSIC_ATTACKS]
     default, lines = report.pick_default(_results(*records))
     assert default == "centered-clip"  # worst +2.5% beats geometric-median's +7.5%
     assert any(line.startswith("median:") and "not eligible" in line for line in lines)

@@ -24,7 +24,8 @@ EPILOG_PEER = """examples:
 
 
 # optim.attacks.NAMES, spelled out so that --help does not import torch (tests check they agree).
-ATTACKS = ("sign-flip", "gaussian", "label-flip", "alie", "ipm", "mimic", "stale-replay", "free-rider", "nan", "huge-norm")
+ATTACKS = ("sign-flip", "gaussian", "label-flip", "alie", "ipm", "mimic", "stale-replay", "free-rider", "nan", "huge-norm",
+           "min-max", "min-sum", "agr-tailored")
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -104,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--attack", metavar="NAME", help=f"the first --num-byzantine peers attack: {', '.join(ATTACKS)} (optim/attacks.py); "
                    "or lying-owner: as slice owners they sign false aggregated slices (sliced exchange)")
     s.add_argument("--attack-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="attack option, repeatable, e.g. --attack-option scale=4 (values parsed as JSON when possible)")
+                   help="attack option, repeatable, e.g. --attack-option scale=4 (values parsed as JSON when possible); "
+                        "min-max, min-sum: perturbation=unit-vector|std|sign; agr-tailored: rule=NAME (default median)")
     s.add_argument("--baseline", choices=("diloco", "ddp"), default="diloco", help="diloco, or ddp: synchronous data-parallel on the same peers")
     s.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: robust when other processes share the cores)")
     s.add_argument("--json", metavar="PATH", help="write the results (losses, measured bytes, config) here")

@@ -198,7 +198,7 @@ class AggregationConfig:
 
     name: str = _documented(
         "median",
-        "robust aggregator: mean, median, trimmed-mean, krum, multi-krum, geometric-median, centered-clip "
+        "robust aggregator: mean, median, trimmed-mean, krum, multi-krum, geometric-median, centered-clip, dnc "
         "(default median; centered-clip on sparse codecs unless named)",
     )
     num_byzantine: int = _documented(0, "Byzantine peers the aggregator must tolerate (f)")
