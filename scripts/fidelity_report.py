@@ -148,6 +148,39 @@ def _table(summary: list[dict[str, Any]], front: set[str]) -> list[str]:
     return lines
 
 
+# (goal, candidate rows or group, reference, max gap, min "fewer bytes than fp32", min "fewer than DDP")
+GOALS = [
+    ("SparseLoCo: >= 100x fewer bytes per round than fp32 DiLoCo within 2% of its final loss",
+     "sparseloco", REF, 0.02, 100, None),
+    ("DeMo: within 5% of DiLoCo fp32 at >= 30x fewer bytes", "demo", REF, 0.05, 30, None),
+    ("Eager updates: overlapped final loss within 1% of synchronous at equal rounds", ["overlap eager"], REF, 0.01, None, None),
+    ("DiLoCo vs DDP: within 3% at >= 20x fewer bytes than DDP", "ddp", DDP, 0.03, None, 20),
+]
+
+
+def goal_lines(summary: list[dict[str, Any]]) -> list[str]:
+    """Each goal reached or NOT reached, with the figures of the best row that meets its byte bound."""
+    lines = []
+    for text, which, ref, max_gap, min_fp32, min_ddp in GOALS:
+        rows = [s for s in summary if (s["label"] in which if isinstance(which, list) else s["group"] == which)]
+        fits = [s for s in rows if (min_fp32 is None or (s["fewer_than_fp32"] or 0) >= min_fp32)
+                and (min_ddp is None or (s["fewer_than_ddp"] or 0) >= min_ddp)]
+        key = "gap_ref" if ref == REF else "gap_ddp"
+        scored = [s for s in fits if s[key][0] is not None]
+        if not scored:
+            lines.append(f"- {text}: **NOT measured** (no row meets the byte bound with a paired reference).")
+            continue
+        best = min(scored, key=lambda s: s[key][0])
+        gap, seeds = best[key]
+        reached = gap <= max_gap and len(seeds) >= 3
+        verdict = "reached" if reached else ("NOT reached" if gap > max_gap else "NOT settled (fewer than 3 seeds)")
+        bytes_ = (f"{best['fewer_than_fp32']:.0f}x fewer bytes than fp32" if min_fp32 else
+                  f"{best['fewer_than_ddp']:.0f}x fewer bytes than DDP" if min_ddp else f"{_human(best['bytes'])}/peer/round")
+        lines.append(f"- {text}: **{verdict}** — best row `{best['label']}`: {_pct(gap)} vs {ref} "
+                     f"(paired, seeds {', '.join(map(str, seeds))}), {bytes_}.")
+    return lines
+
+
 def write_report(out: Path, rows: list[Any], command: str, findings: list[str] | None = None) -> None:
     runs = _runs(out)
     summary = summarize(runs, rows)
@@ -175,7 +208,7 @@ def write_report(out: Path, rows: list[Any], command: str, findings: list[str] |
         part = [s for s in summary if s["group"] == group]
         if part:
             lines += [f"## {title}", "", *_table(part, front), ""]
-    lines += ["## Findings and goals", "", *(findings or ["(none recorded)"]), ""]
+    lines += ["## Goals", "", *goal_lines(summary), "", "## Findings", "", *(findings or ["(none recorded)"]), ""]
     if plotted:
         lines += ["![final loss vs bytes per round](fidelity.png)", ""]
     (out / "fidelity.md").write_text("\n".join(lines))
