@@ -86,6 +86,6 @@ def test_sample_continues_the_prompt_and_a_wrong_config_is_refused(tmp_path, cap
     first, second = out[: len(out) // 2], out[len(out) // 2 :]
     assert first == second and first.startswith("def ") and len(first) > len("def \n")  # greedy: the same text twice
     other = tmp_path / "other.json"
-    other.write_text(RunConfig.from_dict({**cfg.to_dict(), "seed": 5}).to_json())
+    other.write_text(RunConfig.from_dict({**cfg.to_dict(), "model": {**cfg.to_dict()["model"], "n_layer": 2}}).to_json())
     assert main(["sample", "--checkpoint", str(path), "--config", str(other)]) == 2
-    assert "run config" in capsys.readouterr().err
+    assert "parameters" in capsys.readouterr().err

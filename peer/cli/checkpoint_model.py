@@ -1,18 +1,20 @@
 """A run's model from a checkpoint file and its run config, for `export` and `sample`.
 
 A checkpoint (the coordinator's --checkpoint, or a peer's state) holds the flat parameters and the
-hash of the run config that made them, not the config itself: --config names it, and a config
-whose hash differs is refused (it would put the numbers into the wrong shapes).
+hash of the run config that made them, not the config itself: --config names it. A config whose
+model has another parameter count is refused; one whose hash alone differs (the coordinator adds its
+own key to [control]) gets a note.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 
 def load_checkpoint_model(checkpoint_path: str, config_path: str | None):
     """(model in eval mode, RunConfig, tokenizer codec) for a checkpoint."""
-    from peer.learn.model import build_model, load_flat_params
+    from peer.learn.model import build_model, load_flat_params, num_params
     from peer.learn.tokenizer import ByteCodec, BpeCodec
     from peer.run import checkpoint
     from peer.run.config import ConfigError, RunConfig
@@ -24,10 +26,14 @@ def load_checkpoint_model(checkpoint_path: str, config_path: str | None):
             raise ConfigError(f"give --config: the run config that wrote {checkpoint_path} (no run.json beside it)")
         config_path = str(beside)
     cfg = RunConfig.from_toml(config_path)
-    if cfg.config_hash() != ckpt.config_hash:
-        raise ConfigError(f"{checkpoint_path} was written by run config {ckpt.config_hash[:12]}, but {config_path} is "
-                          f"{cfg.config_hash()[:12]}: pass the run's own config (the coordinator serves it; the demo writes run.json)")
     model = build_model(cfg.model, cfg.seed)
+    if cfg.config_hash() != ckpt.config_hash:
+        if ckpt.params.numel() != num_params(model):
+            raise ConfigError(f"{checkpoint_path} holds {ckpt.params.numel():,} parameters, but the model of run config {config_path} "
+                              f"has {num_params(model):,}: pass the run's own config (the coordinator serves it; the demo writes run.json)")
+        # The coordinator adds fields of its own (its key in [control]); the parameters fit this model.
+        print(f"note: {checkpoint_path} was written under run config {ckpt.config_hash[:12]}, {config_path} hashes to "
+              f"{cfg.config_hash()[:12]}; its model has the checkpoint's {num_params(model):,} parameters", file=sys.stderr)
     load_flat_params(model, ckpt.params)
     model.eval()
     codec = ByteCodec()

@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
           f"codec {cfg.compression.codec} | outer {cfg.outer.name} | logs in {workdir}", flush=True)
     started = time.monotonic()
     with Swarm(workdir, echo=True) as swarm:
-        coordinator = swarm.start_coordinator(["--config", str(workdir / "run.json")])
+        coordinator = swarm.start_coordinator(["--config", str(workdir / "run.json"), "--checkpoint", str(workdir / "run.ckpt")])
         peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/{args.peers}", "--log-every", "25"]) for i in range(args.peers)]
         timeout = 600 + 60 * cfg.rounds.rounds
         try:
@@ -56,7 +56,11 @@ def main(args: argparse.Namespace) -> int:
     wall = time.monotonic() - started
     summary = json.loads((workdir / "coordinator.json").read_text())
     peer_summaries = [json.loads(p.read_text()) for p in sorted(workdir.glob("peer*.json"))]
-    return report(cfg, summary, peer_summaries, wall, args)
+    code = report(cfg, summary, peer_summaries, wall, args)
+    from peer.cli.sample import print_run_sample
+
+    print_run_sample(workdir / "run.ckpt", workdir / "run.json")
+    return code
 
 
 def report(cfg, summary: dict, peers: list[dict], wall: float, args: argparse.Namespace) -> int:

@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rounds", type=int, help="leave after this many rounds")
     p.add_argument("--summary-json", help="write this peer's per-round record here at exit")
     p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the DHT / coordinator")
+    p.add_argument("--nproc", type=int, default=1, help="ranks of this peer (GPUs, or CPU processes with gloo): runs itself under torchrun, one peer to the swarm")
     _add_metrics_flags(p)
 
     # demo
@@ -168,6 +169,10 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 def cmd_peer(args: argparse.Namespace, make_node=None) -> int:
     """`make_node(options)` builds the node (default PeerNode; tests/byzantine_peer.py passes a subclass)."""
     from peer.node.node import PeerNode, PeerOptions
+    from peer.node import ranks
+
+    if (follower_exit := ranks.before_peer(args)) is not None:  # --nproc / torchrun: ranks 1.. only train
+        return follower_exit
 
     options = PeerOptions(
         coordinator=args.coordinator,

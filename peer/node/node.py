@@ -31,6 +31,7 @@ from peer.node.coordinator_client import CoordinatorClient
 from peer.node.errors import PeerExit
 from peer.node.options import PeerOptions
 from peer.node.phase import RoundPhase
+from peer.node import ranks
 from peer.learn.data import DeviceSampler, ShardSampler, load_corpus, shard_for_peer
 from peer.learn.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
 from peer.node.heartbeat import heartbeat_loop
@@ -157,6 +158,7 @@ class PeerNode:
             corpus.train, shard=shard, num_shards=num_shards, batch_size=cfg.data.batch_size, seq_len=cfg.model.seq_len, seed=cfg.seed
         )
         self.trainer = InnerTrainer(self.model, cfg.inner, DeviceSampler(self.sampler, o.device))
+        ranks.attach(self)  # a multi-rank peer steps through DDP (peer/node/ranks.py)
         self.round = info.round
         self.store = PayloadStore(keep_rounds=2)
         self.pool = ChannelPool(self.counter)
@@ -295,9 +297,10 @@ class PeerNode:
                 elapsed = time.monotonic() - t0
                 print(step_line(self.short, r, cfg.rounds.rounds, local_step, cfg.inner.steps, loss,
                                 local_step * cfg.data.batch_size * cfg.model.seq_len / max(elapsed, 1e-9),
-                                self.counter.total()), flush=True)
+                                self.counter.total(), mfu=self.trainer.mfu(local_step * cfg.data.batch_size * cfg.model.seq_len / max(elapsed, 1e-9))), flush=True)
 
-        stats = self.trainer.run(cfg.inner.steps, on_step)
+        ranks.start_round(self, cfg.inner.steps)  # every rank from this θ
+        stats = self.trainer.run(cfg.inner.steps, on_step, log_every=self.options.log_every)
         compute = time.monotonic() - t0
         self.compute_s += compute
         fail_point("trained", r)
@@ -483,6 +486,7 @@ class PeerNode:
 
     def close(self) -> None:
         self.quiesce()
+        ranks.detach(self)
         if self.server is not None:
             self.server.stop(grace=1.0).wait(2.0)
         if self.client is not None:

@@ -15,10 +15,13 @@ def format_bytes(n: float) -> str:
     return f"{n:.2f} GB"
 
 
-def step_line(peer: str, round_: int, rounds: int, step: int, steps: int, loss: float, tokens_per_s: float, traffic: Traffic) -> str:
+def step_line(peer: str, round_: int, rounds: int, step: int, steps: int, loss: float, tokens_per_s: float, traffic: Traffic,
+              mfu: float | None = None) -> str:
+    """`mfu`: model FLOPs utilization, where the device's peak is known (CUDA; peer/learn/throughput.py)."""
     return (
         f"peer {peer} | round {round_ + 1}/{rounds} step {step}/{steps} | loss {loss:.3f} | "
-        f"{tokens_per_s / 1000:.1f}k tok/s | sent {format_bytes(traffic.sent)} recv {format_bytes(traffic.received)}"
+        f"{tokens_per_s / 1000:.1f}k tok/s" + ("" if mfu is None else f" MFU {100 * mfu:.1f}%")
+        + f" | sent {format_bytes(traffic.sent)} recv {format_bytes(traffic.received)}"
     )
 
 

@@ -1,0 +1,24 @@
+"""Run under torchrun by tests/test_multirank.py: H inner steps of the tiny model through
+peer/node/ranks.py's DDP trainer on each rank's share of the batch; rank 0 saves θ_local."""
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from peer.learn.data import ShardSampler, load_corpus
+from peer.learn.model import build_model, flat_params
+from peer.node.ranks import distributed_trainer
+from peer.run.config import RunConfig
+
+torch.set_num_threads(1)
+cfg = RunConfig.from_json(open(sys.argv[1]).read())
+dist.init_process_group("gloo")
+model = build_model(cfg.model, cfg.seed)
+corpus = load_corpus(cfg.data, seq_len=cfg.model.seq_len)
+sampler = ShardSampler(corpus.train, shard=0, num_shards=2, batch_size=cfg.data.batch_size, seq_len=cfg.model.seq_len, seed=cfg.seed)
+trainer = distributed_trainer(model, cfg, sampler, "cpu")
+trainer.run(cfg.inner.steps)
+if dist.get_rank() == 0:
+    torch.save(flat_params(model), sys.argv[2])
+dist.destroy_process_group()
