@@ -105,8 +105,12 @@ def start_dht(
     client_mode: bool = False,
     timeout_s: float = 15.0,
 ) -> DHT:
-    """Start a hivemind DHT node; raise DiscoveryError with advice when initial peers don't answer."""
+    """Start a hivemind DHT node; raise DiscoveryError with advice when initial peers don't answer.
+
+    The node's process and its p2pd daemon end when this process ends, also on SIGKILL."""
     from cryptography.hazmat.primitives import serialization
+
+    from protocol import lifetime
 
     private_bytes = identity.private_key.private_bytes(
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
@@ -118,18 +122,21 @@ def start_dht(
                 "copy the line the coordinator printed"
             )
     try:
-        return DHT(
+        dht = DHT(
             initial_peers=list(initial_peers),
             host_maddrs=list(host_maddrs),
             announce_maddrs=list(announce_maddrs) or None,
             client_mode=client_mode,
             record_validators=[Ed25519RecordValidator(private_bytes)],
-            start=True,
-            await_ready=True,
+            start=False,
             startup_timeout=timeout_s,
             wait_timeout=5,
             num_workers=4,
         )
+        # The DHT process and its p2pd die with this process, however it ends (protocol/lifetime.py).
+        lifetime.bind_forked_process(dht)
+        dht.run_in_background(await_ready=True)
+        return dht
     except Exception as exc:  # hivemind raises a variety of errors for unreachable peers
         hint = "is the coordinator running and its port open? try --client-mode behind NAT" if initial_peers else ""
         raise DiscoveryError(f"cannot start the DHT or reach {', '.join(initial_peers) or 'any peer'}: {exc}. {hint}") from None

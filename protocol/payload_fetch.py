@@ -17,7 +17,9 @@ from protocol.streaming import TransferError, receive_chunks
 
 
 class ChannelPool:
-    """One channel per remote endpoint, reused across calls (HTTP/2 multiplexes them)."""
+    """One channel per remote endpoint, reused across calls (HTTP/2 multiplexes them).
+
+    `tls`: None = the process-wide setting (protocol/channels.py, configure_tls)."""
 
     def __init__(self, counter: ByteCounter | None = None, tls: TlsConfig | None = None) -> None:
         self.counter = counter

@@ -2,11 +2,18 @@
 
 Used by `swarmloco demo` and by the integration tests. Each child runs in its own session
 (process group) so that stopping it also stops what it started (hivemind's p2pd daemon), and
-nothing is left running or bound, also when the caller fails or is interrupted.
+nothing is left running or bound, also when the caller fails or is interrupted. A launcher that
+is itself killed (SIGKILL, OOM) takes its children with it: they are started with a parent-death
+signal (protocol/lifetime.py; when the Swarm is driven from the main thread, as the demo and
+pytest do).
+
+`Swarm(..., tls=True)` runs the whole swarm over TLS with a throwaway CA and one certificate for
+127.0.0.1 (`make_loopback_tls`), passed to every child with --tls-cert/--tls-key/--tls-ca.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import signal
@@ -15,7 +22,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+
+from protocol import lifetime
 
 MADDR_RE = re.compile(r"--initial-peers (\S+)")
 GRPC_RE = re.compile(r"coordinator gRPC: (\S+)")
@@ -32,11 +42,63 @@ class Child:
         return self.process.poll() is None
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files: a CA certificate, and a certificate it signed with its private key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def flags(self) -> list[str]:
+        return ["--tls-cert", str(self.cert), "--tls-key", str(self.key), "--tls-ca", str(self.ca)]
+
+
+def make_loopback_tls(folder: str | Path, *, name: str = "swarmloco loopback") -> TlsFiles:
+    """A throwaway CA (ca.pem) and a certificate for 127.0.0.1 and localhost signed by it
+    (cert.pem, key.pem), valid for a day: for swarms on one machine (demo --tls, tests)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(timezone.utc)
+
+    def certificate(subject: str, key, issuer: x509.Name | None, issuer_key, *, ca: bool) -> x509.Certificate:
+        subject_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+        builder = (x509.CertificateBuilder().subject_name(subject_name).issuer_name(issuer or subject_name)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - timedelta(hours=1)).not_valid_after(now + timedelta(days=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if ca:
+            builder = builder.add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                                                          key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                                          encipher_only=False, decipher_only=False), critical=True)
+        else:
+            builder = (builder.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                                          x509.DNSName("localhost")]), critical=False)
+                       .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_cert = certificate(f"{name} CA", ca_key, None, ca_key, ca=True)
+    cert = certificate("127.0.0.1", key, ca_cert.subject, ca_key, ca=False)
+    files = TlsFiles(folder / "ca.pem", folder / "cert.pem", folder / "key.pem")
+    files.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    files.key.touch(mode=0o600)
+    files.key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return files
+
+
 class Swarm:
-    def __init__(self, workdir: str | Path, *, echo: bool = False) -> None:
+    def __init__(self, workdir: str | Path, *, echo: bool = False, tls: bool = False) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.echo = echo
+        self.tls = make_loopback_tls(self.workdir / "tls") if tls else None
         self.children: list[Child] = []
         self.initial_peers: list[str] = []
         self.coordinator_endpoint = ""
@@ -52,6 +114,7 @@ class Swarm:
             text=True,
             env=env,
             start_new_session=True,  # own process group: killpg reaches p2pd too
+            preexec_fn=lifetime.preexec_for_child(),  # and it dies with us, however we die
         )
         child = Child(name, process, log_path)
         with self._lock:
@@ -70,7 +133,8 @@ class Swarm:
 
     def start_coordinator(self, extra: list[str], timeout_s: float = 90.0) -> Child:
         args = ["coordinator", "--port", "0", "--host", "127.0.0.1", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
-                "--identity-path", str(self.workdir / "coordinator.pem"), "--summary-json", str(self.workdir / "coordinator.json"), *extra]
+                "--identity-path", str(self.workdir / "coordinator.pem"), "--summary-json", str(self.workdir / "coordinator.json"),
+                *self._tls_flags(), *extra]
         child = self._spawn("coordinator", args)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -84,13 +148,16 @@ class Swarm:
             time.sleep(0.1)
         raise TimeoutError(f"coordinator did not print its address within {timeout_s:.0f}s:\n{''.join(child.lines)[-3000:]}")
 
-    def start_peer(self, name: str, extra: list[str], *, via_dht: bool = True, module: str = "peer.cli.main") -> Child:
+    def _tls_flags(self) -> list[str]:
+        return self.tls.flags() if self.tls is not None else []
+
+    def start_peer(self, name: str, extra: list[str], *, via_dht: bool = True, module: str = "peer.cli.main", tls: bool = True) -> Child:
         """`module`: what `python -m` runs with the `peer` verb's arguments (tests start a
-        Byzantine peer from tests/byzantine_peer.py)."""
+        Byzantine peer from tests/byzantine_peer.py). `tls=False`: without the swarm's TLS flags."""
         where = ["--initial-peers", *self.initial_peers] if via_dht else ["--coordinator", self.coordinator_endpoint]
         args = ["peer", *where, "--host", "127.0.0.1", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
                 "--identity-path", str(self.workdir / f"{name}.pem"), "--summary-json", str(self.workdir / f"{name}.json"),
-                "--threads", "1", *extra]
+                "--threads", "1", *(self._tls_flags() if tls else []), *extra]
         return self._spawn(name, args, module)
 
     def kill(self, child: Child, sig: int = signal.SIGKILL) -> None:

@@ -43,6 +43,25 @@ def _add_metrics_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-host", default="127.0.0.1", help="interface for the metrics endpoint (0.0.0.0 for a remote Prometheus)")
 
 
+def _add_tls_flags(parser: argparse.ArgumentParser, serves: bool) -> None:
+    """--tls-cert/--tls-key/--tls-ca: TLS on every gRPC server and channel of the process
+    (protocol/channels.py, configure_tls)."""
+    tls = parser.add_argument_group("TLS (every gRPC server and channel of this process)")
+    if serves:
+        tls.add_argument("--tls-cert", metavar="PEM", help="this process's certificate, naming --announce-host, signed by the swarm's CA")
+        tls.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    tls.add_argument("--tls-ca", metavar="PEM", help="CA certificate that signed the certificates of the processes this one dials")
+
+
+def _configure_tls(args: argparse.Namespace) -> None:
+    cert, key, ca = (getattr(args, name, None) for name in ("tls_cert", "tls_key", "tls_ca"))
+    if cert or key or ca:
+        from protocol.channels import TlsConfig, configure_tls
+
+        serves = args.verb == "coordinator" or (args.verb == "peer" and not args.client_mode)
+        configure_tls(TlsConfig(cert_path=cert, key_path=key, ca_path=ca), serves=serves)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="swarmloco",
@@ -61,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--identity-path", help="Ed25519 key file (created with mode 0600 if missing)")
     c.add_argument("--checkpoint", help="checkpoint file: written atomically every round, resumed from on restart")
     c.add_argument("--summary-json", help="write the final status here when the run ends")
+    _add_tls_flags(c, serves=True)
     _add_metrics_flags(c)
     c.add_argument("--dashboard-port", type=int, help="serve the live dashboard on this port (0 = any free port)")
     c.add_argument("--dashboard-host", default="127.0.0.1", help="interface for the dashboard (default loopback: it shows endpoints and evidence)")
@@ -91,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary-json", help="write this peer's per-round record here at exit")
     p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the DHT / coordinator")
     p.add_argument("--nproc", type=int, default=1, help="ranks of this peer (GPUs, or CPU processes with gloo): runs itself under torchrun, one peer to the swarm")
+    _add_tls_flags(p, serves=True)
     _add_metrics_flags(p)
 
     # demo
@@ -98,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--peers", type=int, default=4, help="number of peer processes")
     d.add_argument("--json", metavar="PATH", help="write the results (losses, measured bytes, config) here")
     d.add_argument("--workdir", help="keep identities, checkpoints and logs here (default: a temporary folder)")
+    d.add_argument("--tls", action="store_true", help="run the loopback swarm over TLS, with a throwaway CA made in the workdir")
     add_run_flags(d, "demo")
 
     # simulate
@@ -118,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--coordinator", required=True, metavar="HOST:PORT", help="the coordinator's gRPC port")
     st.add_argument("--json", action="store_true", help="print the raw JSON")
     st.add_argument("--connect-timeout", type=float, help="seconds to wait for the coordinator (default: the gRPC client's connect timeout)")
+    _add_tls_flags(st, serves=False)
     add_model_verbs(sub)  # prepare-data, export, sample, models (peer/cli/model_verbs.py)
     st.add_argument("--watch", nargs="?", type=float, const=2.0, metavar="SECONDS", help="redraw in place every SECONDS (default 2) until ^C")
 
@@ -268,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         **MODEL_HANDLERS,
     }
     try:
+        _configure_tls(args)  # before any channel or server exists
         return handlers[args.verb](args)
     except KeyboardInterrupt:
         print("interrupted: stopped cleanly", file=sys.stderr)
