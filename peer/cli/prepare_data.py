@@ -22,21 +22,13 @@ BLOCK_BYTES = 4 << 20  # read size; blocks are cut after a newline so tokens do 
 SEPARATOR = b"\n"  # between files of a split, as peer/learn/data.py joins them
 
 
-def corpus_files(data_cfg) -> tuple[str, list[tuple[Path, bool]] | None, Path | None]:
+def split_files(data_cfg) -> tuple[str, list[tuple[Path, bool]] | None, Path | None]:
     """(source, [(file, is_validation)], None) for a folder or the stdlib; (source, None, file) for one file."""
-    from peer.learn.data import CorpusError, is_validation_file, stdlib_sources
+    from peer.learn.data import corpus_files, is_validation_file
 
-    if data_cfg.path is None:
-        root, files = stdlib_sources()
-        source = f"python-stdlib:{root}"
-    else:
-        root = Path(data_cfg.path).expanduser()
-        source = str(root)
-        if root.is_file():
-            return source, None, root
-        if not root.is_dir():
-            raise CorpusError(f"--data {data_cfg.path}: no such file or directory")
-        files = sorted((Path(d, f) for d, _, names in os.walk(root) for f in names), key=lambda p: p.relative_to(root).as_posix())
+    source, root, files = corpus_files(data_cfg)
+    if files is None:
+        return source, None, root
     return source, [(f, is_validation_file(f.relative_to(root).as_posix(), data_cfg.val_fraction)) for f in files], None
 
 
@@ -89,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
         tokenizer_json = codec.json
     else:
         codec, encode, tokenizer_json = ByteCodec(), (lambda raw: list(raw)), None  # noqa: E731
-    source, files, single = corpus_files(data_cfg)
+    source, files, single = split_files(data_cfg)
     if single is not None:
         size = single.stat().st_size
         cut = size - int(size * data_cfg.val_fraction)

@@ -107,23 +107,30 @@ def is_validation_file(relative_path: str, val_fraction: float) -> bool:
     return bucket < round(val_fraction * 1000)
 
 
-def _read_corpus(cfg: DataConfig) -> Corpus:
+def corpus_files(cfg: DataConfig) -> tuple[str, Path, list[Path] | None]:
+    """(source, root, files sorted by relative path) of cfg's corpus; files is None when
+    data.path names a single file (root is then that file)."""
     if cfg.path is None:
         root, files = stdlib_sources()
-        source = f"python-stdlib:{root}"
-    else:
-        root = Path(cfg.path).expanduser()
-        source = str(root)
-        if not root.exists():
-            raise CorpusError(f"--data {cfg.path}: no such file or directory; pass a text file or a folder of them")
-        if root.is_file():
-            return _split_single_file(root, cfg)
-        if not root.is_dir():
-            raise CorpusError(f"--data {cfg.path} is neither a regular file nor a directory")
-        files = sorted(
-            (Path(d, f) for d, _, names in os.walk(root) for f in names if Path(d, f).is_file()),
-            key=lambda p: p.relative_to(root).as_posix(),
-        )
+        return f"python-stdlib:{root}", root, files
+    root = Path(cfg.path).expanduser()
+    if not root.exists():
+        raise CorpusError(f"--data {cfg.path}: no such file or directory; pass a text file or a folder of them")
+    if root.is_file():
+        return str(root), root, None
+    if not root.is_dir():
+        raise CorpusError(f"--data {cfg.path} is neither a regular file nor a directory")
+    files = sorted(
+        (Path(d, f) for d, _, names in os.walk(root) for f in names if Path(d, f).is_file()),
+        key=lambda p: p.relative_to(root).as_posix(),
+    )
+    return str(root), root, files
+
+
+def _read_corpus(cfg: DataConfig) -> Corpus:
+    source, root, files = corpus_files(cfg)
+    if files is None:
+        return _split_single_file(root, cfg)
     if not files:
         raise CorpusError(f"{source} holds no files to read; point --data at a text file or a folder of them")
 
