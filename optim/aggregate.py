@@ -66,7 +66,8 @@ _RULE_OPTIONS: dict[str, dict[str, Any]] = {
     "multi-krum": {"m": None},  # None: n - f
     "geometric-median": {"iterations": 100, "eps": 1e-6, "nu": 1e-6},
     "centered-clip": {"tau": None, "iterations": 3},  # tau None: median distance to the centre
-    "dnc": {"iterations": 5, "subsample": 10_000, "c": 1.0},  # drops floor(c·f) rows per iteration
+    # drops floor(c·f) rows per iteration; subsample None: every coordinate, one pass (see aggregate_dnc)
+    "dnc": {"iterations": 1, "subsample": None, "c": 1.0},
 }
 _MIXING_OPTIONS: dict[str, Any] = {"bucket_size": None, "seed": 0, "nnm": False}
 NAMES: tuple[str, ...] = tuple(_RULE_OPTIONS)
@@ -281,7 +282,7 @@ def _check_option(name: str, key: str, value: Any) -> None:
 
     match key:
         case "bucket_size" | "m" | "iterations" | "subsample":
-            if not (key == "m" and value is None) and not (key == "bucket_size" and value is None):
+            if not (key in ("m", "bucket_size", "subsample") and value is None):
                 positive_int()
         case "seed":
             positive_int(0)

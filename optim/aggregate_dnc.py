@@ -18,8 +18,14 @@ bit for bit): the coordinate subsets come from a torch generator seeded with the
 the scores are broken by row content, and the top singular vector comes from the (n, n) float64
 Gram matrix of the centred rows, each entry one dot product computed alone.
 
-If the kept sets' intersection would become empty (honest rows dropped by different rounds), the
-round that would empty it is skipped: the output is never the mean of nothing.
+Defaults (optim.aggregate): one pass over every coordinate (iterations 1, subsample None), c = 1.
+The paper's subsets and intersection are there (iterations > 1, subsample b), but with few peers
+the intersection eats the honest rows: with no attacker, 8 rows of pure noise, f = 3 and 5 subsets
+of 10,000 of 40,000 coordinates, 1 row was left (2 of 3 at f = 2), so the "robust" mean becomes
+one peer's update. One pass over all coordinates drops exactly floor(c·f) rows and costs n²/2 dot
+products of length d (0.3 s for n = 8, d = 10M); each slice's owners do it on their slice alone.
+If the kept sets' intersection would become empty, the round that would empty it is skipped: the
+output is never the mean of nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from optim.aggregate_mixing import TieBreaker, ordered_mean
 from optim.aggregate_rules import RuleResult, _in_content_order, _unclipped
 
 
-def dnc(rows: torch.Tensor, num_byzantine: int, *, iterations: int, subsample: int, c: float, seed: int) -> RuleResult:
+def dnc(rows: torch.Tensor, num_byzantine: int, *, iterations: int, subsample: int | None, c: float, seed: int) -> RuleResult:
     return _in_content_order(rows, lambda r: _dnc(r, num_byzantine, iterations=iterations, subsample=subsample, c=c, seed=seed))
 
 
@@ -50,8 +56,9 @@ def outlier_scores(rows: torch.Tensor) -> torch.Tensor:
     return values[-1].clamp_min(0.0) * vectors[:, -1].square()
 
 
-def _dnc(rows: torch.Tensor, num_byzantine: int, *, iterations: int, subsample: int, c: float, seed: int) -> RuleResult:
+def _dnc(rows: torch.Tensor, num_byzantine: int, *, iterations: int, subsample: int | None, c: float, seed: int) -> RuleResult:
     n, d = rows.shape
+    subsample = d if subsample is None else subsample
     drop = min(math.floor(c * num_byzantine), n - 1)
     ties = TieBreaker(rows)
     keep = torch.ones(n, dtype=torch.bool)

@@ -35,6 +35,7 @@ RULES: dict[str, tuple[str, dict[str, Any]]] = {
     "mean": ("mean", {}), "median": ("median", {}), "trimmed-mean": ("trimmed-mean", {}), "krum": ("krum", {}),
     "multi-krum": ("multi-krum", {}), "geometric-median": ("geometric-median", {}),
     "centered-clip": ("centered-clip", {}), "dnc": ("dnc", {}), "dnc(c=1.5)": ("dnc", {"c": 1.5}),
+    "dnc(5 x 2,000 coords)": ("dnc", {"iterations": 5, "subsample": 2000}),
     "centered-clip+nnm": ("centered-clip", {"nnm": True}), "trimmed-mean+nnm": ("trimmed-mean", {"nnm": True}),
     "krum+nnm": ("krum", {"nnm": True}), "centered-clip+bucket2": ("centered-clip", {"bucket_size": 2}),
     "median+bucket2": ("median", {"bucket_size": 2}),

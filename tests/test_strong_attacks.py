@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import pytest
 import torch
 
@@ -148,3 +151,22 @@ def test_dnc_runs_per_slice_in_the_sliced_exchange():
     j = 0
     lost = median.decode_result(median.reduce_slice(rows[:, median.layout.range(j)], j, round_=3), j)
     assert float(lost.double() @ mu[median.layout.range(j)].double()) < 0.8 * float(mu[median.layout.range(j)].double().square().sum())
+
+
+def test_simulate_reaches_the_new_attacks_and_dnc_by_name(tmp_path, capsys):
+    from peer.cli.main import main
+    from tests.conftest import write_run_config
+
+    config = write_run_config(tmp_path / "run.json", model={"d_model": 16, "seq_len": 16}, inner={"steps": 2},
+                              rounds={"rounds": 2}, data={"max_corpus_bytes": 100_000})
+    out = tmp_path / "sim.json"
+    code = main(["simulate", "--config", str(config), "--peers", "5", "--num-byzantine", "2", "--aggregator", "dnc",
+                 "--attack", "min-sum", "--attack-option", "perturbation=std", "--json", str(out)])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads(out.read_text())
+    assert (result["attack"], result["attack_options"], result["aggregator"]) == ("min-sum", {"perturbation": "std"}, "dnc")
+    assert result["config"]["exchange"]["mode"] == "sliced"  # dnc runs slice by slice, not refused
+    assert math.isfinite(result["final_val_loss"]) and result["final_val_loss"] < result["initial_val_loss"]
+    assert main(["simulate", "--config", str(config), "--num-byzantine", "1", "--attack", "min-max",
+                 "--attack-option", "perturbation=up"]) == 2
+    assert "perturbation must be one of unit-vector, std, sign" in capsys.readouterr().err
