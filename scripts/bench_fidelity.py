@@ -95,6 +95,10 @@ ROWS: list[Row] = [
 ]
 ROW_BY_LABEL = {row.label: row for row in ROWS}
 
+# What the runs showed, written after reading them; figures come from fidelity.json ({label} ->
+# that row's paired gap vs DiLoCo fp32, {label:ddp} -> vs DDP, {label:final} -> mean final loss).
+FINDINGS: list[str] = []
+
 
 def row_options(row: Row, seed: int, rounds: int | None, inner_steps: int | None) -> SimulationOptions:
     overrides = {**(recipe_overrides(row.recipe) if row.recipe else {}), **row.overrides, "seed": seed,
@@ -113,9 +117,10 @@ def _key(record: dict[str, Any]) -> tuple[str, int]:
     return record["label"], record["seed"]
 
 
-def run_rows(rows: list[Row], out: Path, rounds: int | None, inner_steps: int | None) -> None:
+def run_rows(rows: list[Row], out: Path, rounds: int | None, inner_steps: int | None, command: str) -> None:
     path = out / "fidelity.json"
     data = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    data["commands"] = [*data.get("commands", []), command]
     stored = {_key(r): r for r in data["runs"]}
     for row in rows:
         for seed in row.seeds:
@@ -130,7 +135,7 @@ def run_rows(rows: list[Row], out: Path, rounds: int | None, inner_steps: int | 
                           loadavg_1m=os.getloadavg()[0])
             print(f"{row.label} seed {seed}: {result['final_val_loss']:.4f} in {time.time() - started:.0f}s", flush=True)
             stored[(row.label, seed)] = result
-            data["runs"] = sorted(stored.values(), key=lambda r: (r["label"], r["seed"]))
+            data["runs"] = sorted(stored.values(), key=_key)
             out.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(data, indent=1) + "\n")  # after every run: resumable
 
@@ -139,10 +144,14 @@ def merge(out: Path, others: list[Path]) -> None:
     """Add the runs of other fidelity.json files to out/fidelity.json (a later file's run of the same
     row and seed wins)."""
     path = out / "fidelity.json"
-    runs = {_key(r): r for r in (json.loads(path.read_text())["runs"] if path.exists() else [])}
+    data = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    runs = {_key(r): r for r in data["runs"]}
+    commands = data.get("commands", [])
     for other in others:
-        runs.update({_key(r): r for r in json.loads(other.read_text())["runs"]})
-    path.write_text(json.dumps({"runs": sorted(runs.values(), key=_key)}, indent=1) + "\n")
+        theirs = json.loads(other.read_text())
+        runs.update({_key(r): r for r in theirs["runs"]})
+        commands += [f"{c}  (merged from {other})" for c in theirs.get("commands", [])]
+    path.write_text(json.dumps({"commands": commands, "runs": sorted(runs.values(), key=_key)}, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,9 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [x for x in labels if x not in ROW_BY_LABEL]
         if unknown:
             p.error(f"unknown rows {unknown}; known: {', '.join(ROW_BY_LABEL)}")
-        run_rows([ROW_BY_LABEL[x] for x in labels], args.out, args.rounds, args.inner_steps)
-    command = "python scripts/bench_fidelity.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    write_report(args.out, ROWS, command)
+        command = "python scripts/bench_fidelity.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+        run_rows([ROW_BY_LABEL[x] for x in labels], args.out, args.rounds, args.inner_steps, command)
+    write_report(args.out, ROWS, FINDINGS)
     return 0
 
 

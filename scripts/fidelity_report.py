@@ -23,9 +23,9 @@ GROUPS = {
 REF, DDP = "DiLoCo fp32", "DDP"
 
 
-def _runs(out: Path) -> list[dict[str, Any]]:
+def _load(out: Path) -> dict[str, Any]:
     path = out / "fidelity.json"
-    return json.loads(path.read_text())["runs"] if path.exists() else []
+    return json.loads(path.read_text()) if path.exists() else {"runs": []}
 
 
 def _by_seed(runs: list[dict[str, Any]], label: str) -> dict[int, dict[str, Any]]:
@@ -181,8 +181,31 @@ def goal_lines(summary: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def write_report(out: Path, rows: list[Any], command: str, findings: list[str] | None = None) -> None:
-    runs = _runs(out)
+def fill(text: str, summary: list[dict[str, Any]]) -> str:
+    """A finding's {label}, {label:ddp} and {label:final} placeholders filled from the summary."""
+    by_label = {s["label"]: s for s in summary}
+
+    def value(key: str) -> str:
+        label, _, what = key.partition(":")
+        s = by_label.get(label)
+        if s is None:
+            return f"(no run of {label!r})"
+        if what == "final":
+            return f"{s['final']:.4f}"
+        gap, seeds = s["gap_ddp"] if what == "ddp" else s["gap_ref"]
+        return f"{_pct(gap)} (seeds {', '.join(map(str, seeds))})"
+
+    out, rest = [], text
+    while "{" in rest:
+        before, _, tail = rest.partition("{")
+        key, _, rest = tail.partition("}")
+        out += [before, value(key)]
+    return "".join(out) + rest
+
+
+def write_report(out: Path, rows: list[Any], findings: list[str] | None = None) -> None:
+    data = _load(out)
+    runs, commands = data["runs"], data.get("commands", [])
     summary = summarize(runs, rows)
     if not summary:
         return
@@ -196,7 +219,8 @@ def write_report(out: Path, rows: list[Any], command: str, findings: list[str] |
         f"Machine: {platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}; "
         f"1-minute load average as runs finished {min(loads):.1f}-{max(loads):.1f} on 2 shared cores (losses and bytes "
         "are exact per seed; wall times are not comparable).",
-        f"Command (last invocation): `{command}`; every invocation adds to fidelity.json (resumable).", "",
+        "Commands (each invocation adds its runs to fidelity.json; `--report-only` rewrites this file from it):", "",
+        *[f"    {c}" for c in commands], "",
         "Every row: `swarmloco simulate` with 4 peers on distinct shards of the default corpus, the default model "
         f"({runs[0]['numel']:,} parameters, byte-level GPT), inner AdamW lr 1e-3 (warm-up 50 steps), batch 8x128 per peer, "
         "1 torch thread. Codec, outer optimizer, aggregator, error feedback, overlap schedule, H x rounds and seeds are "
@@ -208,7 +232,8 @@ def write_report(out: Path, rows: list[Any], command: str, findings: list[str] |
         part = [s for s in summary if s["group"] == group]
         if part:
             lines += [f"## {title}", "", *_table(part, front), ""]
-    lines += ["## Goals", "", *goal_lines(summary), "", "## Findings", "", *(findings or ["(none recorded)"]), ""]
+    lines += ["## Goals", "", *goal_lines(summary), "", "## Findings", "",
+              *[fill(f, summary) for f in (findings or ["(none recorded)"])], ""]
     if plotted:
         lines += ["![final loss vs bytes per round](fidelity.png)", ""]
     (out / "fidelity.md").write_text("\n".join(lines))

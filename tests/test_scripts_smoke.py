@@ -333,3 +333,20 @@ def test_scale_md_is_generated_from_its_json(tmp_path):
     runs = json.loads((ROOT / "benchmarks/scale.json").read_text())["runs"]
     assert {(r["mode"], r["peers"]) for r in runs} >= {("sliced", n) for n in (3, 6, 9, 12)} | {("all-to-all", 3), ("all-to-all", 12)}
     assert all(r["ok"] for r in runs)
+
+
+def test_bench_fidelity_smoke_resumes_and_rewrites_its_md_from_the_json(tmp_path):
+    import bench_fidelity
+
+    argv = ["--rounds", "1", "--inner-steps", "1", "--rows", "DiLoCo fp32", "--out", str(tmp_path)]
+    assert bench_fidelity.main(argv) == 0
+    runs = json.loads((tmp_path / "fidelity.json").read_text())["runs"]
+    assert [(r["label"], r["seed"], r["rounds"], r["inner_steps"]) for r in runs] == [("DiLoCo fp32", s, 1, 1) for s in (0, 1, 2)]
+    md = (tmp_path / "fidelity.md").read_text()
+    assert "| DiLoCo fp32 ★ | `fp32` | nesterov 0.7/0.9 | mean |" in md and "**NOT measured**" in md
+    stamps = [r["wall_s"] for r in runs]
+    assert bench_fidelity.main(argv) == 0  # same configs: nothing runs again
+    assert [r["wall_s"] for r in json.loads((tmp_path / "fidelity.json").read_text())["runs"]] == stamps
+    (tmp_path / "fidelity.md").unlink()
+    assert bench_fidelity.main(["--report-only", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "fidelity.md").read_text() == md  # the md is a pure function of the JSON
