@@ -16,6 +16,7 @@ schedule equal what the row would run now; otherwise it runs again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -23,12 +24,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from peer.cli.run_flags import resolve_run_config  # noqa: E402
+from peer.cli import simulate  # noqa: E402
 from peer.cli.simulate import SimulationOptions, run_simulation  # noqa: E402
+from peer.learn.data import ShardSampler, load_corpus, validation_batches  # noqa: E402
 from peer.run.recipes import recipe_overrides  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,6 +51,7 @@ class Row:
     rounds: int = 8
     inner_steps: int = 25
     seeds: tuple[int, ...] = (0,)
+    iid: bool = False  # diagnostic: every peer samples the whole corpus (own stream) instead of its shard
     note: str = ""
 
 
@@ -90,6 +94,9 @@ ROWS: list[Row] = [
     # (5) DiLoCo vs DDP at >= 20x fewer bytes
     Row("fp16 0.7/0.9", "ddp", _d("fp16"), note="37x fewer bytes than DDP"),
     Row("fp16 0.7/0.8", "ddp", _d("fp16", **{"outer.momentum": 0.8}), seeds=SEEDS3),
+    Row("DiLoCo fp32 iid data", "sparse", _d(), iid=True, note="diagnostic: peers sample the whole corpus"),
+    Row("topk 1% + int8 iid data", "sparse", _d("topk:0.01+int8"), iid=True,
+        note="diagnostic: peers sample the whole corpus; gap vs DiLoCo fp32 iid data in the finding"),
     Row("topk 1% + int8 no EF", "sparse", _d("topk:0.01+int8", **{"compression.error_feedback": False}),
         note="error feedback off"),
 ]
@@ -105,6 +112,28 @@ def row_options(row: Row, seed: int, rounds: int | None, inner_steps: int | None
                  "rounds.rounds": rounds or row.rounds, "inner.steps": inner_steps or row.inner_steps}
     cfg = resolve_run_config(None, overrides)
     return SimulationOptions(peers=4, baseline=row.baseline, threads=1, config=cfg)
+
+
+@contextlib.contextmanager
+def _iid_samplers(enabled: bool) -> Iterator[None]:
+    """Diagnostic only: simulate's peers each draw from the whole train set, streams told apart by
+    the shard index folded into the seed (the same sampler class, a different split)."""
+    if not enabled:
+        yield
+        return
+    original = simulate._samplers
+
+    def whole_corpus(cfg, peers):
+        corpus = load_corpus(cfg.data, seq_len=cfg.model.seq_len)
+        samplers = [ShardSampler(corpus.train, shard=0, num_shards=1, batch_size=cfg.data.batch_size,
+                                 seq_len=cfg.model.seq_len, seed=cfg.seed * 1000 + i) for i in range(peers)]
+        return samplers, validation_batches(corpus, cfg.data.batch_size, cfg.model.seq_len, cfg.data.val_batches)
+
+    simulate._samplers = whole_corpus
+    try:
+        yield
+    finally:
+        simulate._samplers = original
 
 
 def _same(stored: dict[str, Any], now: dict[str, Any]) -> bool:
@@ -130,8 +159,9 @@ def run_rows(rows: list[Row], out: Path, rounds: int | None, inner_steps: int | 
             if old is not None and _same(old["config"], cfg):
                 continue
             started = time.time()
-            result = run_simulation(opts)
-            result.update(label=row.label, group=row.group, recipe=row.recipe, note=row.note,
+            with _iid_samplers(row.iid):
+                result = run_simulation(opts)
+            result.update(label=row.label, group=row.group, recipe=row.recipe, note=row.note, iid_data=row.iid,
                           loadavg_1m=os.getloadavg()[0])
             print(f"{row.label} seed {seed}: {result['final_val_loss']:.4f} in {time.time() - started:.0f}s", flush=True)
             stored[(row.label, seed)] = result

@@ -449,3 +449,22 @@ def test_error_feedback_with_decay_follows_e_beta_e_plus_delta_minus_sent() -> N
         assert torch.allclose(feedback.residual, e, atol=1e-6)
     with pytest.raises(ValueError, match="decay"):
         ErrorFeedback(codec, 16, decay=1.5)
+
+
+@pytest.mark.parametrize("spec", ["topk:0.01+int8", "topk:0.01+int8:65536", "chunk-topk:4096:64+stat2"])
+def test_sparse_updates_averaged_with_error_feedback_lose_nothing_but_the_residuals(spec: str) -> None:
+    # The project's sparse path, pinned: 4 peers, each with its own error feedback, the receiver
+    # averaging the decoded payloads over ALL peers (zero-filled). Over rounds, what was applied is
+    # the mean of everything the peers put in, minus the mean of what they still hold back.
+    d, peers = 20_000, 4
+    senders = [ErrorFeedback(build(spec), d) for _ in range(peers)]
+    applied, inputs = torch.zeros(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64)
+    for r in range(6):
+        decoded = []
+        for i, sender in enumerate(senders):
+            delta = vector(d, seed=100 * r + i) * (1 + i)
+            inputs += delta.double() / peers
+            decoded.append(build(spec).decode(sender.encode(delta), d))
+        applied += torch.stack(decoded).mean(dim=0).double()
+    held_back = torch.stack([s.residual for s in senders]).mean(dim=0).double()
+    assert torch.allclose(applied, inputs - held_back, atol=1e-4)
