@@ -37,8 +37,9 @@ def scrape(url: str) -> dict[tuple[str, tuple], float]:
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def consistent_view(metrics_url: str, endpoint: str) -> tuple[dict, dict]:
-    """A scrape bracketed by two equal status views (nothing changed while it was taken)."""
+def consistent_view(metrics_url: str, endpoint: str) -> tuple[dict, dict, dict]:
+    """A scrape bracketed by two status views that agree (nothing but the coordinator's own
+    traffic, which the status calls themselves add to, changed while it was taken)."""
     for _ in range(100):
         before = fetch_status(endpoint)
         metrics = scrape(metrics_url)
@@ -47,7 +48,7 @@ def consistent_view(metrics_url: str, endpoint: str) -> tuple[dict, dict]:
         if all(before[k] == after[k] for k in keys) and \
                 [(p["bytes_sent"], p["state"], p["last_round_bytes"]) for p in before["peers"]] == \
                 [(p["bytes_sent"], p["state"], p["last_round_bytes"]) for p in after["peers"]]:
-            return metrics, after
+            return metrics, before, after
         time.sleep(0.05)
     raise AssertionError("the status never held still for one scrape")
 
@@ -85,7 +86,7 @@ def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path):
         if status["round"] >= 2 and len(status["peers"]) == 2 and all(p["last_round_bytes"] for p in status["peers"]):
             break
         time.sleep(0.2)
-    m, s = consistent_view(metrics_url, swarm.coordinator_endpoint)
+    m, before, s = consistent_view(metrics_url, swarm.coordinator_endpoint)
     assert m[("swarmloco_round", ())] == s["round"] >= 2
     assert m[("swarmloco_rounds_planned", ())] == ROUNDS
     assert m[("swarmloco_val_loss", ())] == pytest.approx(s["history"][-1]["val_loss"])
@@ -93,7 +94,9 @@ def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path):
     assert m[("swarmloco_round_duration_seconds_sum", ())] == pytest.approx(sum(h["seconds"] for h in s["history"]))
     closed = {labels: v for (name, labels), v in m.items() if name == "swarmloco_rounds_closed_total"}
     assert sum(closed.values()) == len(s["history"])
-    assert m[("swarmloco_coordinator_sent_bytes_total", ())] >= s["coordinator_traffic"]["bytes_sent"] > 0
+    for direction in ("sent", "received"):
+        sample = m[(f"swarmloco_coordinator_{direction}_bytes_total", ())]
+        assert 0 < before["coordinator_traffic"][f"bytes_{direction}"] <= sample <= s["coordinator_traffic"][f"bytes_{direction}"]
     for p in s["peers"]:
         peer = p["peer_id"][:16]
         assert m[("swarmloco_peer_sent_bytes_total", (("peer", peer),))] == p["bytes_sent"] > 0
