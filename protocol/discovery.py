@@ -152,8 +152,15 @@ def _store(dht: DHT, key: str, identity: Identity, value: dict[str, Any], ttl_s:
     )
 
 
-def announce_run(dht: DHT, identity: Identity, *, run_id: str, endpoint: str, ttl_s: float = RECORD_TTL_S) -> bool:
-    return _store(dht, RUNS_KEY, identity, {"run_id": run_id, "endpoint": endpoint, "public_key": identity.public_key.hex()}, ttl_s)
+def announce_run(
+    dht: DHT, identity: Identity, *, run_id: str, endpoint: str, role: str = "active", term: int = 0,
+    coordinators: Sequence[str] = (), ttl_s: float = RECORD_TTL_S,
+) -> bool:
+    """A coordinator's run record. The active one's doubles as its lease: it is written with a TTL
+    of the run's lease and renewed every third of it, so it lapses soon after the coordinator stops."""
+    value = {"run_id": run_id, "endpoint": endpoint, "public_key": identity.public_key.hex(), "role": role, "term": term,
+             "coordinators": sorted(coordinators)}
+    return _store(dht, RUNS_KEY, identity, value, ttl_s)
 
 
 def announce_peer(
@@ -169,6 +176,9 @@ class RunRecord:
     endpoint: str
     public_key: bytes
     coordinator_id: str
+    role: str = "active"  # or "standby": follows the active one, takes over when its lease lapses
+    term: int = 0
+    coordinators: tuple[str, ...] = ()  # the fingerprints this coordinator's run config lists
 
 
 def _entries(dht: DHT, key: str) -> dict[str, dict[str, Any]]:
@@ -184,26 +194,55 @@ def _entries(dht: DHT, key: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def find_run(dht: DHT, run_id: str | None = None, *, timeout_s: float = 15.0) -> RunRecord:
-    """Find the coordinator of `run_id` (or of the only run on this DHT)."""
+def run_records(dht: DHT, run_id: str | None = None) -> list[RunRecord]:
+    """Every live, well-formed coordinator record (of `run_id`, or of every run)."""
+    records = []
+    for coordinator_id, value in _entries(dht, RUNS_KEY).items():
+        try:
+            record = RunRecord(str(value["run_id"]), str(value["endpoint"]), bytes.fromhex(value["public_key"]), coordinator_id,
+                               str(value.get("role", "active")), int(value.get("term", 0)),
+                               tuple(str(c) for c in value.get("coordinators", ())))
+        except (KeyError, ValueError, TypeError):
+            continue
+        if peer_id_of(record.public_key) == coordinator_id and (run_id is None or record.run_id == run_id):
+            records.append(record)
+    return records
+
+
+def vouched(records: list[RunRecord], pinned: str | None = None) -> list[RunRecord]:
+    """The records of one run whose keys every other record lists as a coordinator of the run (or,
+    with `pinned`, the records the pinned key's record lists). A stranger who announces the same
+    run id under its own key is listed by nobody, so it never becomes the key a peer pins."""
+    if pinned is not None:
+        anchor = [r for r in records if r.coordinator_id.startswith(pinned)]
+        if not anchor:
+            return []
+        listed = set(anchor[0].coordinators) | {anchor[0].coordinator_id}
+        return [r for r in records if r.coordinator_id in listed]
+    return [r for r in records if all(r.coordinator_id in (set(o.coordinators) | {o.coordinator_id}) for o in records)]
+
+
+def find_run(dht: DHT, run_id: str | None = None, *, timeout_s: float = 15.0, pinned: str | None = None) -> RunRecord:
+    """Find the active coordinator of `run_id` (or of the only run on this DHT): among the records
+    its coordinators vouch for, the live active one with the highest term (ties: lowest key)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        runs = []
-        for coordinator_id, value in _entries(dht, RUNS_KEY).items():
-            try:
-                record = RunRecord(value["run_id"], value["endpoint"], bytes.fromhex(value["public_key"]), coordinator_id)
-            except (KeyError, ValueError, TypeError):
-                continue
-            if peer_id_of(record.public_key) == coordinator_id and (run_id is None or record.run_id == run_id):
-                runs.append(record)
-        if len(runs) == 1:
-            return runs[0]
-        if len(runs) > 1:
-            names = ", ".join(sorted(r.run_id for r in runs))
-            raise DiscoveryError(f"this DHT hosts several runs ({names}); choose one with --run-id")
+        records = run_records(dht, run_id)
+        names = sorted({r.run_id for r in records})
+        if len(names) > 1:
+            raise DiscoveryError(f"this DHT hosts several runs ({', '.join(names)}); choose one with --run-id")
+        trusted = vouched(records, pinned)
+        active = sorted((r for r in trusted if r.role == "active"), key=lambda r: (-r.term, r.coordinator_id))
+        if active:
+            return active[0]
+        if records and not trusted:
+            raise DiscoveryError(
+                f"run {names[0]!r} is announced by coordinator keys that do not vouch for each other "
+                f"({', '.join(r.coordinator_id[:16] for r in records)}): pass --coordinator-key with the fingerprint "
+                "of the coordinator you trust")
         if time.monotonic() > deadline:
             which = f"run {run_id!r}" if run_id else "any run"
-            raise DiscoveryError(f"the DHT has no coordinator record for {which}; is the coordinator up? check --initial-peers")
+            raise DiscoveryError(f"the DHT has no active coordinator record for {which}; is the coordinator up? check --initial-peers")
         time.sleep(0.5)
 
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 import base64
 import hashlib
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol._generated import swarm_pb2
 from protocol.identity import Identity
 from protocol.signing import SignatureError, open_signed, sign_body
+
+if TYPE_CHECKING:
+    from protocol.run_state import CoordinatorKeys
 
 UPDATE_TAG = "swarmloco/update-header/v1"
 MANIFEST_TAG = "swarmloco/round-manifest/v1"
@@ -176,15 +179,16 @@ class RoundManifest:
     entries: list[ManifestEntry]  # sorted by peer_id: the order of aggregation everywhere
     excluded: dict[str, str]  # peer_id -> reason (evidence is kept by the coordinator)
     owners: list[list[str]] = field(default_factory=list)  # sliced exchange: slice -> owner peer_ids
+    last: bool = False  # the run's last round: after it, the run is over
 
 
 def sign_manifest(identity: Identity, manifest: RoundManifest) -> swarm_pb2.Signed:
     return sign_body(identity, MANIFEST_TAG, asdict(manifest))
 
 
-def open_manifest(signed: swarm_pb2.Signed, *, coordinator_key: bytes, run_id: str, round_: int) -> RoundManifest:
-    if signed.public_key != coordinator_key:
-        raise EnvelopeError("forged", "manifest is not signed by this run's coordinator")
+def open_manifest(signed: swarm_pb2.Signed, *, keys: "CoordinatorKeys", run_id: str, round_: int) -> RoundManifest:
+    """A round manifest signed by one of the run's coordinator keys (ImpersonationError otherwise)."""
+    keys.check(signed, f"the manifest of round {round_}")
     try:
         fields, _ = open_signed(signed, MANIFEST_TAG)
         entries = [ManifestEntry(**e) for e in fields["entries"]]
@@ -195,6 +199,7 @@ def open_manifest(signed: swarm_pb2.Signed, *, coordinator_key: bytes, run_id: s
             entries=entries,
             excluded=dict(fields["excluded"]),
             owners=[[str(p) for p in owners] for owners in fields.get("owners", [])],
+            last=bool(fields.get("last", False)),
         )
     except SignatureError as exc:
         raise EnvelopeError(exc.reason, f"manifest refused: {exc}") from None

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from protocol._generated import swarm_pb2
 from protocol.envelope import EnvelopeError, open_envelope
 from protocol.identity import Identity
+from protocol.run_state import CoordinatorKeys
 from protocol.signing import sign_body
 
 STATE_MANIFEST_TAG = "swarmloco/state-manifest/v1"
@@ -33,10 +34,9 @@ def sign_state_manifest(identity: Identity, manifest: StateManifest) -> swarm_pb
     return sign_body(identity, STATE_MANIFEST_TAG, body)
 
 
-def open_state_manifest(signed: swarm_pb2.Signed, *, coordinator_key: bytes, run_id: str, max_bytes: int) -> StateManifest:
-    """Verify a state manifest: signed by this run's coordinator, for this run, sane sizes."""
-    if signed.public_key != coordinator_key:
-        raise EnvelopeError("forged", "state manifest is not signed by this run's coordinator")
+def open_state_manifest(signed: swarm_pb2.Signed, *, keys: CoordinatorKeys, run_id: str, max_bytes: int) -> StateManifest:
+    """Verify a state manifest: signed by one of this run's coordinator keys, for this run, sane sizes."""
+    keys.check(signed, "the state manifest")
     fields, _ = open_envelope(signed, STATE_MANIFEST_TAG, "state manifest")
     try:
         manifest = StateManifest(

@@ -39,6 +39,7 @@ from peer.node.round_exchange import ManifestFetcher
 from peer.run.config import RunConfig
 from peer.run.round_math import RoundMath
 from peer.run.slice_exchange import SliceExchange, SliceRound, sliced_manifest
+from protocol.run_state import CoordinatorKeys
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
 from protocol.envelope import (ManifestEntry, RoundManifest, UpdateHeader, open_manifest, sign_manifest, sign_update,
@@ -157,7 +158,7 @@ class ExchangePeer:
 
     def open(self, signed_manifest: bytes, coordinator_key: bytes, round_: int) -> None:
         signed = swarm_pb2.Signed.FromString(signed_manifest)
-        self.manifest = open_manifest(signed, coordinator_key=coordinator_key, run_id=RUN_ID, round_=round_)
+        self.manifest = open_manifest(signed, keys=CoordinatorKeys.of_key(coordinator_key), run_id=RUN_ID, round_=round_)
         if self.math.sliced:
             self.round = self.exchange.open_round(self.manifest, signed, round_, self.verify_header)
 

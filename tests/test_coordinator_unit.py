@@ -75,10 +75,11 @@ def serve_coordinator(
     checkpoint_path: Path | None = None,
     generous_limits: bool = False,
     limits: CallerLimits | None = None,
+    identity: Identity | None = None,
     **servicer_options,
 ) -> Iterator[Served]:
     """A Coordinator on 127.0.0.1, served by build_coordinator_server exactly as the CLI serves it."""
-    coordinator = Coordinator(cfg, Identity.generate(), checkpoint_path=checkpoint_path)
+    coordinator = Coordinator(cfg, identity or Identity.generate(), checkpoint_path=checkpoint_path)
     if generous_limits:  # let hostile calls reach the handlers (rate limiting has its own test)
         limits = CallerLimits(per_peer_rate=1e6, per_peer_burst=1e6)
     built = build_coordinator_server(coordinator, host="127.0.0.1", port=0, limits=limits, **servicer_options)
@@ -245,8 +246,8 @@ def test_commitment_cannot_redirect_the_fetcher(cfg):
 
 def test_peers_bans_and_history_survive_a_coordinator_restart(cfg, tmp_path):
     path = tmp_path / "coordinator.ckpt"
-    cheat, honest = Identity.generate(), Identity.generate()
-    with serve_coordinator(cfg, checkpoint_path=path) as served:
+    cheat, honest, key = Identity.generate(), Identity.generate(), Identity.generate()
+    with serve_coordinator(cfg, checkpoint_path=path, identity=key) as served:
         c = served.coordinator
         assert join(served, cheat).accepted and join(served, honest).accepted
         a, payload_a, _ = make_update(served, cheat, seed=1)
@@ -259,7 +260,7 @@ def test_peers_bans_and_history_survive_a_coordinator_restart(cfg, tmp_path):
         assert result is not None and result.updates == 1 and result.excluded == {cheat.peer_id: "equivocation"}
         before = (c.round, c.param_hash, served.status()["peers"])
 
-    with serve_coordinator(cfg, checkpoint_path=path) as served:
+    with serve_coordinator(cfg, checkpoint_path=path, identity=key) as served:  # the run's key: the same identity file
         c = served.coordinator
         assert (c.round, c.param_hash) == before[:2] == (1, before[1])
         assert [h.round for h in c.history] == [0]

@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from protocol.run_state import CoordinatorKeys
 from protocol.envelope import (
     EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, check_payload, open_manifest, open_update,
     sha256_hex, sign_manifest, sign_update, signed_to_json,
@@ -75,9 +76,9 @@ def test_manifest_signed_by_coordinator_only():
     entry = ManifestEntry(peer_id=peer.peer_id, payload_sha256=sha256_hex(PAYLOAD), payload_size=len(PAYLOAD),
                           header=signed_to_json(sign_update(peer, header_for(peer))), holders=["127.0.0.1:1"])
     manifest = RoundManifest(run_id="run", round=3, base_param_hash="B", entries=[entry], excluded={"x": "late"})
-    opened = open_manifest(sign_manifest(coordinator, manifest), coordinator_key=coordinator.public_key, run_id="run", round_=3)
+    opened = open_manifest(sign_manifest(coordinator, manifest), keys=CoordinatorKeys.of_key(coordinator.public_key), run_id="run", round_=3)
     assert opened.entries[0].peer_id == peer.peer_id and opened.excluded == {"x": "late"}
     with pytest.raises(EnvelopeError):
-        open_manifest(sign_manifest(other, manifest), coordinator_key=coordinator.public_key, run_id="run", round_=3)
+        open_manifest(sign_manifest(other, manifest), keys=CoordinatorKeys.of_key(coordinator.public_key), run_id="run", round_=3)
     with pytest.raises(EnvelopeError):
-        open_manifest(sign_manifest(coordinator, manifest), coordinator_key=coordinator.public_key, run_id="run", round_=4)
+        open_manifest(sign_manifest(coordinator, manifest), keys=CoordinatorKeys.of_key(coordinator.public_key), run_id="run", round_=4)

@@ -10,6 +10,7 @@ import torch
 
 from optim.slicing import SliceLayout
 from peer.run import state_sync
+from protocol.run_state import CoordinatorKeys
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
 from protocol.envelope import EnvelopeError
@@ -64,7 +65,7 @@ def test_a_joiner_downloads_from_many_holders_and_survives_a_dead_one():
             out = state_sync.publish(holder.store, coordinator, run_id="r", config_hash="c", round_=5, param_hash="p" * 64,
                                      params=params, global_state=global_state, layout=layout, sign=i == 0)
             signed = signed or out
-        manifest = open_state_manifest(signed, coordinator_key=coordinator.public_key, run_id="r", max_bytes=1 << 20)
+        manifest = open_state_manifest(signed, keys=CoordinatorKeys.of_key(coordinator.public_key), run_id="r", max_bytes=1 << 20)
         dead = "127.0.0.1:9"  # nothing listens there
         with ThreadPoolExecutor(8) as workers, _pool() as pool:
             parts = state_sync.download(pool, workers, manifest, [dead] + [h.endpoint for h in holders[1:]], holders[0].endpoint)
@@ -73,7 +74,7 @@ def test_a_joiner_downloads_from_many_holders_and_survives_a_dead_one():
         served = [h.counter.total().sent for h in holders[1:]]
         assert sum(1 for s in served if s > 0) >= 2, served  # spread over several peers, not one donor
         with pytest.raises(EnvelopeError):
-            open_state_manifest(signed, coordinator_key=Identity.generate().public_key, run_id="r", max_bytes=1 << 20)
+            open_state_manifest(signed, keys=CoordinatorKeys.of_key(Identity.generate().public_key), run_id="r", max_bytes=1 << 20)
         # A holder serving other bytes under a part's name is refused by the hash check.
         bad = holders[1]
         bad.store.put_blob(manifest.part_sha256[1], 5, b"\x00" * manifest.part_sizes[1])

@@ -148,6 +148,15 @@ class Swarm:
             time.sleep(0.1)
         raise TimeoutError(f"coordinator did not print its address within {timeout_s:.0f}s:\n{''.join(child.lines)[-3000:]}")
 
+    def start_standby(self, name: str, extra: list[str]) -> Child:
+        """A standby coordinator (`coordinator --standby`) of the running swarm, with its own identity
+        and checkpoint; it serves gRPC only once it takes over."""
+        args = ["coordinator", "--standby", "--initial-peers", *self.initial_peers, "--host", "127.0.0.1",
+                "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity-path", str(self.workdir / f"{name}.pem"),
+                "--checkpoint", str(self.workdir / f"{name}.ckpt"), "--summary-json", str(self.workdir / f"{name}.json"),
+                *self._tls_flags(), *extra]
+        return self._spawn(name, args)
+
     def _tls_flags(self) -> list[str]:
         return self.tls.flags() if self.tls is not None else []
 

@@ -9,6 +9,7 @@ Each verb's module is imported only when that verb runs: `--help` and `status` n
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -80,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--identity-path", help="Ed25519 key file (created with mode 0600 if missing)")
     c.add_argument("--checkpoint", help="checkpoint file: written atomically every round, resumed from on restart")
     c.add_argument("--summary-json", help="write the final status here when the run ends")
+    ha = c.add_argument_group("standby coordinators (docs/threat-model.md)")
+    ha.add_argument("--standby", action="store_true",
+                    help="follow the run's active coordinator (found through --initial-peers) and take over when its DHT lease lapses")
+    ha.add_argument("--initial-peers", nargs="+", default=[], metavar="MULTIADDR",
+                    help="DHT multiaddr(s) of the run (a standby's way in; list several)")
+    ha.add_argument("--coordinator-key", metavar="FINGERPRINT", help="a standby's pin on the active coordinator's key")
+    ha.add_argument("--coordinators", nargs="+", default=[], metavar="FINGERPRINT",
+                    help="fingerprints of the keys that may coordinate this run (this one's is added): list the standbys here")
     _add_tls_flags(c, serves=True)
     _add_metrics_flags(c)
     c.add_argument("--dashboard-port", type=int, help="serve the live dashboard on this port (0 = any free port)")
@@ -167,7 +176,15 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     from peer.coordinator.main import CoordinatorOptions, run_coordinator
     from peer.coordinator.operations import OperationsOptions
 
+    from peer.run.config import ConfigError
+    from protocol.run_state import check_fingerprint
+
     cfg = load_run_config(args)
+    if args.coordinators:
+        keys = [check_fingerprint(k) for k in args.coordinators]
+        if any(len(k) != 32 for k in keys):
+            raise ConfigError("--coordinators: give each key's full fingerprint (32 hex characters, as the coordinator prints it)")
+        cfg = dataclasses.replace(cfg, control=dataclasses.replace(cfg.control, coordinators=sorted(set(keys))))
     stop = threading.Event()
     interrupts.install(stop.set)
     run_coordinator(
@@ -181,6 +198,9 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             identity_path=args.identity_path,
             checkpoint_path=args.checkpoint,
             summary_json=args.summary_json,
+            initial_peers=args.initial_peers,
+            standby=args.standby,
+            coordinator_key=check_fingerprint(args.coordinator_key) if args.coordinator_key else None,
             operations=OperationsOptions(metrics_port=args.metrics_port, metrics_host=args.metrics_host, dashboard_port=args.dashboard_port,
                                          dashboard_host=args.dashboard_host, run_log=args.run_log),
         ),
@@ -196,11 +216,13 @@ def cmd_peer(args: argparse.Namespace, make_node=None) -> int:
 
     if (follower_exit := ranks.before_peer(args)) is not None:  # --nproc / torchrun: ranks 1.. only train
         return follower_exit
+    from protocol.run_state import check_fingerprint
 
     options = PeerOptions(
         coordinator=args.coordinator,
         initial_peers=args.initial_peers,
         run_id=args.run_id,
+        coordinator_key=check_fingerprint(args.coordinator_key) if args.coordinator_key else None,
         identity_path=args.identity_path,
         data=args.data,
         client_mode=args.client_mode,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from peer.run.config import RunConfig
 from peer.coordinator.operations import OperationsOptions, start_operations
+from peer.coordinator import standby
 from peer.coordinator.state import Coordinator
 from peer.coordinator.server import build_coordinator_server
 from peer.run import faults
@@ -34,8 +35,66 @@ class CoordinatorOptions:
     checkpoint_path: str | None = None
     summary_json: str | None = None
     use_dht: bool = True
-    linger_s: float = 3.0  # keep serving after the last round so peers see `finished`
+    initial_peers: list[str] = field(default_factory=list)  # DHT multiaddrs of the run (a standby's way in)
+    standby: bool = False  # follow the active coordinator; take over when its lease lapses
+    coordinator_key: str | None = None  # a standby's pin on the active coordinator's key
+    linger_s: float = 1.0  # after every peer holds the final state: serve a little longer (status callers)
     operations: OperationsOptions | None = None  # metrics, dashboard, run log (peer/coordinator/operations.py)
+
+
+class Lease:
+    """The active coordinator's DHT run record, renewed every third of control.lease_s; also reads
+    the run's other records: standbys' endpoints (for peers' failover) and a successor."""
+
+    def __init__(self, dht, identity: Identity, coordinator: Coordinator) -> None:
+        self.dht, self.identity, self.coordinator = dht, identity, coordinator
+        self.lease_s = coordinator.cfg.control.lease_s
+        self.renewed = 0.0
+
+    def due(self) -> bool:
+        return time.monotonic() - self.renewed > self.lease_s / 3
+
+    def renew(self) -> discovery.RunRecord | None:
+        """Renew; return the record of a coordinator that took the run over from us, if any."""
+        c = self.coordinator
+        self.renewed = time.monotonic()
+        discovery.announce_run(self.dht, self.identity, run_id=c.cfg.run_id, endpoint=c.endpoint, role="active", term=c.term,
+                               coordinators=c.cfg.control.coordinators, ttl_s=self.lease_s)
+        try:
+            records = discovery.vouched(discovery.run_records(self.dht, c.cfg.run_id))
+        except Exception as exc:  # a DHT hiccup: renew again next time
+            log.info("reading the run's records failed: %s", exc)
+            return None
+        with c.lock:
+            c.standby_endpoints = sorted(r.endpoint for r in records if r.role == "standby" and r.endpoint)
+        # The one rule (protocol.run_state.newer): a higher term, or the same term and a lower key.
+        rivals = [r for r in records if r.role == "active" and r.coordinator_id != self.identity.peer_id
+                  and (r.term > c.term or (r.term == c.term and r.coordinator_id < self.identity.peer_id))]
+        return max(rivals, key=lambda r: r.term) if rivals else None
+
+
+def _run_is_held(dht, cfg: RunConfig, options: CoordinatorOptions) -> bool:
+    """A coordinator that joins an existing DHT (it came back after a takeover) follows when the run
+    has a live active coordinator: records take a moment to arrive after the DHT bootstraps."""
+    deadline = time.monotonic() + (cfg.control.lease_s if options.initial_peers else 0.0)
+    while True:
+        if standby.live_active(dht, cfg.run_id, options.coordinator_key)[0] is not None:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+
+
+def _follow(options: CoordinatorOptions, identity: Identity, dht, stop: threading.Event) -> standby.Takeover | None:
+    path = Path(options.checkpoint_path or f"standby-{identity.peer_id[:16]}.ckpt")
+    options.checkpoint_path = str(path)
+    endpoint = f"{options.announce_host}:{options.port}"
+    print(f"coordinator {identity.peer_id[:8]} | standby for run {options.config.run_id}: following the active coordinator; "
+          f"fingerprint {identity.peer_id}", flush=True)
+    for maddr in discovery.visible_maddrs(dht):
+        print(f"  --initial-peers {maddr}", flush=True)
+    return standby.follow(dht=dht, identity=identity, run_id=options.config.run_id, checkpoint_path=path, endpoint=endpoint,
+                          pinned=options.coordinator_key, stop=stop)
 
 
 def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = None) -> dict:
@@ -46,38 +105,57 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
     dht = None
     if options.use_dht:
         # The DHT first: hivemind forks its worker, and gRPC is not fork-safe.
-        dht = discovery.start_dht(identity, host_maddrs=options.host_maddrs, announce_maddrs=options.announce_maddrs)
+        dht = discovery.start_dht(identity, initial_peers=options.initial_peers, host_maddrs=options.host_maddrs,
+                                  announce_maddrs=options.announce_maddrs)
     counter = ByteCounter(identity.peer_id)
     server = operations = None
+    term = 0
     try:
-        coordinator = Coordinator(cfg, identity, checkpoint_path=options.checkpoint_path, counter=counter)
+        if dht is not None and (options.standby or _run_is_held(dht, cfg, options)):
+            takeover = _follow(options, identity, dht, stop)
+            if takeover is None:
+                return {"role": "standby", "took_over": False}
+            cfg, term = takeover.cfg, takeover.term
+        coordinator = Coordinator(cfg, identity, checkpoint_path=options.checkpoint_path, counter=counter, term=term)
         server = build_coordinator_server(
             coordinator, host=options.host, port=options.port, announce_host=options.announce_host
         ).server
         server.start()
-        if dht is not None:
+        coordinator.sign_state()  # again, now that it names our endpoint
+        lease = Lease(dht, identity, coordinator) if dht is not None else None
+        if lease is not None:
             coordinator.initial_peers = discovery.visible_maddrs(dht)
-            discovery.announce_run(dht, identity, run_id=cfg.run_id, endpoint=coordinator.endpoint)
+            lease.renew()
+        if term:
+            print(f"coordinator {identity.peer_id[:8]} | took over run {cfg.run_id} with term {term} at round {coordinator.round} "
+                  f"(param hash {coordinator.param_hash[:16]})", flush=True)
         print(f"coordinator {identity.peer_id[:8]} | run {cfg.run_id} | {coordinator.numel:,} params | codec {cfg.compression.codec} | "
               f"outer {cfg.outer.name} | aggregator {cfg.aggregation.name} | round {coordinator.round}/{cfg.rounds.rounds} | "
               f"initial val loss {coordinator.initial_val_loss:.4f}", flush=True)
-        print(f"coordinator gRPC: {coordinator.endpoint}   (peers: swarmloco peer --coordinator {coordinator.endpoint})", flush=True)
+        print(f"coordinator gRPC: {coordinator.endpoint}   (peers: swarmloco peer --coordinator {coordinator.endpoint} "
+              f"--coordinator-key {identity.peer_id})", flush=True)
+        print(f"coordinator fingerprint: {identity.peer_id}", flush=True)
         for maddr in coordinator.initial_peers:
             print(f"  --initial-peers {maddr}", flush=True)
         operations = start_operations(coordinator, options.operations)
 
-        last_announce = time.monotonic()
         finished_at = None
         while not stop.is_set():
             result = coordinator.tick()
             if result is not None:
                 print(coordinator_line(result, cfg.rounds.rounds, counter.total()), flush=True)
-            if dht is not None and time.monotonic() - last_announce > discovery.RECORD_TTL_S / 3:
-                discovery.announce_run(dht, identity, run_id=cfg.run_id, endpoint=coordinator.endpoint)
-                last_announce = time.monotonic()
+            if lease is not None and lease.due():
+                successor = lease.renew()
+                if successor is not None:
+                    print(f"coordinator {identity.peer_id[:8]} | coordinator {successor.coordinator_id[:8]} holds run {cfg.run_id} "
+                          f"with term {successor.term} (ours: {coordinator.term}): stepping down", flush=True)
+                    break
             if coordinator.finished:
+                # The last state is served until every peer holds it (or the grace period ends):
+                # a slow peer's last fetch must not find the coordinator gone.
                 finished_at = finished_at or time.monotonic()
-                if time.monotonic() - finished_at > options.linger_s:
+                waited = time.monotonic() - finished_at
+                if (coordinator.final_state_delivered() and waited > options.linger_s) or waited > cfg.control.end_grace_s:
                     break
             stop.wait(0.1)
         summary = coordinator.status()

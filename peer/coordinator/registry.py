@@ -31,6 +31,7 @@ class PeerRecord:
     banned_reason: str = ""
     evidence: list[dict[str, Any]] = field(default_factory=list)
     aggregation: dict[str, float] = field(default_factory=dict)  # last round: weight, distance, clip
+    left_out: list[int] = field(default_factory=list)  # rounds whose manifest left the peer's valid commitment out without a reason (peer's word)
 
     def as_status(self, now: float) -> dict[str, Any]:
         return {
@@ -51,6 +52,7 @@ class PeerRecord:
             "banned_reason": self.banned_reason,
             "evidence": self.evidence,
             "aggregation": self.aggregation,
+            "left_out_without_reason": self.left_out,
         }
 
 

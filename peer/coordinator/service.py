@@ -92,6 +92,8 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
                 finished=c.finished,
                 state_manifest=c.state_manifest,
                 state_holders=c.state_holders(),
+                run_state=c.state_at(request.round if request.at_round else None),
+                coordinator_endpoints=c.standby_endpoints,
             )
 
     def _open(self, request: swarm_pb2.Signed, tag: str, what: str) -> tuple[dict[str, Any], str]:
@@ -186,6 +188,8 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
                 value = fields.get(name)
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 1e12:  # NaN fails too
                     setattr(record, name, float(value))
+            if isinstance(fields.get("left_out"), list):
+                record.left_out = [r for r in fields["left_out"][-16:] if isinstance(r, int) and not isinstance(r, bool)]
             if isinstance(fields.get("round_bytes"), dict):
                 record.round_bytes = {
                     str(k)[:16]: v for k, v in list(fields["round_bytes"].items())[:4] if isinstance(v, int) and 0 <= v < 1 << 62

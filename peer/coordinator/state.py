@@ -10,6 +10,7 @@ parts that late joiners download. It never trains.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -38,9 +39,19 @@ from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool, fetch_payload
 from protocol.payload_service import PayloadStore, StoredPayload
 from protocol.rpc_errors import refusal_for
+from protocol.run_state import RunState, sign_run_state
 
 log = logging.getLogger("swarmloco.coordinator")
 EQUIVOCATION_TEXT = "equivocation: two different updates in one round; banned"
+
+
+def with_coordinator_key(cfg: RunConfig, fingerprint: str) -> RunConfig:
+    """The run config with this coordinator's key listed among the run's coordinators (peers accept
+    manifests and states from listed keys only; a standby is listed by the active one's operator)."""
+    listed = cfg.control.coordinators
+    if fingerprint in listed:
+        return cfg
+    return dataclasses.replace(cfg, control=dataclasses.replace(cfg.control, coordinators=sorted([*listed, fingerprint])))
 
 
 class Coordinator:
@@ -54,9 +65,12 @@ class Coordinator:
         endpoint: str = "",
         checkpoint_path: str | Path | None = None,
         counter: ByteCounter | None = None,
+        term: int = 0,
     ) -> None:
-        self.cfg = cfg
+        self.cfg = cfg = with_coordinator_key(cfg, identity.peer_id)
         self.identity = identity
+        self.term = term  # bumped by every takeover (peer/coordinator/standby.py)
+        self.standby_endpoints: list[str] = []  # the run's other coordinators, for peers' failover
         self.endpoint = endpoint  # HOST:PORT of our gRPC server, set once it is bound
         self.initial_peers: list[str] = []
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
@@ -80,6 +94,7 @@ class Coordinator:
         self.deadline = AdaptiveDeadline(cfg.rounds)
         self.book = RoundBook(round=0)
         self.manifests: dict[int, swarm_pb2.Signed] = {}
+        self.states: dict[int, swarm_pb2.Signed] = {}  # round -> signed RunState (protocol/run_state.py)
         self.history: list[RoundResult] = []
         self.channels = ChannelPool(self.counter)
         self.fetchers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="swarmloco-fetch")
@@ -94,6 +109,7 @@ class Coordinator:
         self.initial_val_loss = self.evaluate()
         self.checkpoint_bytes = b""
         self._snapshot()
+        self.sign_state()
 
     # --- state ---------------------------------------------------------------------------
 
@@ -133,6 +149,22 @@ class Coordinator:
             layout=self.math.layout, sign=True)
         if self.checkpoint_path is not None:
             checkpoint.write_atomic(self.checkpoint_path, self.checkpoint_bytes)
+
+    def sign_state(self) -> swarm_pb2.Signed:
+        """Sign "round r is open on θ_r with this hash" (final once the run is done): what peers
+        compare their own θ with, and what a downloaded checkpoint must match. Kept for a few
+        rounds, so a peer that asks a little late still gets the state of its round."""
+        state = RunState(run_id=self.cfg.run_id, config_hash=self.cfg.config_hash(), term=self.term, role="active",
+                         round=self.round, param_hash=self.param_hash, finished=self.finished,
+                         active_endpoint=self.endpoint, timestamp=time.time())
+        signed = self.states[self.round] = sign_run_state(self.identity, state)
+        for old in [r for r in self.states if r < self.round - 8]:
+            del self.states[old]
+        return signed
+
+    def state_at(self, round_: int | None = None) -> swarm_pb2.Signed | None:
+        with self.lock:
+            return self.states.get(self.round if round_ is None else round_)
 
     def evaluate(self) -> float:
         load_flat_params(self.model, self.params)
@@ -321,7 +353,11 @@ class Coordinator:
                 )
                 if not close:
                     return None
-                return self.close_round(why)
+                closing = self._close_commits(why)
+                if closing is None:
+                    return None  # sliced: the owners reduce now
+        if self.sliced is None:
+            return self._apply_closed(*closing)
         # Sliced, results final: gather the aggregated slices (fetches, maybe recomputations)
         # without the lock, so heartbeats, commits and long-polls are served meanwhile.
         outcome = self.sliced.gather(slice_round, results, reports)
@@ -335,9 +371,18 @@ class Coordinator:
             used = [p for p in verified if not outcome.excluded or not all(p in ex for ex in outcome.excluded.values())]
             result = self._advance(book, used, why, excluded)
             self.sliced.applied(book.round, self.param_hash)
-            return result
+        return self._persist(result)
 
     def close_round(self, why: str) -> RoundResult | None:
+        """Close the commit phase now: sign the manifest; all-to-all, also aggregate and open the
+        next round (sliced: the owners reduce, and tick() applies once their results are final)."""
+        with self.lock:
+            closing = self._close_commits(why)
+        return None if closing is None else self._apply_closed(*closing)
+
+    def _close_commits(self, why: str) -> tuple[RoundBook, list[str], str] | None:
+        """Under the lock: the manifest of the open round, signed. (book, verified, why) for the
+        all-to-all aggregation that follows outside the lock; None when sliced."""
         book = self.book
         verified = book.verified()
         for peer_id, c in book.commitments.items():  # still pending at the deadline: too late
@@ -351,6 +396,7 @@ class Coordinator:
             manifest = RoundManifest(
                 run_id=self.cfg.run_id, round=book.round, base_param_hash=self.param_hash, entries=entries, excluded=dict(book.excluded)
             )
+        manifest = dataclasses.replace(manifest, last=book.round + 1 >= self.cfg.rounds.rounds)
         signed = self.manifests[book.round] = sign_manifest(self.identity, manifest)
         fail_point("manifest-signed", book.round)
         for old in [r for r in self.manifests if r < book.round - 4]:
@@ -361,10 +407,20 @@ class Coordinator:
             self.round_closed.notify_all()
             return None
 
+        book.closed = True  # late commitments are refused while the aggregate is computed
+        return book, verified, why
+
+    def _apply_closed(self, book: RoundBook, verified: list[str], why: str) -> RoundResult:
+        """All-to-all: aggregate the round's verified updates without the lock (the slow part:
+        robust rules over n updates), then adopt θ_{r+1} under it."""
         updates = [book.commitments[p].update for p in verified]
-        report = self.math.apply(self.params, updates, round_=book.round, excluded_for_cause=count_for_cause(book.excluded))  # θ_r -> θ_{r+1}, in place
-        self._record_aggregation(verified, report)
-        return self._advance(book, verified, why, dict(book.excluded))
+        params = self.params.clone()
+        report = self.math.apply(params, updates, round_=book.round, excluded_for_cause=count_for_cause(book.excluded))  # θ_r -> θ_{r+1}
+        with self.lock:
+            self.params = params
+            self._record_aggregation(verified, report)
+            result = self._advance(book, verified, why, dict(book.excluded))
+        return self._persist(result)
 
     def _manifest_entries(self, book: RoundBook, verified: list[str]) -> list[ManifestEntry]:
         entries = []
@@ -387,22 +443,30 @@ class Coordinator:
             self.deadline.observe(max(arrivals) - min(arrivals))
         self.round += 1
         self.param_hash = param_hash(self.params)
-        val_loss = self.evaluate()
         result = RoundResult(
             round=book.round,
             updates=len(verified),
             excluded=excluded,
             seconds=time.monotonic() - book.opened_at,
-            val_loss=val_loss,
+            val_loss=float("nan"),  # _persist evaluates, off the lock
             param_hash=self.param_hash,
             close_reason=why,
         )
-        self.history.append(result)
         self.book = RoundBook(round=self.round)
         if self.round >= self.cfg.rounds.rounds:
             self.finished = True
-        self._snapshot()
+        self.sign_state()
         self.round_closed.notify_all()
+        return result
+
+    def _persist(self, result: RoundResult) -> RoundResult:
+        """The slow part of a close, beside the RPC handlers (only the clock thread runs it):
+        evaluate θ_{r+1}, then record the round and write the checkpoint and state parts. Until it
+        is done, joiners get the previous round's checkpoint, which its own signed state covers."""
+        result.val_loss = self.evaluate()
+        with self.lock:
+            self.history.append(result)
+        self._snapshot()
         return result
 
     def _record_aggregation(self, verified: list[str], report: Any) -> None:
@@ -455,6 +519,12 @@ class Coordinator:
         from peer.coordinator.status_view import coordinator_status
 
         return coordinator_status(self)
+
+    def final_state_delivered(self) -> bool:
+        """The run is over and every live, unbanned peer reported the final parameter hash."""
+        with self.lock:
+            live = [r for r in self.registry.records() if not r.banned_reason and r.state != "gone"]
+            return self.finished and all(r.param_hash == self.param_hash for r in live)
 
     def state_holders(self) -> list[str]:
         """Endpoints of live serving peers whose last heartbeat reported our θ_r: they hold its parts."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from datetime import timedelta
 from typing import Callable, TypeVar
@@ -25,6 +26,7 @@ T = TypeVar("T")
 TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 MAX_CHECKPOINT_BYTES = 8 << 30
 RECONNECT_EVERY_S = 3.0
+LOCATE_EVERY_S = 1.0
 EARLY_ANSWER_PAUSE_S = 0.5  # a long-poll answered at once with no news (every slot taken): pause instead of spinning
 
 
@@ -33,25 +35,48 @@ class CoordinatorUnavailable(ConnectionError):
 
 
 class CoordinatorClient:
-    def __init__(self, endpoint: str, counter: ByteCounter, *, retry_for: timedelta = timedelta(seconds=120)) -> None:
+    def __init__(self, endpoint: str, counter: ByteCounter, *, retry_for: timedelta = timedelta(seconds=120),
+                 locate: Callable[[], str | None] | None = None) -> None:
         self.endpoint = endpoint
         self.counter = counter
         self.retry_for = retry_for
+        # Failover: `locate` names the run's active coordinator now (peer/node/trust.py), or None.
+        # `generation` counts switches, so a round in flight knows its coordinator changed.
+        self.locate = locate
+        self.generation = 0
+        self._located_at = 0.0
+        self._lock = threading.Lock()
         self.channel = create_channel(endpoint, counter)  # counted under the endpoint, like every callee
         self.stub = swarm_pb2_grpc.CoordinatorStub(self.channel)
         self._retired: list[grpc.Channel] = []
         self._rebuilt_at = time.monotonic()
 
-    def _reconnect(self) -> None:
-        """A fresh channel after the coordinator went away: grpc's own reconnect backoff grows to
-        minutes, while a restarted coordinator is usually back within seconds. The old channel is
-        kept open (another thread may be mid-call on it) and closed with the client."""
-        if time.monotonic() - self._rebuilt_at < RECONNECT_EVERY_S:
-            return
+    def _switch(self, endpoint: str) -> None:
+        """A fresh channel (to `endpoint`): the old one is kept open (another thread may be
+        mid-call on it) and closed with the client."""
         self._retired.append(self.channel)
-        self.channel = create_channel(self.endpoint, self.counter)
+        self.endpoint = endpoint
+        self.channel = create_channel(endpoint, self.counter)
         self.stub = swarm_pb2_grpc.CoordinatorStub(self.channel)
         self._rebuilt_at = time.monotonic()
+
+    def _reconnect(self) -> None:
+        """The coordinator went away. Another coordinator of the run may be active now (a standby
+        that took over): ask `locate`, at most once a second. Else a fresh channel to the same
+        address: grpc's own reconnect backoff grows to minutes, while a restarted coordinator is
+        usually back within seconds."""
+        with self._lock:
+            now = time.monotonic()
+            if self.locate is not None and now - self._located_at >= LOCATE_EVERY_S:
+                self._located_at = now
+                found = self.locate()
+                if found is not None and found != self.endpoint:
+                    log.warning("coordinator %s is gone; the run's active coordinator is now %s: switching", self.endpoint, found)
+                    self._switch(found)
+                    self.generation += 1
+                    return
+            if now - self._rebuilt_at >= RECONNECT_EVERY_S:
+                self._switch(self.endpoint)
 
     def wait_ready(self, timeout: timedelta) -> None:
         wait_ready(self.channel, self.endpoint, timeout)
@@ -79,8 +104,10 @@ class CoordinatorClient:
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 5.0)
 
-    def run_info(self) -> swarm_pb2.RunInfo:
-        return self.call("run info", lambda: self.stub.GetRunInfo(swarm_pb2.RunInfoRequest(), timeout=DEFAULT_DEADLINE.total_seconds()))
+    def run_info(self, round_: int | None = None) -> swarm_pb2.RunInfo:
+        """The run's info; its signed run state is the current one, or (round_) the one at the start of that round."""
+        request = swarm_pb2.RunInfoRequest(at_round=round_ is not None, round=round_ or 0)
+        return self.call("run info", lambda: self.stub.GetRunInfo(request, timeout=DEFAULT_DEADLINE.total_seconds()))
 
     def join(self, signed: swarm_pb2.Signed) -> swarm_pb2.JoinReply:
         """The accepted JoinReply; raises Refused (e.g. BANNED, NOT_ALLOWED) otherwise."""

@@ -38,8 +38,31 @@ def heartbeat_body(node: "PeerNode") -> dict[str, Any]:
         "bytes_received": total.received,
         "round_bytes": node.round_traffic,
         "utilization": round(node.utilization(), 4),
+        "left_out": node.left_out[-16:],
         "timestamp": time.time(),
     }
+
+
+def beat(node: "PeerNode"):
+    """One signed heartbeat; the reply, or None when it did not land (the next one retries)."""
+    try:
+        reply = node.client.heartbeat(sign_body(node.identity, HEARTBEAT_TAG, heartbeat_body(node)))
+    except Refused as exc:
+        if exc.refusal == swarm_pb2.UNKNOWN_PEER:  # a restarted coordinator that lost us: rejoin
+            try:
+                node.send_join()
+            except Exception as join_exc:  # noqa: BLE001 - the main loop sees a refusal on its next commit
+                log.info("rejoin after heartbeat failed: %s", join_exc)
+        else:
+            log.info("heartbeat refused: %s", exc)
+        return None
+    except grpc.RpcError as exc:  # transient: the main loop has its own retries
+        log.debug("heartbeat failed: %s", exc)
+        return None
+    except Exception as exc:  # noqa: BLE001
+        log.debug("heartbeat failed: %s", exc)
+        return None
+    return reply
 
 
 def heartbeat_loop(node: "PeerNode") -> None:
@@ -56,22 +79,8 @@ def heartbeat_loop(node: "PeerNode") -> None:
                 node.announce()
             except Exception as exc:  # noqa: BLE001 - the next refresh retries; the gRPC path works without it
                 log.info("refreshing the DHT record failed: %s", exc)
-        try:
-            reply = node.client.heartbeat(sign_body(node.identity, HEARTBEAT_TAG, heartbeat_body(node)))
-        except Refused as exc:
-            if exc.refusal == swarm_pb2.UNKNOWN_PEER:  # a restarted coordinator that lost us: rejoin
-                try:
-                    node.send_join()
-                except Exception as join_exc:  # noqa: BLE001 - the main loop sees a refusal on its next commit
-                    log.info("rejoin after heartbeat failed: %s", join_exc)
-            else:
-                log.info("heartbeat refused: %s", exc)
-            continue
-        except grpc.RpcError as exc:  # transient: the main loop has its own retries
-            log.debug("heartbeat failed: %s", exc)
-            continue
-        except Exception as exc:  # noqa: BLE001
-            log.debug("heartbeat failed: %s", exc)
+        reply = beat(node)
+        if reply is None:
             continue
         if reply.banned:
             node.banned_reason = reply.reason or "banned"

@@ -27,14 +27,15 @@ from peer import VERSION
 from peer.run import checkpoint, state_sync
 from peer.node.resync import StateSource
 from peer.run.config import RunConfig
-from peer.node.coordinator_client import CoordinatorClient
+from peer.node.coordinator_client import CoordinatorClient, CoordinatorUnavailable
+from peer.node.trust import find_active, trust_run
 from peer.node.errors import PeerExit
 from peer.node.options import PeerOptions
 from peer.node.phase import RoundPhase
 from peer.node import ranks
 from peer.learn.data import DeviceSampler, ShardSampler, load_corpus, shard_for_peer
 from peer.learn.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
-from peer.node.heartbeat import heartbeat_loop
+from peer.node.heartbeat import beat, heartbeat_loop
 from peer.run.faults import check_environment, fail_point
 from peer.node.overlap import run_overlapped
 from peer.run.progress import round_line, step_line
@@ -47,11 +48,12 @@ from protocol import discovery
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
-from protocol.envelope import JOIN_TAG, EnvelopeError, UpdateHeader, open_manifest, sign_update
+from protocol.envelope import JOIN_TAG, EnvelopeError, RoundManifest, UpdateHeader, open_manifest, sign_update
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload, push_chunks
 from protocol.rpc_errors import Refused
+from protocol.run_state import ImpersonationError, RunState, open_run_state
 from protocol.signing import sign_body
 
 __all__ = ["PeerExit", "PeerNode", "PeerOptions"]  # the first and last live in peer.node.errors / .options
@@ -97,12 +99,13 @@ class PeerNode:
         self.training_started: float | None = None  # first inner step: utilization excludes start-up
         self.round_traffic: dict[str, int] = {}
         self.history: list[dict[str, Any]] = []
+        self.left_out: list[int] = []  # rounds whose signed manifest left our valid commitment out without a reason
 
     # --- setup ---------------------------------------------------------------------------
 
     def connect(self) -> None:
         o = self.options
-        endpoint = o.coordinator
+        endpoint, pinned, pinned_by = o.coordinator, o.coordinator_key, "--coordinator-key"
         if o.initial_peers:
             # The DHT first: it forks a child process, and gRPC is not fork-safe.
             self.dht = discovery.start_dht(
@@ -113,20 +116,23 @@ class PeerNode:
                 client_mode=o.client_mode,
                 timeout_s=o.connect_timeout_s,
             )
-            run = discovery.find_run(self.dht, o.run_id, timeout_s=o.connect_timeout_s)
+            for maddr in discovery.visible_maddrs(self.dht):  # this peer is a way into the swarm too
+                print(f"peer {self.short} | DHT: --initial-peers {maddr}", flush=True)
+            run = discovery.find_run(self.dht, o.run_id, timeout_s=o.connect_timeout_s, pinned=pinned)
             endpoint = endpoint or run.endpoint
+            if pinned is None:  # the key that signed the run's DHT record is the run's
+                pinned, pinned_by = run.coordinator_id, "the DHT-signed run record"
             log.info("found run %s: coordinator %s at %s", run.run_id, run.coordinator_id[:8], run.endpoint)
         assert endpoint is not None
-        self.client = CoordinatorClient(endpoint, self.counter)
+        self.client = CoordinatorClient(endpoint, self.counter, locate=self.locate_coordinator)
         self.client.wait_ready(timedelta(seconds=o.connect_timeout_s))
         info = self.client.run_info()
-        if o.run_id and info.run_id != o.run_id:
-            raise PeerExit(f"coordinator at {endpoint} runs {info.run_id!r}, not {o.run_id!r}")
-        self.cfg = RunConfig.from_json(info.config_json)
-        self.coordinator_key = bytes(info.coordinator_public_key)
-        if info.finished:
-            raise PeerExit(f"run {info.run_id} has already finished all its rounds")
-        self._build(info)
+        trusted = trust_run(info, pinned=pinned, pinned_by=pinned_by, endpoint=endpoint, run_id=o.run_id)
+        self.cfg, self.keys = trusted.cfg, trusted.keys
+        self.coordinator_endpoints = list(info.coordinator_endpoints)
+        if trusted.state.finished:
+            raise PeerExit(f"run {trusted.state.run_id} has already finished all its rounds (final hash {trusted.state.param_hash[:16]})")
+        self._build(trusted.state.round)
         self._serve()
         self.manifest_fetcher = ManifestFetcher(
             self.store, self.pool, self.fetchers, self.math, self._verify_header, self.endpoint
@@ -137,7 +143,7 @@ class PeerNode:
         self.heartbeat_thread = threading.Thread(target=heartbeat_loop, args=(self,), name="swarmloco-heartbeat", daemon=True)
         self.heartbeat_thread.start()
 
-    def _build(self, info) -> None:
+    def _build(self, round_: int) -> None:
         cfg, o = self.cfg, self.options
         if o.threads:
             torch.set_num_threads(o.threads)
@@ -159,7 +165,7 @@ class PeerNode:
         )
         self.trainer = InnerTrainer(self.model, cfg.inner, DeviceSampler(self.sampler, o.device))
         ranks.attach(self)  # a multi-rank peer steps through DDP (peer/node/ranks.py)
-        self.round = info.round
+        self.round = round_
         self.store = PayloadStore(keep_rounds=2)
         self.pool = ChannelPool(self.counter)
         self.fetchers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="swarmloco-fetch")
@@ -208,6 +214,42 @@ class PeerNode:
         """The sliced exchange's engine for this node (a seam: the tests' Byzantine owners override it)."""
         return SliceExchange(self.math, self.pool, self.store, self.fetchers, own_endpoint=self.endpoint, identity=self.identity)
 
+    def locate_coordinator(self) -> str | None:
+        """The run's active coordinator now (after a failover: the standby that took over), among
+        the run's records in the DHT and the coordinator endpoints the run last named."""
+        candidates = list(self.coordinator_endpoints)
+        if self.dht is not None:
+            try:
+                candidates = [r.endpoint for r in discovery.run_records(self.dht, self.cfg.run_id)] + candidates
+            except Exception as exc:  # a DHT hiccup: the known endpoints still count
+                log.info("DHT lookup of the run's coordinators failed: %s", exc)
+        found = find_active([c for c in candidates if c], self.keys, self.cfg.run_id, self.counter)
+        return found[0] if found else None
+
+    def coordinator_state(self, round_: int | None = None) -> RunState | None:
+        """The coordinator's signed state (at the start of round_, or now), checked against the
+        run's keys; None when it no longer keeps that round's."""
+        info = self.client.run_info(round_)
+        if info.coordinator_endpoints:
+            self.coordinator_endpoints = list(info.coordinator_endpoints)
+        if not info.HasField("run_state"):
+            return None
+        try:
+            return open_run_state(info.run_state, keys=self.keys, run_id=self.cfg.run_id)
+        except ImpersonationError as exc:
+            raise PeerExit(f"the coordinator at {self.client.endpoint} is not one of the run's: {exc}") from None
+
+    def check_listed(self, manifest: RoundManifest, update: Update, r: int) -> None:
+        """Censorship made visible: our committed update must be in the signed manifest, or be
+        excluded with a reason. Otherwise the log says so, and so does status (via the heartbeat)."""
+        me = self.identity.peer_id
+        if me in manifest.excluded:
+            log.warning("peer %s: round %d: the manifest excludes our update: %s", self.short, r, manifest.excluded[me])
+        elif not any(e.peer_id == me for e in manifest.entries):
+            self.left_out.append(r)
+            print(f"peer {self.short} | WARNING: round {r}: the coordinator's signed manifest leaves out our committed update "
+                  f"{hashlib.sha256(update.signed.body).hexdigest()[:12]} without a reason ({len(self.left_out)} round(s) so far)", flush=True)
+
     def _verify_header(self, signed, round_: int | None) -> UpdateHeader:
         return self.math.open_update(signed, round_=round_, layout_hash=self.layout_hash)
 
@@ -229,13 +271,17 @@ class PeerNode:
         self.phase = RoundPhase.SYNCING
         source = StateSource(
             client=self.client, pool=self.pool, workers=self.fetchers, config_hash=self.cfg.config_hash(), run_id=self.cfg.run_id,
-            coordinator_key=self.coordinator_key, own_endpoint=self.endpoint, max_part_bytes=self.math.max_result_bytes() * 4 + (1 << 20),
+            keys=self.keys, signed_hash=self._signed_hash, own_endpoint=self.endpoint, max_part_bytes=self.math.max_result_bytes() * 4 + (1 << 20),
         )
         state = source.fetch()
         self.math.load_global_state_dict(state.global_state)
         self._set_params(state.params, state.round)
         print(f"peer {self.short} | resynchronised to round {state.round + 1} ({why}; from {state.source})", flush=True)
         self.publish_state()
+
+    def _signed_hash(self, round_: int) -> str | None:
+        state = self.coordinator_state(round_)
+        return state.param_hash if state is not None and state.round == round_ else None
 
     def publish_state(self) -> None:
         """Serve our in-sync θ_r's parts, so joiners can fetch the swarm state from us."""
@@ -245,8 +291,8 @@ class PeerNode:
                                global_state=self.math.global_state_dict(), layout=self.math.layout, sign=False)
 
     def run(self, max_rounds: int | None = None) -> dict[str, Any]:
-        info = self.client.run_info()
-        if info.param_hash != self._hash or info.round != self.round:
+        state = self.coordinator_state()
+        if state is None or state.param_hash != self._hash or state.round != self.round:
             self.resync("joining" if not self.options.resume else "resume state is behind the swarm")
         done = 0
         if self.cfg.rounds.overlap_communication:
@@ -259,6 +305,9 @@ class PeerNode:
             if max_rounds is not None and done >= max_rounds:
                 break
         self.phase = RoundPhase.FINISHED if self.finished else RoundPhase.STOPPED
+        if self.finished:
+            beat(self)  # the coordinator serves the final state until every peer says it holds it
+            print(f"peer {self.short} | finished: run {self.cfg.run_id} ended at round {self.round}, final hash {self._hash}", flush=True)
         return {"rounds": done, "round": self.round, "param_hash": self._hash, "history": self.history}
 
     def one_round(self) -> None:
@@ -328,7 +377,28 @@ class PeerNode:
         """Wait for round r's manifest, fetch and verify its updates, aggregate: θ_{r+1}.
 
         Touches neither the model nor self.params, so it can run beside the next inner phase.
+        Raises nothing (it runs in the overlapped schedule's background thread): a coordinator
+        that changed mid-round (failover) gets our update again and the round restarts there; a
+        coordinator nobody can reach ends the exchange with `unreachable`.
         """
+        while True:
+            generation = self.client.generation
+            try:
+                result = self._exchange(r, base, update, generation)
+            except CoordinatorUnavailable as exc:
+                return Exchange(unreachable=str(exc))
+            except PeerExit as exc:
+                return Exchange(fatal=str(exc))
+            except Exception as exc:  # never out of the exchange thread; the round resynchronises instead
+                log.warning("peer %s: round %d exchange failed (%s: %s)", self.short, r, type(exc).__name__, exc)
+                return Exchange(resync=f"the exchange failed ({type(exc).__name__})")
+            if self.client.generation == generation:
+                return result
+            print(f"peer {self.short} | round {r}: the run's coordinator is now {self.client.endpoint}; committing again", flush=True)
+            if not self.commit(update, r, resync=False):
+                return Exchange(resync="the new coordinator did not take our update")
+
+    def _exchange(self, r: int, base: torch.Tensor, update: Update, generation: int) -> Exchange:
         cfg = self.cfg
         t_wait = time.monotonic()
         if self.phase != RoundPhase.TRAINING:  # overlapped: the next inner phase is running
@@ -336,6 +406,8 @@ class PeerNode:
         manifest_reply = None
         while not self.stop.is_set():
             manifest_reply = self.client.manifest(r, wait_s=MANIFEST_POLL_S)
+            if self.client.generation != generation:
+                return Exchange(resync="coordinator changed")  # exchange() commits again there
             if manifest_reply.ready or manifest_reply.current_round > r or manifest_reply.finished:
                 break
             # Still open: make sure the coordinator holds our commitment; a restarted coordinator
@@ -347,13 +419,17 @@ class PeerNode:
             if manifest_reply is not None and manifest_reply.finished and manifest_reply.current_round <= r:
                 return Exchange(finished=True, wait_s=wait_s)
             return Exchange(resync=f"missed the manifest of round {r}", wait_s=wait_s)
-        manifest = open_manifest(manifest_reply.manifest, coordinator_key=self.coordinator_key, run_id=cfg.run_id, round_=r)
+        try:
+            manifest = open_manifest(manifest_reply.manifest, keys=self.keys, run_id=cfg.run_id, round_=r)
+        except ImpersonationError as exc:
+            raise PeerExit(f"the coordinator at {self.client.endpoint} signs manifests with a key that is not the run's: {exc}") from None
+        self.check_listed(manifest, update, r)
         fail_point("manifest", r)
         if self.math.sliced:
             return sliced_exchange(
                 client=self.client, exchange=self.slice_exchange, math=self.math, identity=self.identity, manifest=manifest,
                 signed_manifest=manifest_reply.manifest, r=r, base=base, verify_header=self._verify_header, stop=self.stop,
-                wait_s=wait_s,
+                wait_s=wait_s, moved=lambda: self.client.generation != generation,
             )
 
         t_fetch = time.monotonic()
@@ -375,7 +451,6 @@ class PeerNode:
         return Exchange(
             params=new_params, updates=len(updates), excluded=manifest.excluded,
             wait_s=wait_s, fetch_s=fetch_s, aggregate_s=aggregate_s,
-            info=self.client.run_info(),  # the coordinator's hash of θ_{r+1}, to compare with ours
         )
 
     def finish_round(self, r: int, result: Exchange, update: Update, stats: Any, compute: float,
@@ -383,6 +458,11 @@ class PeerNode:
         """Adopt θ_{r+1}, check it against the coordinator's hash, record and print the round.
 
         `round_s`: this round's own wall time when it is not now − started (overlapped phases)."""
+        if result.fatal:
+            raise PeerExit(result.fatal)
+        if result.unreachable:
+            raise PeerExit(f"no coordinator of the run answered: {result.unreachable}. Giving up at round {r}; "
+                           "restart with --resume when the run is back (--initial-peers: list several DHT addresses)")
         if result.finished:
             self.finished = True
             return
@@ -393,11 +473,11 @@ class PeerNode:
         after = after or self.counter.total()
         self.round_traffic = {"round": r, "sent": after.sent - before.sent, "received": after.received - before.received}
 
-        # The coordinator states the authoritative hash of θ_{r+1}; compare instead of drifting.
-        info = result.info or self.client.run_info()
+        # The coordinator signs the authoritative hash of θ_{r+1}; compare instead of drifting.
         # Behind (the swarm closed later rounds without us, e.g. while the coordinator restarted):
         # not in sync either; the checkpoint brings us to the current round (also at the run's end).
-        in_sync = info.round == r + 1 and info.param_hash == self._hash
+        state = self.coordinator_state(r + 1) or self.coordinator_state()
+        in_sync = state is not None and state.round == r + 1 and state.param_hash == self._hash
         record = {
             "round": r, "updates": result.updates, "excluded": result.excluded, "train_loss": stats.mean_loss,
             "bytes_sent": self.round_traffic["sent"], "bytes_received": self.round_traffic["received"],
@@ -414,7 +494,7 @@ class PeerNode:
         if not in_sync:
             self.resync(f"parameter hash differs from the coordinator's after round {r}")
         self._save_local_state()
-        if info.finished:
+        if state is not None and state.finished:
             self.finished = True
 
     def commit(self, update: Update, r: int, *, resync: bool = True) -> bool:

@@ -10,6 +10,7 @@ class PeerOptions:
     coordinator: str | None = None  # HOST:PORT of the coordinator's gRPC port
     initial_peers: list[str] = field(default_factory=list)  # DHT multiaddrs
     run_id: str | None = None
+    coordinator_key: str | None = None  # fingerprint of the run's coordinator key to pin (checked by protocol.run_state)
     identity_path: str | None = None
     data: str | None = None
     client_mode: bool = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -18,6 +18,7 @@ from peer.node.errors import PeerExit
 from peer.run import checkpoint, state_sync
 from peer.run.progress import format_bytes
 from protocol.envelope import EnvelopeError
+from protocol.run_state import CoordinatorKeys
 from protocol.state_manifest import open_state_manifest
 
 log = logging.getLogger("swarmloco.peer")
@@ -38,7 +39,8 @@ class StateSource:
     workers: Any  # ThreadPoolExecutor for the parallel part downloads
     config_hash: str
     run_id: str
-    coordinator_key: bytes
+    keys: CoordinatorKeys  # the run's coordinator keys: the state manifest must be signed by one
+    signed_hash: Callable[[int], str | None]  # the hash of θ_round the coordinator signed (None: not kept)
     own_endpoint: str
     max_part_bytes: int
 
@@ -51,7 +53,7 @@ class StateSource:
         if not info.HasField("state_manifest"):
             return None
         try:
-            manifest = open_state_manifest(info.state_manifest, coordinator_key=self.coordinator_key, run_id=self.run_id,
+            manifest = open_state_manifest(info.state_manifest, keys=self.keys, run_id=self.run_id,
                                            max_bytes=self.max_part_bytes)
             if manifest.config_hash != self.config_hash:
                 raise PeerExit("the swarm's state is for another run config; restart the peer to pick up the new config")
@@ -73,4 +75,9 @@ class StateSource:
             raise PeerExit("the coordinator's checkpoint is for another run config; restart the peer to pick up the new config")
         if param_hash(ckpt.params) != ckpt.param_hash:
             raise PeerExit("downloaded checkpoint does not match its declared parameter hash; retry later")
+        # Accepted only against the hash a run key signed for that round, never on self-consistency alone.
+        signed = self.signed_hash(ckpt.round)
+        if signed != ckpt.param_hash:
+            raise PeerExit(f"the checkpoint of round {ckpt.round} does not match the hash the run's coordinator signed "
+                           f"({(signed or 'none kept')[:16]} vs {ckpt.param_hash[:16]}); restart the peer to try again")
         return SwarmState(ckpt.round, ckpt.params, ckpt.outer_state, f"coordinator checkpoint, {format_bytes(len(data))}")

@@ -36,6 +36,8 @@ class Exchange:
     aggregate_s: float = 0.0
     resync: str = ""
     finished: bool = False
+    unreachable: str = ""  # no coordinator of the run answered: the peer gives up with this message
+    fatal: str = ""  # the peer must stop (e.g. the coordinator signs with a key that is not the run's)
     info: Any = None  # the coordinator's word on θ_{r+1} (round, param_hash, finished), read after aggregating
     slices: dict[str, int] = field(default_factory=dict)  # sliced exchange: owned, recomputed, spot-checked, liars
 

@@ -57,7 +57,9 @@ def sliced_exchange(
     verify_header: Callable[[Any, int | None], Any],
     stop: threading.Event,
     wait_s: float,
+    moved: Callable[[], bool] = lambda: False,
 ) -> Exchange:
+    """`moved()`: the run's coordinator changed (failover); the caller restarts the round there."""
     t_fetch = time.monotonic()
     try:
         rnd = exchange.open_round(manifest, signed_manifest, r, verify_header)
@@ -73,7 +75,9 @@ def sliced_exchange(
     reduce_s = time.monotonic() - t_fetch
 
     t_wait = time.monotonic()
-    reply = _poll(client, r, stop, until_applied=False)
+    reply = _poll(client, r, stop, moved, until_applied=False)
+    if moved():
+        return Exchange(resync="coordinator changed")
     if reply is None or not reply.ready:
         if reply is not None and reply.finished and reply.current_round <= r:
             return Exchange(finished=True, wait_s=wait_s)
@@ -97,7 +101,9 @@ def sliced_exchange(
     math.step_with_aggregate(new_params, outcome.combined)
     aggregate_s = time.monotonic() - t_agg
 
-    applied = _poll(client, r, stop, until_applied=True)
+    applied = _poll(client, r, stop, moved, until_applied=True)
+    if moved():
+        return Exchange(resync="coordinator changed")
     info = None
     if applied is not None and applied.applied:
         info = AppliedRound(round=r + 1, param_hash=applied.param_hash, finished=applied.finished)
@@ -111,10 +117,10 @@ def sliced_exchange(
     )
 
 
-def _poll(client: CoordinatorClient, r: int, stop: threading.Event, *, until_applied: bool):
+def _poll(client: CoordinatorClient, r: int, stop: threading.Event, moved: Callable[[], bool], *, until_applied: bool):
     reply = None
     deadline = time.monotonic() + 600.0  # a round's results come within the result timeout; this only bounds a lost coordinator
-    while not stop.is_set() and time.monotonic() < deadline:
+    while not stop.is_set() and time.monotonic() < deadline and not moved():
         reply = client.slice_results(r, wait_s=RESULTS_POLL_S, until_applied=until_applied)
         done = reply.applied if until_applied else reply.ready
         forgotten = not reply.ready and reply.current_round > r  # the coordinator moved on without this round

@@ -289,8 +289,8 @@ class ControlConfig:
 
     def __post_init__(self) -> None:
         for fingerprint in self.coordinators:
-            _require(len(fingerprint) == 64 and all(c in "0123456789abcdef" for c in fingerprint),
-                     f"control.coordinators entry {fingerprint!r} is not a fingerprint (the 64 hex characters a coordinator prints)")
+            _require(len(fingerprint) == 32 and all(c in "0123456789abcdef" for c in fingerprint),
+                     f"control.coordinators entry {fingerprint!r} is not a fingerprint (the 32 hex characters a coordinator prints)")
         _require(1.0 <= self.lease_s <= 600.0, f"control.lease_s={self.lease_s}: use 1 to 600 seconds")
         _require(self.end_grace_s >= 0, f"control.end_grace_s={self.end_grace_s}: use a non-negative number")
 

@@ -1,0 +1,88 @@
+"""Which coordinator a peer believes: pinned keys, the signed run config, and the active one after a failover.
+
+Order of trust at start-up (docs/threat-model.md):
+  1. the key the peer pins: `--coordinator-key`, else the DHT-signed run record it found the run by,
+     else nothing (trust on first use, said loudly with the fingerprint to pin next time);
+  2. the run state that endpoint serves must be signed by that key, and the run config it serves
+     must be the one that signed state names (config hash);
+  3. from then on the run's own list of coordinator keys (`[control] coordinators`, inside that
+     config) is all the peer accepts manifests, states and checkpoints from.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterable
+
+import grpc
+
+from peer.node.errors import PeerExit
+from peer.run.config import ConfigError, RunConfig
+from protocol.accounting import ByteCounter
+from protocol.channels import create_channel
+from protocol.envelope import EnvelopeError
+from protocol.run_state import CoordinatorKeys, ImpersonationError, RunState, newer, open_run_state
+from protocol.wire import swarm_pb2, swarm_pb2_grpc
+
+log = logging.getLogger("swarmloco.peer")
+PROBE_DEADLINE = timedelta(seconds=3)
+
+
+@dataclass(frozen=True, slots=True)
+class TrustedRun:
+    cfg: RunConfig
+    keys: CoordinatorKeys  # the run's coordinator keys: all a peer accepts signatures from
+    state: RunState  # the signed state the peer started from
+
+
+def trust_run(info: swarm_pb2.RunInfo, *, pinned: str | None, pinned_by: str, endpoint: str, run_id: str | None) -> TrustedRun:
+    """Check what a coordinator endpoint serves against the pinned key; PeerExit says what is wrong."""
+    if not info.HasField("run_state"):
+        raise PeerExit(f"the coordinator at {endpoint} serves no signed run state (an older swarmloco?): upgrade it, or check the address")
+    try:
+        state = open_run_state(info.run_state, keys=CoordinatorKeys.of([pinned]) if pinned else None, run_id=run_id)
+    except ImpersonationError as exc:
+        raise PeerExit(
+            f"the coordinator at {endpoint} is not the run's coordinator: {exc}. The key was pinned from {pinned_by}; "
+            "check the address (DNS, proxy, a stale --coordinator) or the fingerprint") from None
+    except EnvelopeError as exc:
+        raise PeerExit(f"the coordinator at {endpoint} serves a run state that does not verify: {exc}") from None
+    if pinned is None:
+        print(f"WARNING: trusting coordinator key {state.signer} on first use (no --coordinator-key, no DHT record). "
+              f"Pin it next time: --coordinator-key {state.signer}", flush=True)
+    try:
+        cfg = RunConfig.from_json(info.config_json)
+    except (ConfigError, ValueError) as exc:
+        raise PeerExit(f"the coordinator at {endpoint} serves a run config this peer cannot use: {exc}") from None
+    if cfg.config_hash() != state.config_hash:
+        raise PeerExit(f"the coordinator at {endpoint} serves a run config that its signed state does not cover: refusing it")
+    keys = CoordinatorKeys.of(cfg.control.coordinators)
+    if not keys.matches(state.signer):
+        raise PeerExit(f"the coordinator at {endpoint} signs with key {state.signer[:16]}…, which its own run config does not list")
+    return TrustedRun(cfg=cfg, keys=keys, state=state)
+
+
+def probe(endpoint: str, keys: CoordinatorKeys, run_id: str, counter: ByteCounter) -> RunState | None:
+    """The signed state a candidate coordinator serves, if it answers and is one of the run's keys."""
+    channel = create_channel(endpoint, counter)
+    try:
+        info = swarm_pb2_grpc.CoordinatorStub(channel).GetRunInfo(swarm_pb2.RunInfoRequest(), timeout=PROBE_DEADLINE.total_seconds())
+        return open_run_state(info.run_state, keys=keys, run_id=run_id) if info.HasField("run_state") else None
+    except (grpc.RpcError, EnvelopeError) as exc:
+        log.debug("coordinator candidate %s: %s", endpoint, exc)
+        return None
+    finally:
+        channel.close()
+
+
+def find_active(candidates: Iterable[str], keys: CoordinatorKeys, run_id: str, counter: ByteCounter) -> tuple[str, RunState] | None:
+    """Among candidate endpoints, the active coordinator by the one rule every peer follows
+    (protocol.run_state.newer: highest term, then lowest key)."""
+    best: tuple[str, RunState] | None = None
+    for endpoint in dict.fromkeys(candidates):
+        state = probe(endpoint, keys, run_id, counter)
+        if state is not None and state.role == "active" and (best is None or newer(state, best[1])):
+            best = (endpoint, state)
+    return best

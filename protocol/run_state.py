@@ -1,0 +1,133 @@
+"""The coordinator's signed word on the run, and the keys a peer accepts it from.
+
+A run's identity is its coordinator keys (`[control] coordinators` in the run config). A peer pins
+the key it first trusts (the DHT-signed run record, or `--coordinator-key`), checks that the run
+config it is served is the one that key signed (config hash inside the signed state), and from then
+on accepts manifests, states and checkpoints signed by the run's listed keys only, whatever an
+endpoint says.
+
+The signed state is the coordinator's claim "round r is open on parameters with this hash": it is
+what a peer compares its own θ_{r+1} with after each round, what a downloaded checkpoint must match,
+and, with its term and role, how peers tell the active coordinator from a standby after a failover.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Iterable, Literal
+
+from protocol.envelope import EnvelopeError, open_envelope
+from protocol.identity import Identity, peer_id_of
+from protocol.signing import sign_body
+from protocol.wire import swarm_pb2
+
+RUN_STATE_TAG = "swarmloco/run-state/v1"
+Role = Literal["active", "standby"]
+MIN_FINGERPRINT = 16  # hex characters of a fingerprint a user may type (64 bits: no second preimage)
+
+
+class ImpersonationError(EnvelopeError):
+    """Signed by a key that is not the run's: refuse, whatever the endpoint says."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("not-coordinator", message)
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorKeys:
+    """Fingerprints (peer ids: sha256 of the Ed25519 public key, hex) a peer accepts signatures from."""
+
+    fingerprints: frozenset[str]
+
+    @classmethod
+    def of(cls, fingerprints: Iterable[str]) -> "CoordinatorKeys":
+        return cls(frozenset(f.lower() for f in fingerprints))
+
+    @classmethod
+    def of_key(cls, public_key: bytes) -> "CoordinatorKeys":
+        return cls.of([peer_id_of(public_key)])
+
+    def allows(self, public_key: bytes) -> bool:
+        return self.matches(peer_id_of(bytes(public_key)))
+
+    def matches(self, peer_id: str) -> bool:
+        """Full fingerprints match exactly; a typed prefix (>= 16 hex) matches the key it starts."""
+        return any(peer_id == f or (len(f) < 32 and peer_id.startswith(f)) for f in self.fingerprints)
+
+    def check(self, signed: swarm_pb2.Signed, what: str) -> str:
+        """The signer's peer id, or ImpersonationError."""
+        signer = peer_id_of(bytes(signed.public_key))
+        if not self.matches(signer):
+            raise ImpersonationError(
+                f"{what} is signed by key {signer[:16]}…, which is not one of this run's coordinator keys "
+                f"({', '.join(sorted(f[:16] + '…' for f in self.fingerprints))}): refusing it"
+            )
+        return signer
+
+
+def check_fingerprint(text: str) -> str:
+    """A `--coordinator-key` value: hex, at least 16 characters (the coordinator prints all 32)."""
+    value = text.strip().lower()
+    if not MIN_FINGERPRINT <= len(value) <= 32 or any(c not in "0123456789abcdef" for c in value):
+        raise ValueError(f"--coordinator-key {text!r}: use the fingerprint the coordinator prints (32 hex characters; at least 16)")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    run_id: str
+    config_hash: str
+    term: int  # bumped by every takeover; the highest live term is the active coordinator
+    role: Role
+    round: int  # the round open on these parameters
+    param_hash: str  # sha256 of θ_round
+    finished: bool  # the run has done all its rounds: param_hash is the final one
+    active_endpoint: str  # HOST:PORT of the active coordinator as the signer knows it ("" unknown)
+    timestamp: float
+    signer: str = ""  # filled when opened: the signer's peer id
+
+    @property
+    def fingerprint(self) -> str:
+        return self.signer
+
+
+def sign_run_state(identity: Identity, state: RunState) -> swarm_pb2.Signed:
+    body = asdict(state)
+    body.pop("signer")
+    return sign_body(identity, RUN_STATE_TAG, body)
+
+
+def open_run_state(signed: swarm_pb2.Signed, *, keys: CoordinatorKeys | None, run_id: str | None) -> RunState:
+    """Verify a signed run state. keys None: trust on first use (the caller says so, loudly)."""
+    if keys is not None:
+        keys.check(signed, "the run state")
+    fields, signer = open_envelope(signed, RUN_STATE_TAG, "run state")
+    try:
+        state = RunState(
+            run_id=str(fields["run_id"]), config_hash=str(fields["config_hash"]), term=int(fields["term"]),
+            role=str(fields["role"]), round=int(fields["round"]), param_hash=str(fields["param_hash"]),  # type: ignore[arg-type]
+            finished=bool(fields["finished"]), active_endpoint=str(fields["active_endpoint"]),
+            timestamp=float(fields["timestamp"]), signer=signer,
+        )
+    except (KeyError, TypeError, ValueError):
+        raise EnvelopeError("malformed", "run state lacks required fields") from None
+    if state.role not in ("active", "standby"):
+        raise EnvelopeError("malformed", f"run state role {state.role!r}")
+    if run_id is not None and state.run_id != run_id:
+        raise EnvelopeError("wrong-run", f"run state is for run {state.run_id!r}, not {run_id!r}")
+    return state
+
+
+def newer(a: RunState, b: RunState) -> bool:
+    """The one rule every peer follows between two active coordinators: the higher term wins; in
+    one term (two actives: evidence of a race), the lower fingerprint."""
+    return (a.term, _neg(a.signer)) > (b.term, _neg(b.signer))
+
+
+def _neg(fingerprint: str) -> tuple[int, ...]:
+    return tuple(-ord(c) for c in fingerprint)
+
+
+def now() -> float:
+    return time.time()
