@@ -142,3 +142,38 @@ def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path):
     assert result.returncode == 0, result.stderr
     for name in ("loss_vs_round.png", "loss_vs_bytes.png", "peer_bytes.png", "utilization.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / name).stat().st_size > 5000
+
+
+def _status(coordinator_id: str, history: list, peers: list) -> dict:
+    return {"run_id": "r", "coordinator_id": coordinator_id, "endpoint": "h:1", "round": len(history), "codec": "fp16", "aggregator": "median",
+            "outer": "nesterov", "initial_val_loss": 5.0, "finished": False, "history": history, "peers": peers,
+            "coordinator_traffic": {"bytes_sent": 100 * len(history), "bytes_received": 0}}
+
+
+def test_run_log_names_takeovers_bans_and_rounds(tmp_path):
+    """The watcher's diffing on its own: a second coordinator with a higher term writing the same
+    log is a takeover; a new ban is logged once with its evidence; a closed round once."""
+    from peer.coordinator.metrics import close_reason_label
+    from peer.coordinator.run_log import RunWatcher
+
+    log = tmp_path / "run.jsonl"
+    first = RunWatcher(lambda: _status("a" * 32, [], []), log)
+    first.poll()
+    first.close()
+    peer = {"peer_id": "p" * 32, "endpoint": "h:2", "client_mode": False, "state": "committed", "banned_reason": "", "evidence": [],
+            "seconds_since_seen": 0.1, "bytes_sent": 10, "bytes_received": 20, "utilization": 0.5, "loss": 3.0, "last_round_bytes": {}}
+    round0 = {"round": 0, "val_loss": 4.0, "updates": 1, "excluded": {}, "seconds": 1.0, "close_reason": "deadline 30s passed; missing 1 peer(s)",
+              "param_hash": "x"}
+    current = {"view": _status("b" * 32, [], [peer])}
+    second = RunWatcher(lambda: current["view"], log, term=lambda: 1)
+    second.poll()
+    current["view"] = _status("b" * 32, [round0], [{**peer, "state": "banned", "banned_reason": "equivocation in round 0",
+                                                     "evidence": [{"kind": "equivocation", "round": 0}]}])
+    second.poll()
+    second.poll()  # nothing new: nothing logged
+    second.close()
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [e["event"] for e in events] == ["start", "takeover", "join", "ban", "round"]
+    assert events[1]["previous_coordinator_id"] == "a" * 32 and events[1]["term"] == 1
+    assert events[3]["evidence"] == [{"kind": "equivocation", "round": 0}]
+    assert events[4]["coordinator_bytes_sent"] == 100 and close_reason_label(events[4]["close_reason"]) == "deadline"

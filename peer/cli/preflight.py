@@ -106,8 +106,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "recommendation": recommend(link, swarm, step["step_s"])}
 
 
+def mbit(bytes_per_s: float) -> float:
+    return 8 * bytes_per_s / 1e6
+
+
 def report(r: dict[str, Any]) -> str:
-    rec, mbit = r["recommendation"], lambda bps: 8 * bps / 1e6  # noqa: E731
+    rec = r["recommendation"]
     dial = r["dial_back"]
     lines = [
         f"preflight against {r['coordinator']} (run {r['run_id']}, round {r['round']}, {r['numel']:,} params, {r['peers_live']} live peers)",

@@ -40,7 +40,7 @@ class Operations:
         from peer.coordinator.run_log import RunWatcher
 
         self.stop = threading.Event()
-        self.watcher = RunWatcher(coordinator.status, options.run_log)
+        self.watcher = RunWatcher(coordinator.status, options.run_log, term=lambda: int(getattr(coordinator, "term", 0)))
         self.watcher.poll()  # the start line, before anything can close a round
         self.closers: list[Any] = [self.watcher]
         self.thread = threading.Thread(target=self._watch, name="swarmloco-run-log", daemon=True)

@@ -1,6 +1,7 @@
 """The run log: one JSON line per event the coordinator sees, for plots and post-mortems.
 
-Events: `start` (or `takeover` when the log's previous writer was another coordinator),
+Events: `start` (or `takeover`: this coordinator's term is higher than the log's last writer's,
+or another coordinator wrote the log last),
 `join`, `gone`, `ban` (with the evidence), `round` (loss, bytes, exclusions, close reason),
 `peer_round` (a peer's own bytes and utilization for a round, from its heartbeat), `finished`.
 The watcher derives them by comparing the coordinator's status view with the one it saw last,
@@ -20,8 +21,8 @@ from typing import Any, Callable
 MAX_SERIES = 5000  # rounds kept in memory for the dashboard
 
 
-def last_writer(path: Path) -> str | None:
-    """The coordinator id of the last start/takeover line in an existing log."""
+def last_writer(path: Path) -> dict[str, Any] | None:
+    """The last start/takeover line of an existing log."""
     if not path.exists():
         return None
     writer = None
@@ -32,15 +33,17 @@ def last_writer(path: Path) -> str | None:
             except ValueError:
                 continue  # a line cut short by a crash
             if event.get("event") in ("start", "takeover"):
-                writer = event.get("coordinator_id")
+                writer = event
     return writer
 
 
 class RunWatcher:
     """Diffs successive status views into events; appends them to `path` when given."""
 
-    def __init__(self, status: Callable[[], dict[str, Any]], path: str | Path | None = None) -> None:
+    def __init__(self, status: Callable[[], dict[str, Any]], path: str | Path | None = None,
+                 term: Callable[[], int] = lambda: 0) -> None:
         self.status = status
+        self.term = term  # the coordinator's term: bumped by every takeover
         self.path = Path(path) if path else None
         self.lock = threading.Lock()
         self.series: list[dict[str, Any]] = []  # one entry per closed round, for the dashboard
@@ -75,10 +78,14 @@ class RunWatcher:
             previous = last_writer(self.path)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a")
-        kind = "takeover" if previous not in (None, s["coordinator_id"]) else "start"
-        self._emit(kind, run_id=s["run_id"], coordinator_id=s["coordinator_id"], endpoint=s["endpoint"], round=s["round"],
-                   previous_coordinator_id=previous, codec=s["codec"], aggregator=s["aggregator"], outer=s["outer"],
-                   initial_val_loss=s["initial_val_loss"])
+        term = self.term()
+        if previous is None:
+            took_over = term > 0
+        else:
+            took_over = previous.get("coordinator_id") != s["coordinator_id"] or term > int(previous.get("term") or 0)
+        self._emit("takeover" if took_over else "start", run_id=s["run_id"], coordinator_id=s["coordinator_id"], endpoint=s["endpoint"],
+                   round=s["round"], term=term, previous_coordinator_id=(previous or {}).get("coordinator_id"), codec=s["codec"],
+                   aggregator=s["aggregator"], outer=s["outer"], initial_val_loss=s["initial_val_loss"])
         # A resumed run's earlier rounds are in the log already (or were never ours): start from now.
         self._rounds_seen = len(s["history"])
         traffic = s["coordinator_traffic"]
