@@ -42,3 +42,12 @@ def start_point(outer: OuterOptimizer, params: torch.Tensor, average_estimate: t
     point = params.clone()
     trial.step(point, average_estimate)
     return point
+
+
+def next_start(outer: OuterOptimizer, params: torch.Tensor, own: torch.Tensor, *, eager: bool,
+               last_average: torch.Tensor | None, own_previous: torch.Tensor | None, peers: int) -> torch.Tensor:
+    """Where an overlapped peer's next inner phase starts, given θ_r (params) and its own Δ_r (d,):
+    the eager start point, or (eager off) its own local parameters θ_r − Δ_r."""
+    if not eager:
+        return params - own
+    return start_point(outer, params, estimate(own, last_average=last_average, own_previous=own_previous, peers=peers))

@@ -216,8 +216,12 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
                 load_flat_params(peer.model, start)
                 losses.append(peer.trainer.run(cfg.inner.steps).mean_loss)
                 deltas.append(start - flat_params(peer.model))  # pseudo-gradient Δ_i = −progress, (d,)
-            if cfg.rounds.overlap_communication:  # the next phase starts before θ_{r+1} is known
-                overlapped_anchors(peers, deltas, params, receiver, eager=cfg.rounds.eager_updates)
+            if cfg.rounds.overlap_communication:  # the next phase starts before θ_{r+1} is known, as in overlap.py
+                for peer, delta in zip(peers, deltas):
+                    peer.anchor = eager_math.next_start(
+                        receiver.outer, params, delta, eager=cfg.rounds.eager_updates,
+                        last_average=receiver.last_aggregate, own_previous=peer.own_previous, peers=len(peers))
+                    peer.own_previous = delta
             sent = _craft_attacks(opts, attack, peers, deltas, r, cfg.seed)
 
             payloads: list[bytes | None] = []
@@ -266,20 +270,6 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
     curve.final_params_sha256 = hashlib.sha256(params.numpy().tobytes()).hexdigest()
     curve.lies = None if exchange is None else exchange.lies.to_dict()
     return curve
-
-
-def overlapped_anchors(peers: list[VirtualPeer], deltas: list[torch.Tensor], params: torch.Tensor,
-                       receiver: RoundMath, *, eager: bool) -> None:
-    """Each peer's next starting point, chosen as peer/node/overlap.py does while round r is in
-    flight: its own local model θ_r − Δ_i (delayed), or the eager outer step (optim/eager.py)."""
-    for peer, delta in zip(peers, deltas):
-        if eager:
-            guess = eager_math.estimate(delta, last_average=receiver.last_aggregate, own_previous=peer.own_previous,
-                                   peers=len(peers))
-            peer.anchor = eager_math.start_point(receiver.outer, params, guess)
-        else:
-            peer.anchor = params - delta
-        peer.own_previous = delta
 
 
 def _craft_attacks(

@@ -70,9 +70,10 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
                 eager.forget()
                 continue
             # Before the exchange runs: it steps node.math's outer state in the background.
-            anchor = eager.start(node, -progress) if r + 1 < node.cfg.rounds.rounds else local
-            if anchor is not local:
-                load_flat_params(node.model, anchor.to(node.options.device))
+            start = eager.start(node, -progress) if r + 1 < node.cfg.rounds.rounds else None
+            if start is not None:
+                load_flat_params(node.model, start.to(node.options.device))
+            anchor = local if start is None else start
             future = background.submit(node.exchange, r, node.params.clone(), update)
             pending = (future, r, update, stats, compute, started, before)
             if r + 1 >= node.cfg.rounds.rounds:
@@ -100,12 +101,13 @@ class EagerStart:
         """After a resync the last Δ no longer belongs to the average that will be known."""
         self.own_previous, self.peers = None, 0
 
-    def start(self, node: "PeerNode", own: torch.Tensor) -> torch.Tensor:
-        """The next phase's starting point, given this round's own Δ (d,): the eager outer step
-        from θ_r (node.params), or the peer's own local parameters θ_r − Δ when disabled."""
+    def start(self, node: "PeerNode", own: torch.Tensor) -> torch.Tensor | None:
+        """The next phase's starting point given this round's own Δ (d,): the eager outer step from
+        θ_r (node.params); None when disabled (the phase goes on from the local parameters)."""
         if not self.enabled:
-            return node.params - own
+            return None
         last = node.math.last_aggregate if self.peers else None
-        guess = eager_math.estimate(own, last_average=last, own_previous=self.own_previous, peers=self.peers)
+        start = eager_math.next_start(node.math.outer, node.params, own, eager=True, last_average=last,
+                                      own_previous=self.own_previous, peers=self.peers)
         self.own_previous = own
-        return eager_math.start_point(node.math.outer, node.params, guess)
+        return start
