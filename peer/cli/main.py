@@ -1,4 +1,4 @@
-"""`swarmloco`: coordinator, peer, demo, simulate, status, preflight.
+"""`swarmloco`: coordinator, peer, demo, simulate, status, preflight, runs.
 
 Network flags follow hivemind/Petals habits (--initial-peers, --host-maddrs, --announce-maddrs,
 --identity-path, --client-mode). Run-config overrides (--rounds, --codec, ...) come from one table
@@ -168,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("--json", metavar="PATH", help="also write the measurements and the recommendation here")
     pf.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the DHT / coordinator")
 
+    # runs
+    ru = sub.add_parser("runs", help="list the runs a DHT announces (run id, model, codec, round, peers, coordinator)")
+    ru.add_argument("--initial-peers", nargs="+", required=True, metavar="MULTIADDR", help="DHT multiaddr(s) of any node of the swarm")
+    ru.add_argument("--json", action="store_true", help="print the raw JSON")
+    ru.add_argument("--wait", type=float, default=5.0, help="seconds to wait for run records to show up")
+    ru.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the DHT / each coordinator")
+
     return parser
 
 
@@ -295,6 +302,12 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     return preflight.main(args)
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    from peer.cli import runs
+
+    return runs.main(args)
+
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
@@ -310,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "simulate": cmd_simulate,
         "status": cmd_status,
         "preflight": cmd_preflight,
+        "runs": cmd_runs,
         **MODEL_HANDLERS,
     }
     try:
