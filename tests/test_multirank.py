@@ -23,9 +23,11 @@ RANKED = {"inner": {"steps": 6, "warmup_steps": 2}, "data": {"batch_size": 4}}
 def test_two_ranks_send_the_pseudo_gradient_of_one_process(tmp_path):
     cfg = tiny_run_config(**RANKED)
     (tmp_path / "run.json").write_text(cfg.to_json())
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(ROOT / "tests" / "multirank_worker.py"),
-                    str(tmp_path / "run.json"), str(tmp_path / "ranked.pt")], check=True, timeout=240, cwd=ROOT,
-                   env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, capture_output=True)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(ROOT / "tests" / "multirank_worker.py"), str(tmp_path / "run.json"), str(tmp_path / "ranked.pt")],
+                          timeout=240, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     torch.set_num_threads(1)
     model = build_model(cfg.model, cfg.seed)
     theta = flat_params(model)

@@ -95,8 +95,7 @@ def distributed_trainer(model: torch.nn.Module, cfg: RunConfig, sampler, device:
     """An InnerTrainer whose steps run through DDP on this rank's share of each batch."""
     from torch.nn.parallel import DistributedDataParallel
 
-    ddp = DistributedDataParallel(model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None,
-                                  broadcast_buffers=False)
+    ddp = DistributedDataParallel(model, device_ids=[torch.device(device).index] if device.startswith("cuda") else None)
     sliced = RankSlice(sampler, dist.get_rank(), dist.get_world_size(), cfg.data.batch_size)
     return InnerTrainer(model, cfg.inner, sliced, train_model=ddp)
 
