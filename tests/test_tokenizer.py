@@ -75,3 +75,27 @@ def test_peer_with_another_tokenizer_is_refused_and_the_same_one_trains(swarm, t
     assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
     history = json.loads((swarm.workdir / "peer.json").read_text())["history"]
     assert len(history) == 1 and all(h["in_sync"] for h in history)
+
+
+def test_coordinator_refuses_a_join_that_names_another_tokenizer(tmp_path):
+    """The peer checks its own tokenizer before it joins; the coordinator checks what the join says
+    too, so a peer built without that check (or another client) is refused at join with the reason."""
+    import time as _time
+
+    from protocol.envelope import JOIN_TAG
+    from protocol.identity import Identity
+    from protocol.signing import sign_body
+    from protocol.wire import swarm_pb2
+
+    from tests.test_coordinator_unit import serve_coordinator
+
+    cfg = with_tokenizer_hash(bpe_config(text_folder(tmp_path / "a", 0)))
+    with serve_coordinator(cfg) as served:
+        def join(tokenizer_sha256: str):
+            body = {"run_id": cfg.run_id, "endpoint": "127.0.0.1:9", "client_mode": False, "version": "t",
+                    "timestamp": _time.time(), "tokenizer_sha256": tokenizer_sha256}
+            return served.stub.Join(sign_body(Identity.generate(), JOIN_TAG, body), timeout=10)
+
+        refused = join("0" * 64)
+        assert not refused.accepted and refused.refusal == swarm_pb2.WRONG_RUN and "tokenizer_path" in refused.reason
+        assert join(cfg.data.tokenizer_sha256).accepted

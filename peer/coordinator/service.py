@@ -118,6 +118,14 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
             return swarm_pb2.JoinReply(
                 accepted=False, refusal=swarm_pb2.CLOCK_SKEW, reason="join timestamp is too old or in the future: check the clock"
             )
+        expected = c.cfg.data.tokenizer_sha256 if c.cfg.data.tokenizer == "bpe" else ""
+        if expected and fields.get("tokenizer_sha256") != expected:
+            c.registry.reject("wrong-tokenizer")
+            said = fields.get("tokenizer_sha256")
+            return swarm_pb2.JoinReply(
+                accepted=False, refusal=swarm_pb2.WRONG_RUN,
+                reason=f"this peer tokenizes with BPE {str(said)[:16] or 'none'}..., the run with {expected[:16]}...: get the run's "
+                       "tokenizer.json from the run owner and pass it as data.tokenizer_path (its tokens would not match the swarm's)")
         if c.cfg.allowed_peers and request.public_key.hex() not in {k.lower() for k in c.cfg.allowed_peers}:
             c.registry.reject("not-allowed")
             raise RpcAbort(

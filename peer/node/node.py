@@ -155,6 +155,7 @@ class PeerNode:
         self.math = RoundMath(cfg, self.numel)
         data_cfg = cfg.data if o.data is None else dataclasses.replace(cfg.data, path=o.data)
         corpus = load_corpus(data_cfg, seq_len=cfg.model.seq_len)
+        self.tokenizer_sha256 = corpus.tokenizer.sha256 if corpus.tokenizer is not None else ""  # said at join
         if o.shard is not None:
             shard, num_shards = o.shard, o.num_shards
         else:
@@ -200,6 +201,7 @@ class PeerNode:
             "endpoint": self.endpoint,
             "client_mode": self.options.client_mode,
             "version": VERSION,
+            "tokenizer_sha256": self.tokenizer_sha256,
             "timestamp": time.time(),
         }
         try:
