@@ -22,6 +22,7 @@ from peer.coordinator.service import HEARTBEAT_TAG, JOIN_TAG
 from protocol.wire import swarm_pb2
 from protocol.envelope import UPDATE_TAG, check_payload, open_manifest, signed_from_json
 from protocol.identity import Identity
+from protocol.run_state import CoordinatorKeys
 from protocol.payload_service import push_chunks
 from protocol.ratelimit import CallerLimits
 from protocol.signing import sign_body
@@ -254,7 +255,7 @@ class Fuzzer:
 def assert_manifest_holds_only_verified_updates(c, round_: int, honest: Identity) -> None:
     """Whatever the fuzz did, the signed manifest lists only updates whose signed header verifies
     for this round and whose payload is held, with the right hash; the honest one among them."""
-    manifest = open_manifest(c.manifests[round_], coordinator_key=c.identity.public_key, run_id=c.cfg.run_id, round_=round_)
+    manifest = open_manifest(c.manifests[round_], keys=CoordinatorKeys.of_key(c.identity.public_key), run_id=c.cfg.run_id, round_=round_)
     assert honest.peer_id in [e.peer_id for e in manifest.entries]
     for entry in manifest.entries:
         header = c.verify_header(signed_from_json(entry.header), round_)
