@@ -8,6 +8,7 @@ signed-message helpers are shared with tests/test_fuzz_rpc.py and tests/test_fau
 
 from __future__ import annotations
 
+import dataclasses
 import base64
 import hashlib
 import json
@@ -303,3 +304,15 @@ def test_unknown_peer_is_the_same_typed_refusal_on_every_path(cfg):
             assert client.submit(signed, "").accepted
         finally:
             client.close()
+
+
+def test_status_names_the_coordinator_its_term_and_the_run_keys(cfg):
+    from peer.cli.status import status_table
+
+    key, standby = Identity.generate(), Identity.generate()
+    listed = dataclasses.replace(cfg, control=dataclasses.replace(cfg.control, coordinators=[standby.peer_id]))
+    c = Coordinator(listed, key, term=3)
+    status = c.status()
+    assert status["coordinator"]["term"] == 3 and status["coordinator"]["fingerprint"] == key.peer_id
+    assert sorted(status["coordinator"]["coordinators"]) == sorted([key.peer_id, standby.peer_id])  # its own key is added
+    assert f"coordinator {key.peer_id[:16]} (term 3) | run keys 2" in status_table(status)

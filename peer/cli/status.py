@@ -63,6 +63,11 @@ def status_table(status: dict) -> str:
     state = "finished" if status["finished"] else "running"
     lines = [f"run {status['run_id']} | {state} | round {status['round']}/{status['rounds']} | hash {status['param_hash'][:12]} | "
              f"codec {status['codec']} | outer {status['outer']} | aggregator {status['aggregator']} | deadline {status['deadline_s']}s"]
+    coordinator = status.get("coordinator") or {}
+    if coordinator:
+        standbys = ", ".join(coordinator.get("standby_endpoints") or []) or "none"
+        lines.append(f"coordinator {coordinator['fingerprint'][:16]} (term {coordinator['term']}) | run keys "
+                     f"{len(coordinator.get('coordinators') or [])} | standbys: {standbys}")
     if status["history"]:
         last = status["history"][-1]
         lines.append(f"last round {last['round'] + 1}: {last['updates']} updates, val loss {last['val_loss']:.4f} "
@@ -72,6 +77,8 @@ def status_table(status: dict) -> str:
         in_sync = "yes" if p["param_hash"] == status["param_hash"] else "no"
         util = f"{100 * p['utilization']:.0f}%" if p["utilization"] is not None else "-"
         note = p["banned_reason"] or p["excluded_reason"]
+        if p.get("left_out_without_reason"):  # the peer's word: censorship made visible
+            note = (note + " " if note else "") + f"left out without a reason in round(s) {p['left_out_without_reason']}"
         agg = p.get("aggregation") or {}
         if agg:
             if "distance_to_aggregate" in agg:

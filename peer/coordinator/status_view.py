@@ -31,6 +31,9 @@ def coordinator_status(c: "Coordinator") -> dict[str, Any]:
                 "verified": c.book.verified(),
                 "excluded": dict(c.book.excluded),
             },
+            # The control plane: who coordinates (term bumps on every takeover) and who stands by.
+            "coordinator": {"fingerprint": c.identity.peer_id, "term": c.term, "role": "active",
+                            "coordinators": list(c.cfg.control.coordinators), "standby_endpoints": list(c.standby_endpoints)},
             "codec": c.cfg.compression.codec,
             "outer": c.cfg.outer.name,
             "aggregator": c.cfg.aggregation.name,
