@@ -11,8 +11,14 @@ share and the others' shares are taken from the last average it knows:
     estimate = mean^{r-1} − Δ_own^{r-1} / n + Δ_own^r / n       (n: peers in the average)
 
 and start round r+1 from step(θ_r, estimate) with a copy of the outer state (the real state is
-untouched: θ_{r+1}, what every node hashes, is computed from the real average as before).
-Before any average is known (the first round) the own pseudo-gradient stands in for all of it.
+untouched: θ_{r+1}, what every node hashes, is computed from the real average as before, and the
+phase's progress is moved onto it). Before any average is known the own Δ stands in for all of it.
+
+Two estimates (rounds.eager_estimate): "share" is the paper's mixture above; "own" (the default)
+lets the peer's fresh Δ stand in for the whole average, estimate = Δ_own^r. Because this project
+moves the progress onto the exact θ_{r+1} anyway, the others' stale shares only add error to the
+start point; with Nesterov's momentum "share" diverged in benchmarks/fidelity.md, "own" tracked
+the synchronous run.
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ import torch
 from optim.outer import OuterOptimizer
 
 
-def estimate(own: torch.Tensor, *, last_average: torch.Tensor | None, own_previous: torch.Tensor | None, peers: int) -> torch.Tensor:
+def estimate(own: torch.Tensor, *, last_average: torch.Tensor | None, own_previous: torch.Tensor | None, peers: int,
+             mode: str = "share") -> torch.Tensor:
     """(d,) estimate of this round's average from this peer's own Δ (d,) and what it last saw."""
-    if last_average is None or peers < 1:
+    if mode == "own" or last_average is None or peers < 1:
         return own.clone()
     out = last_average.clone()
     if own_previous is not None:
@@ -44,10 +51,11 @@ def start_point(outer: OuterOptimizer, params: torch.Tensor, average_estimate: t
     return point
 
 
-def next_start(outer: OuterOptimizer, params: torch.Tensor, own: torch.Tensor, *, eager: bool,
+def next_start(outer: OuterOptimizer, params: torch.Tensor, own: torch.Tensor, *, eager: bool, mode: str,
                last_average: torch.Tensor | None, own_previous: torch.Tensor | None, peers: int) -> torch.Tensor:
     """Where an overlapped peer's next inner phase starts, given θ_r (params) and its own Δ_r (d,):
-    the eager start point, or (eager off) its own local parameters θ_r − Δ_r."""
+    the eager start point with estimate `mode`, or (eager off) its own local parameters θ_r − Δ_r."""
     if not eager:
         return params - own
-    return start_point(outer, params, estimate(own, last_average=last_average, own_previous=own_previous, peers=peers))
+    guess = estimate(own, last_average=last_average, own_previous=own_previous, peers=peers, mode=mode)
+    return start_point(outer, params, guess)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -89,8 +90,12 @@ ROWS: list[Row] = [
     # (4) overlapped rounds: the synchronous reference is DiLoCo fp32 (same codec, outer, H, rounds)
     Row("overlap delayed", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": False}),
         note="next phase starts from the local model (before this change)"),
-    Row("overlap eager", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True}),
-        seeds=SEEDS3, note="eager updates (Kale et al. 2025)"),
+    Row("overlap eager", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
+                                          "rounds.eager_estimate": "own"}),
+        seeds=SEEDS3, note="eager start: step(θ_r, own fresh Δ) (the default)"),
+    Row("overlap eager share", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
+                                                "rounds.eager_estimate": "share"}),
+        note="eager start: step(θ_r, own fresh share + others' shares of the last average) (Kale et al.'s mixture)"),
     # (5) DiLoCo vs DDP at >= 20x fewer bytes
     Row("fp16 0.7/0.9", "ddp", _d("fp16"), note="37x fewer bytes than DDP"),
     Row("fp16 0.7/0.8", "ddp", _d("fp16", **{"outer.momentum": 0.8}), seeds=SEEDS3),
@@ -190,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, help="override every row's rounds (smoke tests)")
     p.add_argument("--inner-steps", type=int, help="override every row's H (smoke tests)")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--seeds", help="comma-separated seeds: run only these of each row's seeds (parallel invocations)")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--merge", type=Path, nargs="*", default=[],
                    help="fidelity.json files of runs made in parallel (--out elsewhere) to add to --out's JSON")
@@ -202,7 +208,11 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             p.error(f"unknown rows {unknown}; known: {', '.join(ROW_BY_LABEL)}")
         command = "python scripts/bench_fidelity.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-        run_rows([ROW_BY_LABEL[x] for x in labels], args.out, args.rounds, args.inner_steps, command)
+        only = {int(x) for x in args.seeds.split(",")} if args.seeds else None
+        chosen = [ROW_BY_LABEL[x] for x in labels]
+        if only is not None:
+            chosen = [dataclasses.replace(r, seeds=tuple(s for s in r.seeds if s in only)) for r in chosen]
+        run_rows(chosen, args.out, args.rounds, args.inner_steps, command)
     write_report(args.out, ROWS, FINDINGS)
     return 0
 

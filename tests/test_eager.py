@@ -14,6 +14,8 @@ def test_the_estimate_swaps_this_peers_stale_share_for_its_fresh_one():
     assert eager.estimate(own, last_average=last, own_previous=previous, peers=4).tolist() == [2.0, 1.0]
     assert eager.estimate(own, last_average=None, own_previous=None, peers=0).tolist() == [0.0, 6.0]
     assert eager.estimate(own, last_average=last, own_previous=None, peers=4).tolist() == [3.0, 1.5]
+    # the default estimate: this peer's fresh Δ stands in for the whole average
+    assert eager.estimate(own, last_average=last, own_previous=previous, peers=4, mode="own").tolist() == [0.0, 6.0]
 
 
 def test_the_start_point_is_a_step_on_a_copy_of_the_outer_state():
@@ -26,9 +28,9 @@ def test_the_start_point_is_a_step_on_a_copy_of_the_outer_state():
     assert opt.momentum_buffer.tolist() == [1.0, 1.0, 1.0] and params.tolist() == [1.0, 2.0, 3.0]  # untouched
 
 
-def _overlapped(peers: int, eager_updates: bool, **kw) -> dict:
+def _overlapped(peers: int, eager_updates: bool, estimate: str = "own", **kw) -> dict:
     cfg = tiny_config(exchange={"mode": "all-to-all"}, rounds={"rounds": 3, "overlap_communication": True,
-                                                               "eager_updates": eager_updates})
+                                                               "eager_updates": eager_updates, "eager_estimate": estimate})
     return simulate(peers=peers, codec="fp32", outer="nesterov", aggregator="mean", config=cfg, **kw)
 
 
@@ -37,12 +39,13 @@ def test_with_one_peer_eager_overlap_is_the_synchronous_run_bit_for_bit():
     sync = simulate(peers=1, rounds=3, codec="fp32", outer="nesterov", aggregator="mean",
                     config=tiny_config(exchange={"mode": "all-to-all"}))
     assert _overlapped(1, True)["final_params_sha256"] == sync["final_params_sha256"]
+    assert _overlapped(1, True, "share")["final_params_sha256"] == sync["final_params_sha256"]
     delayed = _overlapped(1, False)  # starts from the local model: not the same trajectory
     assert delayed["final_params_sha256"] != sync["final_params_sha256"]
 
 
 def test_with_several_peers_eager_and_delayed_starts_differ_and_both_learn():
-    runs = [_overlapped(3, flag) for flag in (True, False)]
+    runs = [_overlapped(3, True), _overlapped(3, False)]
     assert runs[0]["final_params_sha256"] != runs[1]["final_params_sha256"]
     for run in runs:
         assert run["final_val_loss"] < run["initial_val_loss"] - 0.05

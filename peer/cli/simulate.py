@@ -219,7 +219,7 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
             if cfg.rounds.overlap_communication:  # the next phase starts before θ_{r+1} is known, as in overlap.py
                 for peer, delta in zip(peers, deltas):
                     peer.anchor = eager_math.next_start(
-                        receiver.outer, params, delta, eager=cfg.rounds.eager_updates,
+                        receiver.outer, params, delta, eager=cfg.rounds.eager_updates, mode=cfg.rounds.eager_estimate,
                         last_average=receiver.last_aggregate, own_previous=peer.own_previous, peers=len(peers))
                     peer.own_previous = delta
             sent = _craft_attacks(opts, attack, peers, deltas, r, cfg.seed)

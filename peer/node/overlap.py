@@ -107,7 +107,8 @@ class EagerStart:
         if not self.enabled:
             return None
         last = node.math.last_aggregate if self.peers else None
-        start = eager_math.next_start(node.math.outer, node.params, own, eager=True, last_average=last,
+        start = eager_math.next_start(node.math.outer, node.params, own, eager=True, mode=node.cfg.rounds.eager_estimate,
+                                      last_average=last,
                                       own_previous=self.own_previous, peers=self.peers)
         self.own_previous = own
         return start

@@ -232,6 +232,10 @@ class RoundConfig:
     # of the average still in flight (the others' shares from the last known average), instead of
     # from the peer's own local model. Only the local starting point changes: θ_{r+1} is the same.
     eager_updates: bool = True
+    # What stands in for the average in flight (optim/eager.py): "own" (this peer's fresh Δ, the
+    # default: tracked synchronous rounds in benchmarks/fidelity.md) or "share" (its fresh share plus
+    # the others' shares of the last average, the paper's mixture; unstable under rebasing there).
+    eager_estimate: str = "own"
 
     def __post_init__(self) -> None:
         _require(self.rounds > 0, f"rounds.rounds={self.rounds}: use at least 1 round")
@@ -242,6 +246,7 @@ class RoundConfig:
         )
         _require(self.deadline_slack >= 1.0, "rounds.deadline_slack must be >= 1")
         _require(self.peer_timeout_s > 0, "rounds.peer_timeout_s must be positive")
+        _require(self.eager_estimate in ("own", "share"), f"rounds.eager_estimate={self.eager_estimate!r}: choose own or share")
 
 
 ExchangeMode = Literal["sliced", "all-to-all"]
