@@ -181,11 +181,46 @@ def goal_lines(summary: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def fill(text: str, summary: list[dict[str, Any]]) -> str:
-    """A finding's {label}, {label:ddp} and {label:final} placeholders filled from the summary."""
+def gap_by_round(runs: list[dict[str, Any]], label: str, ref: str) -> list[tuple[int, float, int]]:
+    """(round, mean paired gap of `label` over `ref` after that round, seeds) for rounds both ran
+    at the same H (DDP logs its val loss every H steps, so its curve lines up with the rounds)."""
+    mine, theirs = _by_seed(runs, label), _by_seed(runs, ref)
+    seeds = [s for s in sorted(set(mine) & set(theirs)) if mine[s]["inner_steps"] == theirs[s]["inner_steps"]]
+    if not seeds:
+        return []
+    rounds = min(min(len(mine[s]["val_loss_per_round"]), len(theirs[s]["val_loss_per_round"])) for s in seeds)
+    out = []
+    for r in range(rounds):
+        gaps = [mine[s]["val_loss_per_round"][r] / theirs[s]["val_loss_per_round"][r] - 1 for s in seeds]
+        out.append((r + 1, sum(gaps) / len(gaps), len(seeds)))
+    return out
+
+
+def _gap_table(runs: list[dict[str, Any]], labels: list[str], ref: str) -> list[str]:
+    series = {label: gap_by_round(runs, label, ref) for label in labels}
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return []
+    rounds = max(len(v) for v in series.values())
+    lines = [f"Gap vs {ref} after each round (paired by seed; seeds per row in brackets):", "",
+             "| row | " + " | ".join(f"r{r}" for r in range(1, rounds + 1)) + " |",
+             "|---|" + "---|" * rounds]
+    for label, values in series.items():
+        cells = [_pct(g) for _, g, _ in values] + ["-"] * (rounds - len(values))
+        lines.append(f"| {label} [{values[0][2]}] | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def fill(text: str, summary: list[dict[str, Any]], runs: list[dict[str, Any]]) -> str:
+    """A finding's placeholders filled from the runs: {label} its paired gap vs DiLoCo fp32,
+    {label:ddp} vs DDP, {label:final} its mean final loss, {label vs other} its paired gap vs other."""
     by_label = {s["label"]: s for s in summary}
 
     def value(key: str) -> str:
+        if " vs " in key:
+            label, other = key.split(" vs ")
+            gap, seeds = paired_gap(runs, label, other)
+            return f"{_pct(gap)} (seeds {', '.join(map(str, seeds))})"
         label, _, what = key.partition(":")
         s = by_label.get(label)
         if s is None:
@@ -232,8 +267,12 @@ def write_report(out: Path, rows: list[Any], findings: list[str] | None = None) 
         part = [s for s in summary if s["group"] == group]
         if part:
             lines += [f"## {title}", "", *_table(part, front), ""]
+            if group == "ddp":
+                lines += _gap_table(runs, [REF, *[s["label"] for s in part]], DDP)
+            if group == "overlap":
+                lines += _gap_table(runs, [s["label"] for s in part], REF)
     lines += ["## Goals", "", *goal_lines(summary), "", "## Findings", "",
-              *[fill(f, summary) for f in (findings or ["(none recorded)"])], ""]
+              *[fill(f, summary, runs) for f in (findings or ["(none recorded)"])], ""]
     if plotted:
         lines += ["![final loss vs bytes per round](fidelity.png)", ""]
     (out / "fidelity.md").write_text("\n".join(lines))
