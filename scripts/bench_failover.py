@@ -229,6 +229,30 @@ def summary(xs: list[float]) -> dict:
     return {"n": len(xs), "p50_ms": 1e3 * pick(0.5), "p99_ms": 1e3 * pick(0.99), "max_ms": 1e3 * xs[-1]}
 
 
+# --- wan: did every peer of a wan_emulation run end on the final hash? -----------------------
+
+FINISHED_RE = re.compile(r"finished: run \S+ ended at round (\d+), final hash (\w+)")
+
+
+def run_wan_check(args) -> dict:
+    """Read a `scripts/wan_emulation.py --workdir DIR` run: each peer's "finished" line against the
+    coordinator's last history hash, and any traceback in any log."""
+    folder = Path(args.workdir)
+    coordinator = json.loads((folder / "coordinator.json").read_text())
+    final = coordinator["history"][-1]["param_hash"] if coordinator["history"] else ""
+    peers = {}
+    for log in sorted(folder.glob("peer*.log")):
+        text = log.read_text(errors="replace")
+        m = FINISHED_RE.search(text)
+        peers[log.stem] = {"finished_round": int(m.group(1)) if m else None, "final_hash": m.group(2) if m else None,
+                           "on_final_hash": bool(m) and m.group(2) == final, "traceback": "Traceback" in text}
+    return {"part": "wan", "label": args.label, "command": args.command, "rounds": coordinator["rounds"],
+            "closed_rounds": len(coordinator["history"]), "coordinator_final_hash": final, "peers": peers,
+            "all_finished_on_final_hash": bool(peers) and all(p["on_final_hash"] for p in peers.values()),
+            "any_traceback": any(p["traceback"] for p in peers.values()) or "Traceback" in (folder / "coordinator.log").read_text(errors="replace"),
+            "load_before": load_average(), "load_after": load_average()}
+
+
 # --- report ---------------------------------------------------------------------------------
 
 
@@ -271,6 +295,17 @@ def render(data: dict) -> str:
                          f"{x['numel']:,} | {x['close_s']:.2f} | {d['n']} | {d.get('p50_ms', float('nan')):.1f} | "
                          f"{d.get('p99_ms', float('nan')):.1f} | {d.get('max_ms', float('nan')):.1f} | {i.get('p50_ms', float('nan')):.1f} | "
                          f"{x['load_before'].split(' / ')[0]} → {x['load_after'].split(' / ')[0]} |")
+    wans = data.get("wan", [])
+    if wans:
+        lines += ["", "## Run end over an emulated WAN", "",
+                  "`scripts/wan_emulation.py` (network namespaces, tbf + delay proxy), read back from its --workdir logs by "
+                  "`bench_failover.py wan-check`.", "",
+                  "| run | rounds closed | peers | every peer \"finished\" on the coordinator's final hash | traceback in any log |",
+                  "|---|---|---|---|---|"]
+        for w in wans:
+            lines.append(f"| `{w['command']}` | {w['closed_rounds']}/{w['rounds']} | {len(w['peers'])} | "
+                         f"{'yes' if w['all_finished_on_final_hash'] else 'NO: ' + str({k: v['final_hash'] for k, v in w['peers'].items()})} | "
+                         f"{'YES' if w['any_traceback'] else 'no'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -282,9 +317,9 @@ def run_report(args) -> None:
             data["takeover"] = part
         elif part["part"] == "lock":
             data["lock"].append(part)
-        else:
-            data.setdefault("extra", []).append(part)
-    data["lock"].sort(key=lambda x: x["label"])
+        elif part["part"] == "wan":
+            data.setdefault("wan", []).append(part)
+    data["lock"].sort(key=lambda x: x["label"] != "before")  # before, then after
     Path(args.json).write_text(json.dumps(data, indent=2))
     write_keeping_notes(args.md, render(data))
 
@@ -301,6 +336,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n-layer", type=int, default=4)
     p.add_argument("--val-batches", type=int, default=4)
     p.add_argument("--json", required=True)
+    p = sub.add_parser("wan-check")
+    p.add_argument("--workdir", required=True, help="a wan_emulation --workdir's codec folder (holds coordinator.json, peer*.log)")
+    p.add_argument("--label", required=True)
+    p.add_argument("--command", required=True, help="the wan_emulation command line that ran, for the table")
+    p.add_argument("--json", required=True)
     p = sub.add_parser("report")
     p.add_argument("--parts", nargs="+", required=True)
     p.add_argument("--json", default="benchmarks/failover.json")
@@ -310,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
         run_report(args)
         return
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    result = run_takeover(args) if args.verb == "takeover" else run_lock(args)
+    result = {"takeover": run_takeover, "lock": run_lock, "wan-check": run_wan_check}[args.verb](args)
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "trials"}, indent=1))
 
