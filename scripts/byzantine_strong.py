@@ -137,7 +137,8 @@ def pick(results: dict[str, dict]) -> tuple[str | None, list[str]]:
         elif max(s2["clean"], s3["clean"]) > 0.01:
             why.append("costs over 1% with no attacker")
         score = None if not (s2["complete"] and s3["complete"]) else max(s2["worst"] / 0.05, s3["worst"] / 0.10)
-        lines.append(f"{rule}: score {'-' if score is None else f'{score:.2f}'}" + (f" ({'; '.join(why)})" if why else ""))
+        shown = "-" if score is None else ("diverged" if not math.isfinite(score) or score > 200 else f"{score:.2f}")
+        lines.append(f"{rule}: score {shown}" + (f" ({'; '.join(why)})" if why else ""))
         if not why and (best is None or score < best[1]):
             best = (rule, score)
     return (best[0] if best else None), lines
@@ -150,11 +151,15 @@ def section(results: dict[str, dict], meta: dict[str, Any]) -> list[str]:
     from peer.run.config import AggregationConfig
 
     p = meta.get("profile", {})
+    ran = [r for r in results.values() if r["status"] == "ok"]
+    earlier = "; earlier: " + "; ".join(meta["invocations"]) if meta.get("invocations") else ""
     md = ["## Strong attacks (issue 15): every attack x every rule at f = 2 and f = 3, outer Nesterov", "",
           f"From `benchmarks/byzantine_strong.json`, written by `{meta.get('command', 'scripts/byzantine_strong.py')}` "
-          f"({meta.get('wall_min', 0):.1f} min of the last invocation; "
-          + "; ".join(meta.get("invocations", [])) + "). "
-          f"Shrunk setting so the ~580 runs fit about 40 CPU-minutes: n = {PEERS} peers, d_model {p.get('d_model')}, "
+          f"({meta.get('wall_min', 0):.1f} min wall for the last invocation, {meta.get('workers')} worker processes x 1 "
+          f"torch thread, nice 15 on the shared 2 cores{earlier}): {len(ran)} runs, "
+          f"{sum(r['status'] == 'refused' for r in results.values())} refused cells, the runs' own wall times summing "
+          f"to {sum(r.get('wall_s', 0) for r in ran) / 60:.0f} min. "
+          f"Training setting shrunk for a budget of about 40 CPU-minutes for the whole grid: n = {PEERS} peers, d_model {p.get('d_model')}, "
           f"{p.get('n_layer')} layer, seq {p.get('seq_len')}, batch {p.get('batch_size')}, H = {p.get('inner_steps')} "
           f"inner AdamW steps, {p.get('rounds')} rounds, outer **{p.get('outer')}** (lr 0.7, momentum 0.9, the run "
           f"default), fp16, all-to-all, seeds {meta.get('seeds')}. Gap: final val loss vs the clean `mean` run (f = 0) "

@@ -170,3 +170,24 @@ def test_simulate_reaches_the_new_attacks_and_dnc_by_name(tmp_path, capsys):
     assert main(["simulate", "--config", str(config), "--num-byzantine", "1", "--attack", "min-max",
                  "--attack-option", "perturbation=up"]) == 2
     assert "perturbation must be one of unit-vector, std, sign" in capsys.readouterr().err
+
+
+def test_strong_grid_resumes_and_reruns_a_run_whose_config_changed(tmp_path):
+    from scripts import byzantine_strong as strong
+    from scripts.byzantine_bench import load
+
+    args = ["--profile", "tiny", "--rules", "median", "--seeds", "0", "--workers", "0", "--out", str(tmp_path)]
+    assert strong.main([*args, "--limit", "2"]) == 0
+    path = tmp_path / "byzantine_strong.json"
+    first = load(path)
+    assert len(first) == 2 and all(r["status"] == "ok" and r["fingerprint"] for r in first.values())
+    todo = [c for c in strong.plan([0], ["median"])
+            if first.get(c.key, {}).get("fingerprint") != strong.fingerprint(c, strong.PROFILES["tiny"])]
+    assert len(todo) == len(strong.plan([0], ["median"])) - 2  # the stored runs are skipped
+    data = json.loads(path.read_text())
+    data["runs"][0]["fingerprint"] = "stale"  # as if its config had changed since
+    path.write_text(json.dumps(data))
+    assert strong.main([*args, "--limit", "1"]) == 0
+    again = load(path)
+    assert again[data["runs"][0]["key"]]["fingerprint"] == first[data["runs"][0]["key"]]["fingerprint"]
+    assert "min-max(perturbation=std)" in strong.LABELS and "agr-tailored(rule=dnc)" in strong.LABELS
