@@ -191,3 +191,16 @@ def test_strong_grid_resumes_and_reruns_a_run_whose_config_changed(tmp_path):
     again = load(path)
     assert again[data["runs"][0]["key"]]["fingerprint"] == first[data["runs"][0]["key"]]["fingerprint"]
     assert "min-max(perturbation=std)" in strong.LABELS and "agr-tailored(rule=dnc)" in strong.LABELS
+
+
+def test_oneshot_script_writes_json_and_the_md_from_it(tmp_path):
+    from scripts import oneshot_attacks
+
+    assert oneshot_attacks.main(["--d", "300", "--seeds", "0", "--rounds", "2", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "oneshot_attacks.json").read_text())
+    shot = data["one_shot"]
+    assert shot["dnc|f3|min-max"] > 0.9 and shot["median|f3|min-max"] < 0.6  # dnc drops the attackers, median follows
+    assert shot["median+bucket2|f3|none"] is None  # refused: 5 buckets < 2f + 1
+    md = (tmp_path / "oneshot_attacks.md").read_text()
+    assert oneshot_attacks.main(["--report-only", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "oneshot_attacks.md").read_text() == md
