@@ -235,6 +235,10 @@ def find_run(dht: DHT, run_id: str | None = None, *, timeout_s: float = 15.0, pi
         active = sorted((r for r in trusted if r.role == "active"), key=lambda r: (-r.term, r.coordinator_id))
         if active:
             return active[0]
+        done = [r for r in trusted if r.role == "finished"]
+        if done:
+            raise DiscoveryError(f"run {done[0].run_id!r} has finished (its coordinator {done[0].coordinator_id[:16]} said so); "
+                                 "`swarmloco runs` lists the runs you can join")
         if records and not trusted:
             raise DiscoveryError(
                 f"run {names[0]!r} is announced by coordinator keys that do not vouch for each other "

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from peer.cli.launcher import Swarm
+from peer.cli.launcher import MADDR_RE, Swarm
 from protocol.identity import Identity
 from tests.conftest import write_run_config
 from tests.test_fault_tolerance import _free_port, _summary, _wait_line
@@ -16,12 +16,14 @@ from tests.test_fault_tolerance import _free_port, _summary, _wait_line
 pytestmark = pytest.mark.integration
 
 
-def test_standby_takes_over_from_a_sigkilled_coordinator(swarm, tmp_path, monkeypatch):
+def test_standby_takes_over_from_a_sigkilled_coordinator_and_the_old_one_comes_back_as_standby(swarm, tmp_path, monkeypatch):
     """The active coordinator SIGKILLs itself right after signing round 2's manifest (a fail point)
-    and never comes back: the standby takes over with term 1, peers move to it without a restart,
-    and every peer ends on its final hash."""
+    and is not restarted while the standby takes over with term 1; peers move to it without a
+    restart and every peer ends on its final hash. The old coordinator then comes back (same key,
+    same flags, through the survivors' DHT addresses) while the run goes on: it must follow as a
+    standby, not split the run, and leave when the run ends."""
     standby_key = Identity.load_or_create(swarm.workdir / "standby.pem")  # made first, so the run can list it
-    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 6, "expected_peers": 4}, control={"lease_s": 2.0})
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 12, "expected_peers": 4}, control={"lease_s": 2.0})
     with monkeypatch.context() as m:
         m.setenv("SWARMLOCO_FAIL_AT", "manifest-signed:2")
         active = swarm.start_coordinator(["--config", str(config), "--coordinators", standby_key.peer_id])
@@ -33,7 +35,14 @@ def test_standby_takes_over_from_a_sigkilled_coordinator(swarm, tmp_path, monkey
     assert swarm.wait(active, 240) == -signal.SIGKILL
     took_over = _wait_line(standby, r"took over run \S+ with term (\d+) at round (\d+)", 60)
     assert int(took_over.group(1)) == 1 and int(took_over.group(2)) in (1, 2)  # the last closed round it held
-    _wait_line(standby, r"round 3/6 closed", 120)  # the swarm closes rounds under the new coordinator
+    # Back at once, while the swarm (whose DHT nodes are its way in) is sure to be running.
+    maddrs = sorted({m for child in (standby, *peers) for m in MADDR_RE.findall("".join(child.lines))})
+    back = swarm._spawn("returned", ["coordinator", "--initial-peers", *maddrs, "--host", "127.0.0.1",
+                                     "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--port", str(_free_port()),
+                                     "--identity-path", str(swarm.workdir / "coordinator.pem"), "--config", str(config),
+                                     "--coordinators", standby_key.peer_id])
+    _wait_line(standby, r"round 3/12 closed", 120)  # the swarm closes rounds under the new coordinator
+    _wait_line(back, r"standby for run", 120)
 
     assert swarm.wait(standby, 300) == 0, "".join(standby.lines)[-3000:]
     for peer in peers:
@@ -41,11 +50,13 @@ def test_standby_takes_over_from_a_sigkilled_coordinator(swarm, tmp_path, monkey
 
     status = _summary(swarm, "standby")
     history = status["history"]
-    assert [h["round"] for h in history] == list(range(6))
+    assert [h["round"] for h in history] == list(range(12))
     final = history[-1]["param_hash"]
     for i in range(4):
         assert _summary(swarm, f"peer{i}")["param_hash"] == final
-        _wait_line(peers[i], rf"finished: run \S+ ended at round 6, final hash {final}", 5)
+        _wait_line(peers[i], rf"finished: run \S+ ended at round 12, final hash {final}", 5)
+    assert swarm.wait(back, 120) == 0, "".join(back.lines)[-3000:]
+    assert "took over" not in "".join(back.lines) and "finished" in "".join(back.lines)
     assert old_key != standby_key.peer_id
 
 

@@ -21,6 +21,7 @@ from protocol.accounting import ByteCounter
 from protocol.identity import Identity
 
 log = logging.getLogger("swarmloco.coordinator")
+JOIN_LOOKUP_S = 15.0  # a coordinator joining an existing DHT looks this long for the run's live active record
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,6 +55,11 @@ class Lease:
     def due(self) -> bool:
         return time.monotonic() - self.renewed > self.lease_s / 3
 
+    def close_run(self) -> None:
+        c = self.coordinator
+        discovery.announce_run(self.dht, self.identity, run_id=c.cfg.run_id, endpoint=c.endpoint, role="finished", term=c.term,
+                               coordinators=c.cfg.control.coordinators, ttl_s=discovery.RECORD_TTL_S)
+
     def renew(self) -> discovery.RunRecord | None:
         """Renew; return the record of a coordinator that took the run over from us, if any."""
         c = self.coordinator
@@ -76,7 +82,7 @@ class Lease:
 def _run_is_held(dht, cfg: RunConfig, options: CoordinatorOptions) -> bool:
     """A coordinator that joins an existing DHT (it came back after a takeover) follows when the run
     has a live active coordinator: records take a moment to arrive after the DHT bootstraps."""
-    deadline = time.monotonic() + (cfg.control.lease_s if options.initial_peers else 0.0)
+    deadline = time.monotonic() + (max(3 * cfg.control.lease_s, JOIN_LOOKUP_S) if options.initial_peers else 0.0)
     while True:
         if standby.live_active(dht, cfg.run_id, options.coordinator_key)[0] is not None:
             return True
@@ -86,7 +92,9 @@ def _run_is_held(dht, cfg: RunConfig, options: CoordinatorOptions) -> bool:
 
 
 def _follow(options: CoordinatorOptions, identity: Identity, dht, stop: threading.Event) -> standby.Takeover | None:
-    path = Path(options.checkpoint_path or f"standby-{identity.peer_id[:16]}.ckpt")
+    # Default: beside the identity file (the coordinator's own state folder), else the working folder.
+    folder = Path(options.identity_path).parent if options.identity_path else Path(".")
+    path = Path(options.checkpoint_path or folder / f"standby-{identity.peer_id[:16]}.ckpt")
     options.checkpoint_path = str(path)
     endpoint = f"{options.announce_host}:{options.port}"
     print(f"coordinator {identity.peer_id[:8]} | standby for run {options.config.run_id}: following the active coordinator; "
@@ -158,6 +166,8 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
                 if (coordinator.final_state_delivered() and waited > options.linger_s) or waited > cfg.control.end_grace_s:
                     break
             stop.wait(0.1)
+        if lease is not None and coordinator.finished:
+            lease.close_run()  # standbys stop following; newcomers learn the run is over
         summary = coordinator.status()
         if options.summary_json:
             Path(options.summary_json).write_text(json.dumps(summary, indent=2))

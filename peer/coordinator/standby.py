@@ -47,12 +47,14 @@ class Takeover:
     round: int  # the last closed round's state it holds
 
 
-def live_active(dht, run_id: str, pinned: str | None) -> tuple[discovery.RunRecord | None, int]:
-    """The run's live active record (the one rule: highest term, then lowest key) and the highest term seen."""
+def live_active(dht, run_id: str, pinned: str | None) -> tuple[discovery.RunRecord | None, int, discovery.RunRecord | None]:
+    """The run's live active record (the one rule: highest term, then lowest key), the highest term
+    seen, and the record of a coordinator that finished the run (role "finished"), if any."""
     records = discovery.vouched(discovery.run_records(dht, run_id), pinned)
     top_term = max((r.term for r in records), default=0)
     active = sorted((r for r in records if r.role == "active"), key=lambda r: (-r.term, r.coordinator_id))
-    return (active[0] if active else None), top_term
+    finished = [r for r in records if r.role == "finished"]
+    return (active[0] if active else None), top_term, (finished[0] if finished else None)
 
 
 def follow(
@@ -69,8 +71,12 @@ def follow(
     printed = False
     try:
         while not stop.is_set():
-            active, seen = live_active(dht, run_id, pinned)
+            active, seen, finished = live_active(dht, run_id, pinned)
             top_term = max(top_term, seen)
+            if finished is not None:
+                print(f"standby {identity.peer_id[:8]} | run {run_id} finished (coordinator {finished.coordinator_id[:8]}, "
+                      f"term {finished.term}): nothing to take over", flush=True)
+                return None
             if active is None or active.coordinator_id == identity.peer_id:
                 if held is not None:
                     return Takeover(cfg=held.cfg, term=top_term + 1, round=held.round)

@@ -100,9 +100,14 @@ class CoordinatorClient:
                     raise Refused.from_rpc_error(exc) or exc
                 log.info("%s: coordinator unavailable (%s), retrying in %.1fs", what, code, delay)
                 if code == grpc.StatusCode.UNAVAILABLE:
+                    generation = self.generation
                     self._reconnect()
+                    if self.generation != generation:  # another coordinator took the run over: ask it at once
+                        delay = 0.25
+                        continue
                 time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 5.0)
+                # Capped low while a locator may find a successor: a standby takes over within seconds.
+                delay = min(delay * 2, 2.0 if self.locate is not None else 5.0)
 
     def run_info(self, round_: int | None = None) -> swarm_pb2.RunInfo:
         """The run's info; its signed run state is the current one, or (round_) the one at the start of that round."""
