@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--initial-peers", nargs="+", default=[], metavar="MULTIADDR", help="DHT multiaddr(s) printed by the coordinator")
     where.add_argument("--coordinator", metavar="HOST:PORT", help="the coordinator's gRPC port, directly (no DHT)")
     p.add_argument("--run-id", "--run", dest="run_id", help="which run, when the DHT hosts several (`swarmloco runs` lists them)")
+    p.add_argument("--coordinator-key", metavar="FINGERPRINT",
+                   help="pin the run's coordinator key (the fingerprint the coordinator prints): refuse any endpoint that signs with another")
     p.add_argument("--identity-path", help="Ed25519 key file (created with mode 0600 if missing); needed for --resume")
     p.add_argument("--data", help="your own training text: a file or a directory (default: the Python standard library's sources)")
     p.add_argument("--client-mode", action="store_true", help="no inbound port (behind NAT): push updates to the coordinator instead of serving them")
@@ -174,7 +176,6 @@ def build_parser() -> argparse.ArgumentParser:
     ru.add_argument("--json", action="store_true", help="print the raw JSON")
     ru.add_argument("--wait", type=float, default=5.0, help="seconds to wait for run records to show up")
     ru.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the DHT / each coordinator")
-
     return parser
 
 
@@ -306,7 +307,6 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from peer.cli import runs
 
     return runs.main(args)
-
 
 
 def main(argv: list[str] | None = None) -> int:
