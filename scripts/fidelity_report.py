@@ -88,14 +88,16 @@ def summarize(runs: list[dict[str, Any]], rows: list[Any]) -> list[dict[str, Any
             "fewer_than_fp32": None if ddp or not fp32_upload else fp32_upload / first["upload_bytes_per_peer_per_round"],
             "fewer_than_ddp": first["ratio_vs_ddp"],
             "gap_ref": paired_gap(runs, row.label, REF), "gap_ddp": paired_gap(runs, row.label, DDP),
-            "curve": first["val_loss_per_round"],
+            "curve": first["val_loss_per_round"], "iid": bool(first.get("iid_data")),
         })
     return out
 
 
 def pareto(summary: list[dict[str, Any]]) -> set[str]:
-    """Labels no other row beats on both bytes per round and final loss."""
+    """Labels no other row beats on both bytes per round and final loss (diagnostic rows on other
+    data, `iid`, are left out: they train on a different split)."""
     front = set()
+    summary = [s for s in summary if not s["iid"]]
     for s in summary:
         if not any(o["bytes"] <= s["bytes"] and o["final"] <= s["final"] and (o["bytes"], o["final"]) != (s["bytes"], s["final"])
                    for o in summary):
