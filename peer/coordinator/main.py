@@ -84,7 +84,8 @@ def _run_is_held(dht, cfg: RunConfig, options: CoordinatorOptions) -> bool:
     has a live active coordinator: records take a moment to arrive after the DHT bootstraps."""
     deadline = time.monotonic() + (max(3 * cfg.control.lease_s, JOIN_LOOKUP_S) if options.initial_peers else 0.0)
     while True:
-        if standby.live_active(dht, cfg.run_id, options.coordinator_key)[0] is not None:
+        active, _, finished = standby.live_active(dht, cfg.run_id, options.coordinator_key)
+        if active is not None or finished is not None:  # a finished run is not started again either
             return True
         if time.monotonic() >= deadline:
             return False
