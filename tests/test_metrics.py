@@ -17,7 +17,7 @@ from conftest import ROOT, write_run_config
 from peer.cli.status import fetch_status
 
 pytestmark = pytest.mark.integration
-ROUNDS = 8
+ROUNDS = 12
 
 
 def url_in(child, pattern: str, timeout_s: float = 90.0) -> str:
@@ -86,6 +86,17 @@ def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path):
         if status["round"] >= 2 and len(status["peers"]) == 2 and all(p["last_round_bytes"] for p in status["peers"]):
             break
         time.sleep(0.2)
+    # The peers first: they leave as soon as the run ends (rounds here take about a second).
+    for url in peer_urls:
+        pm = scrape(url)
+        assert pm[("swarmloco_rounds_completed_total", ())] >= 1
+        assert pm[("swarmloco_sent_bytes_total", ())] > 0 and pm[("swarmloco_received_bytes_total", ())] > 0
+        assert sum(v for (name, _), v in pm.items() if name == "swarmloco_phase") == 1.0  # exactly one phase
+        step_s = pm[("swarmloco_inner_step_seconds", ())]
+        tokens = 8 * 4 * 64  # tiny config: H x batch x seq_len
+        assert step_s > 0 and pm[("swarmloco_tokens_per_second", ())] == pytest.approx(tokens / (8 * step_s), rel=1e-6)
+        assert pm[("swarmloco_last_round_phase_seconds", (("phase", "compute"),))] == pytest.approx(8 * step_s)
+
     m, before, s = consistent_view(metrics_url, swarm.coordinator_endpoint)
     assert m[("swarmloco_round", ())] == s["round"] >= 2
     assert m[("swarmloco_rounds_planned", ())] == ROUNDS
@@ -108,16 +119,6 @@ def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path):
         assert m[("swarmloco_peer_aggregation_weight", (("peer", peer),))] == p["aggregation"]["weight"]
     live = sum(v for (name, labels), v in m.items() if name == "swarmloco_peers")
     assert live == len(s["peers"]) == 2
-
-    for url in peer_urls:
-        pm = scrape(url)
-        assert pm[("swarmloco_rounds_completed_total", ())] >= 1
-        assert pm[("swarmloco_sent_bytes_total", ())] > 0 and pm[("swarmloco_received_bytes_total", ())] > 0
-        assert sum(v for (name, _), v in pm.items() if name == "swarmloco_phase") == 1.0  # exactly one phase
-        step_s = pm[("swarmloco_inner_step_seconds", ())]
-        tokens = 8 * 4 * 64  # tiny config: H x batch x seq_len
-        assert step_s > 0 and pm[("swarmloco_tokens_per_second", ())] == pytest.approx(tokens / (8 * step_s), rel=1e-6)
-        assert pm[("swarmloco_last_round_phase_seconds", (("phase", "compute"),))] == pytest.approx(8 * step_s)
 
     watch_status_in_place(swarm.coordinator_endpoint)
     assert swarm.wait(coordinator, 180) == 0
