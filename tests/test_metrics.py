@@ -17,7 +17,7 @@ from conftest import ROOT, write_run_config
 from peer.cli.status import fetch_status
 
 pytestmark = pytest.mark.integration
-ROUNDS = 12
+ROUNDS = 20
 
 
 def url_in(child, pattern: str, timeout_s: float = 90.0) -> str:
@@ -86,6 +86,7 @@ def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path):
         if status["round"] >= 2 and len(status["peers"]) == 2 and all(p["last_round_bytes"] for p in status["peers"]):
             break
         time.sleep(0.2)
+    watch_status_in_place(swarm.coordinator_endpoint)  # while the coordinator surely runs
     # The peers first: they leave as soon as the run ends (rounds here take about a second).
     for url in peer_urls:
         pm = scrape(url)
@@ -120,7 +121,6 @@ def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path):
     live = sum(v for (name, labels), v in m.items() if name == "swarmloco_peers")
     assert live == len(s["peers"]) == 2
 
-    watch_status_in_place(swarm.coordinator_endpoint)
     assert swarm.wait(coordinator, 180) == 0
     for p in peers:
         assert swarm.wait(p, 60) == 0
