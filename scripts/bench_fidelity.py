@@ -83,7 +83,7 @@ ROWS: list[Row] = [
     # (3) DeMo as Psyche runs it: DCT top-k as 1-bit signs, sign step
     Row("DeMo lr 5e-3", "demo", {"exchange.mode": "all-to-all", "outer.lr": 5e-3}, recipe="demo",
         note="recipe demo (top-4 of 64, signs, decay 0.999)"),
-    Row("DeMo lr 1e-2", "demo", {"exchange.mode": "all-to-all", "outer.lr": 1e-2}, recipe="demo"),
+    Row("DeMo lr 1e-2", "demo", {"exchange.mode": "all-to-all", "outer.lr": 1e-2}, recipe="demo", seeds=SEEDS3),
     Row("DeMo lr 2e-2", "demo", {"exchange.mode": "all-to-all", "outer.lr": 2e-2}, recipe="demo"),
     Row("DeMo lr 5e-3 decay 0.995", "demo", {"exchange.mode": "all-to-all", "outer.lr": 5e-3, "outer.demo_decay": 0.995},
         recipe="demo"),
@@ -132,7 +132,7 @@ FINDINGS: list[str] = [
     "(SparseLoCo's reported wins are at 512M parameters and thousands of steps).",
     "- (3) DeMo as Psyche runs it (top-4 DCT coefficients of 64 as 1-bit signs, 54x fewer upload bytes; "
     "before, `--outer demo` sent dense fp16): sign step 5e-3 {DeMo lr 5e-3}, 1e-2 {DeMo lr 1e-2}, 2e-2 "
-    "{DeMo lr 2e-2} against DiLoCo fp32 (1 seed each; the recipe takes 1e-2). A sign step moves every "
+    "{DeMo lr 2e-2} against DiLoCo fp32 (paired by seed; the recipe takes 1e-2). A sign step moves every "
     "coordinate by the same amount whatever the size of the consensus, so the step size trades progress "
     "against noise and no value reached 5% at 8 rounds of H=25 on 0.45M parameters; not tried: top-8/16 "
     "(27x/14x fewer bytes, under the 30x bound), decay 0.995, a decaying step, longer runs.",
