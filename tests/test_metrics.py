@@ -56,6 +56,7 @@ def consistent_view(metrics_url: str, endpoint: str) -> tuple[dict, dict, dict]:
 WATCH = """
 import os, signal, sys, threading
 from peer.cli.main import main
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job (CI) inherits SIGINT ignored
 threading.Timer(2.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
 code = main(["status", "--coordinator", sys.argv[1], "--watch", "0.3"])
 print("exit", code, "loaded", sorted(m for m in ("torch", "hivemind") if m in sys.modules))
