@@ -7,6 +7,7 @@ PY            := $(VENV)/bin/python
 STAMP         := $(VENV)/.swarmloco-installed
 DEMO_ARGS     ?=
 PYTEST_ARGS   ?=
+TEST_WORKERS  ?= 2
 
 .PHONY: install demo test proto bench clean
 
@@ -24,7 +25,7 @@ demo: $(STAMP)
 	$(VENV)/bin/swarmloco demo $(DEMO_ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # Regenerate protocol/_generated from proto/swarm.proto (tests fail when it is stale).
 proto: $(STAMP)
