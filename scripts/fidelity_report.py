@@ -12,6 +12,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from peer.run.progress import format_bytes
+
 GROUPS = {
     "ref": "References",
     "sparse": "(1) Why the sparse path lost more than a naive one",
@@ -52,11 +54,7 @@ def _outer(cfg: dict[str, Any]) -> str:
 
 
 def _human(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError
+    return format_bytes(n, digits=1)
 
 
 def _pct(x: float | None) -> str:

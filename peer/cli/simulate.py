@@ -26,6 +26,7 @@ caught. `--baseline ddp` runs synchronous data-parallel on the same peers instea
 
 from __future__ import annotations
 
+from peer.run.progress import format_bytes
 import argparse
 import hashlib
 import json
@@ -335,11 +336,7 @@ def _log_round(opts: SimulationOptions, cfg: RunConfig, curve: _Curve, r: int, s
 
 
 def _human(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError
+    return format_bytes(n, digits=1)
 
 
 def _result(opts: SimulationOptions, cfg: RunConfig, curve: _Curve, wall_s: float) -> dict[str, Any]:

@@ -7,12 +7,13 @@ from typing import Any
 from protocol.accounting import Traffic
 
 
-def format_bytes(n: float) -> str:
+def format_bytes(n: float, digits: int = 2) -> str:
+    """Decimal units (1 KB = 1000 B), `digits` after the point above bytes."""
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.{digits}f} {unit}"
         n /= 1000
-    return f"{n:.2f} GB"
+    return f"{n:.{digits}f} GB"
 
 
 def step_line(peer: str, round_: int, rounds: int, step: int, steps: int, loss: float, tokens_per_s: float, traffic: Traffic,
