@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")  # before grpc is imported: see peer/__init__.py
 import sys
 import time
 from pathlib import Path
