@@ -39,7 +39,7 @@ def test_standby_takes_over_from_a_sigkilled_coordinator_and_the_old_one_comes_b
     # Back at once, while the swarm (whose DHT nodes are its way in) is sure to be running.
     maddrs = sorted({m for child in (standby, *peers) for m in MADDR_RE.findall("".join(child.lines))})
     back = swarm._spawn("returned", ["coordinator", "--initial-peers", *maddrs, "--host", "127.0.0.1",
-                                     "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--port", str(_free_port()),
+                                     "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--port", "0",
                                      "--identity-path", str(swarm.workdir / "coordinator.pem"), "--config", str(config),
                                      "--coordinators", standby_key.peer_id])
     _wait_line(standby, r"round 3/12 closed", 120)  # the swarm closes rounds under the new coordinator
