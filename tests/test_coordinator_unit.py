@@ -316,3 +316,14 @@ def test_status_names_the_coordinator_its_term_and_the_run_keys(cfg):
     assert status["coordinator"]["term"] == 3 and status["coordinator"]["fingerprint"] == key.peer_id
     assert sorted(status["coordinator"]["coordinators"]) == sorted([key.peer_id, standby.peer_id])  # its own key is added
     assert f"coordinator {key.peer_id[:16]} (term 3) | run keys 2" in status_table(status)
+
+
+def test_the_coordinators_checkpoint_carries_its_run_config(cfg, tmp_path):
+    """export/sample need no --config for a coordinator's checkpoint: the config (with the key the
+    coordinator adds) is inside it, and its hash is the checkpoint's."""
+    from peer.cli.checkpoint_model import load_checkpoint_model
+
+    c = Coordinator(cfg, Identity.generate(), checkpoint_path=tmp_path / "run.ckpt")
+    model, loaded, _ = load_checkpoint_model(str(tmp_path / "run.ckpt"), None)
+    assert loaded.config_hash() == c.cfg.config_hash() != cfg.config_hash()  # the coordinator listed its key
+    assert sum(p.numel() for p in model.parameters()) == c.numel

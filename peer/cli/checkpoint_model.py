@@ -20,12 +20,19 @@ def load_checkpoint_model(checkpoint_path: str, config_path: str | None):
     from peer.run.config import ConfigError, RunConfig
 
     ckpt = checkpoint.load(checkpoint_path)
-    if config_path is None:
+    embedded = (ckpt.extra or {}).get("config")  # the coordinator's checkpoints carry their run config
+    if config_path is None and embedded is not None:
+        cfg = RunConfig.from_dict(embedded)
+        if cfg.config_hash() != ckpt.config_hash:
+            raise ConfigError(f"{checkpoint_path}: its embedded run config does not match its config hash; the file is damaged")
+        config_path = checkpoint_path
+    elif config_path is None:
         beside = Path(checkpoint_path).with_name("run.json")
         if not beside.exists():
             raise ConfigError(f"give --config: the run config that wrote {checkpoint_path} (no run.json beside it)")
         config_path = str(beside)
-    cfg = RunConfig.from_toml(config_path)
+    if config_path != checkpoint_path:
+        cfg = RunConfig.from_toml(config_path)
     model = build_model(cfg.model, cfg.seed)
     if cfg.config_hash() != ckpt.config_hash:
         if ckpt.params.numel() != num_params(model):

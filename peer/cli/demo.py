@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     code = report(cfg, summary, peer_summaries, wall, args)
     from peer.cli.sample import print_run_sample
 
-    print_run_sample(workdir / "run.ckpt", workdir / "run.json")
+    print_run_sample(workdir / "run.ckpt", None)  # the checkpoint carries its run config
     return code
 
 

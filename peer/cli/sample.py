@@ -19,7 +19,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_run_sample(checkpoint_path, config_path, prompt: str = "def ", max_tokens: int = 80) -> None:
+def print_run_sample(checkpoint_path, config_path=None, prompt: str = "def ", max_tokens: int = 80) -> None:
     """A short sample from a finished run's checkpoint (the demo's last lines); never fails the caller."""
     import torch
 
@@ -27,7 +27,7 @@ def print_run_sample(checkpoint_path, config_path, prompt: str = "def ", max_tok
     from peer.learn.sampling import generate
 
     try:
-        model, cfg, codec = load_checkpoint_model(str(checkpoint_path), str(config_path))
+        model, cfg, codec = load_checkpoint_model(str(checkpoint_path), str(config_path) if config_path else None)
     except (OSError, ValueError) as exc:
         print(f"(no sample: {exc})", flush=True)
         return

@@ -139,7 +139,8 @@ class Coordinator:
             outer_state=outer_state,
             # Peers, bans and evidence survive a coordinator restart: a banned peer stays banned,
             # and the peers of the run are awaited again instead of the first one back closing the round.
-            extra={"history": [result_dict(r) for r in self.history], "peers": self.registry.to_dicts()},
+            # The run config itself too, so `swarmloco export/sample` need no --config (its hash is above).
+            extra={"history": [result_dict(r) for r in self.history], "peers": self.registry.to_dicts(), "config": self.cfg.to_dict()},
         )
         self.checkpoint_bytes = checkpoint.to_bytes(ckpt)
         # The same state as parts every in-sync peer also serves: joiners fetch it from many of them.
