@@ -77,6 +77,40 @@ class PeerRegistry:
         with self.lock:
             self.rejections[reason] += 1
 
+    def record_aggregation(self, round_: int, verified: list[str], report: Any) -> None:
+        """All-to-all: each verified author's weight, selection, distance and clip in round_ (report:
+        the rule's AggregationReport, rows in `verified` order; None: the rounds only)."""
+        for i, peer_id in enumerate(verified):
+            record = self.get(peer_id)
+            if record is None:
+                continue
+            record.last_round, record.excluded_reason = round_, ""
+            if report is None:
+                continue
+            record.aggregation = {
+                "round": round_,
+                "weight": float(report.weights[i]),
+                "selected": bool(report.selected[i]),
+                "distance_to_aggregate": float(report.distance_to_aggregate[i]),
+                "clip_scale": float(report.clip_scale[i]),
+            }
+
+    def record_slices(self, round_: int, verified: list[str], excluded: dict[int, dict[str, str]], slices: int) -> None:
+        """Sliced: a peer's share is the slices its update took part in (an owner leaves an input
+        out of a slice that is undecodable, non-finite or unreachable, with the reason)."""
+        for peer_id in verified:
+            record = self.get(peer_id)
+            if record is None:
+                continue
+            record.last_round, record.excluded_reason = round_, ""
+            reasons = [per_slice[peer_id] for per_slice in excluded.values() if peer_id in per_slice]
+            for reason in set(reasons):
+                self.reject(reason)  # once per peer and round, as the all-to-all exchange counts it
+            record.aggregation = {"round": round_, "weight": (slices - len(reasons)) / slices, "slices": slices,
+                                  "slices_excluded": {reason: reasons.count(reason) for reason in set(reasons)}}
+            if reasons:
+                record.excluded_reason = f"round {round_}: left out of {len(reasons)} of {slices} slices ({', '.join(sorted(set(reasons)))})"
+
     def records(self) -> list[PeerRecord]:
         with self.lock:
             return list(self.peers.values())

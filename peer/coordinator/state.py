@@ -365,8 +365,7 @@ class Coordinator:
         with self.lock:
             self.math.step_with_aggregate(self.params, outcome.combined)  # θ_r -> θ_{r+1}, in place
             verified = book.verified()
-            self._record_aggregation(verified, None)
-            self._record_slices(book.round, verified, outcome.excluded)
+            self.registry.record_slices(book.round, verified, outcome.excluded, self.math.layout.num_slices)
             excluded = {**outcome.excluded_by_peer(), **book.excluded}
             # An update counts when it took part in at least one slice.
             used = [p for p in verified if not outcome.excluded or not all(p in ex for ex in outcome.excluded.values())]
@@ -419,7 +418,7 @@ class Coordinator:
         report = self.math.apply(params, updates, round_=book.round, excluded_for_cause=count_for_cause(book.excluded))  # θ_r -> θ_{r+1}
         with self.lock:
             self.params = params
-            self._record_aggregation(verified, report)
+            self.registry.record_aggregation(book.round, verified, report)
             result = self._advance(book, verified, why, dict(book.excluded))
         return self._persist(result)
 
@@ -469,38 +468,6 @@ class Coordinator:
             self.history.append(result)
         self._snapshot()
         return result
-
-    def _record_aggregation(self, verified: list[str], report: Any) -> None:
-        for i, peer_id in enumerate(verified):
-            record = self.registry.get(peer_id)
-            if record is None:
-                continue
-            record.last_round = self.book.round
-            record.excluded_reason = ""
-            if report is not None:
-                record.aggregation = {
-                    "round": self.book.round,
-                    "weight": float(report.weights[i]),
-                    "selected": bool(report.selected[i]),
-                    "distance_to_aggregate": float(report.distance_to_aggregate[i]),
-                    "clip_scale": float(report.clip_scale[i]),
-                }
-
-    def _record_slices(self, r: int, verified: list[str], excluded: dict[int, dict[str, str]]) -> None:
-        """Sliced: a peer's share is the slices its update took part in (an owner leaves an input
-        out of a slice that is undecodable, non-finite or unreachable, with the reason)."""
-        slices = self.math.layout.num_slices
-        for peer_id in verified:
-            record = self.registry.get(peer_id)
-            if record is None:
-                continue
-            reasons = [per_slice[peer_id] for per_slice in excluded.values() if peer_id in per_slice]
-            for reason in set(reasons):
-                self.registry.reject(reason)  # once per peer and round, as the all-to-all exchange counts it
-            record.aggregation = {"round": r, "weight": (slices - len(reasons)) / slices, "slices": slices,
-                                  "slices_excluded": {reason: reasons.count(reason) for reason in set(reasons)}}
-            if reasons:
-                record.excluded_reason = f"round {r}: left out of {len(reasons)} of {slices} slices ({', '.join(sorted(set(reasons)))})"
 
     def wait_manifest(self, round_: int, wait_s: float) -> swarm_pb2.ManifestReply:
         deadline = time.monotonic() + max(0.0, min(wait_s, 60.0))

@@ -9,7 +9,6 @@ Round r, as DESIGN.md fixes it:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import logging
@@ -24,11 +23,11 @@ import torch
 
 from peer import VERSION
 
-from peer.run import checkpoint, state_sync
+from peer.run import state_sync
 from peer.node.resync import StateSource
-from peer.run.config import RunConfig
 from peer.node.coordinator_client import CoordinatorClient, CoordinatorUnavailable
-from peer.node.trust import find_active, trust_run
+from peer.node.local_state import load_local_state, save_local_state
+from peer.node.trust import RunAuthority, find_coordinator, trust_run
 from peer.node.errors import PeerExit
 from peer.node.options import PeerOptions
 from peer.node.phase import RoundPhase
@@ -42,18 +41,18 @@ from peer.run.progress import round_line, step_line
 from peer.node.round_exchange import Exchange, ManifestFetcher, Update
 from peer.node.sliced_round import sliced_exchange
 from peer.run.slice_exchange import SliceExchange
-from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
+from peer.run.round_math import RoundMath
 from peer.learn.training import InnerTrainer
 from protocol import discovery
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
-from protocol.envelope import JOIN_TAG, EnvelopeError, RoundManifest, UpdateHeader, open_manifest, sign_update
+from protocol.envelope import JOIN_TAG, RoundManifest, UpdateHeader, open_manifest, sign_update
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload, push_chunks
 from protocol.rpc_errors import Refused
-from protocol.run_state import ImpersonationError, RunState, open_run_state
+from protocol.run_state import ImpersonationError
 from protocol.signing import sign_body
 
 __all__ = ["PeerExit", "PeerNode", "PeerOptions"]  # the first and last live in peer.node.errors / .options
@@ -105,7 +104,6 @@ class PeerNode:
 
     def connect(self) -> None:
         o = self.options
-        endpoint, pinned, pinned_by = o.coordinator, o.coordinator_key, "--coordinator-key"
         if o.initial_peers:
             # The DHT first: it forks a child process, and gRPC is not fork-safe.
             self.dht = discovery.start_dht(
@@ -118,18 +116,16 @@ class PeerNode:
             )
             for maddr in discovery.visible_maddrs(self.dht):  # this peer is a way into the swarm too
                 print(f"peer {self.short} | DHT: --initial-peers {maddr}", flush=True)
-            run = discovery.find_run(self.dht, o.run_id, timeout_s=o.connect_timeout_s, pinned=pinned)
-            endpoint = endpoint or run.endpoint
-            if pinned is None:  # the key that signed the run's DHT record is the run's
-                pinned, pinned_by = run.coordinator_id, "the DHT-signed run record"
-            log.info("found run %s: coordinator %s at %s", run.run_id, run.coordinator_id[:8], run.endpoint)
-        assert endpoint is not None
-        self.client = CoordinatorClient(endpoint, self.counter, locate=self.locate_coordinator)
+        endpoint, pinned, pinned_by = find_coordinator(self.dht, coordinator=o.coordinator, pinned=o.coordinator_key,
+                                                       run_id=o.run_id, timeout_s=o.connect_timeout_s)
+        self.client = CoordinatorClient(endpoint, self.counter)
         self.client.wait_ready(timedelta(seconds=o.connect_timeout_s))
         info = self.client.run_info()
         trusted = trust_run(info, pinned=pinned, pinned_by=pinned_by, endpoint=endpoint, run_id=o.run_id)
-        self.cfg, self.keys = trusted.cfg, trusted.keys
-        self.coordinator_endpoints = list(info.coordinator_endpoints)
+        self.cfg = trusted.cfg
+        self.authority = RunAuthority(keys=trusted.keys, run_id=self.cfg.run_id, client=self.client, counter=self.counter,
+                                      endpoints=list(info.coordinator_endpoints), dht=self.dht)
+        self.client.locate = self.authority.locate  # failover: the run's active coordinator, wherever it is now
         if trusted.state.finished:
             raise PeerExit(f"run {trusted.state.run_id} has already finished all its rounds (final hash {trusted.state.param_hash[:16]})")
         self._build(trusted.state.round)
@@ -216,31 +212,6 @@ class PeerNode:
         """The sliced exchange's engine for this node (a seam: the tests' Byzantine owners override it)."""
         return SliceExchange(self.math, self.pool, self.store, self.fetchers, own_endpoint=self.endpoint, identity=self.identity)
 
-    def locate_coordinator(self) -> str | None:
-        """The run's active coordinator now (after a failover: the standby that took over), among
-        the run's records in the DHT and the coordinator endpoints the run last named."""
-        candidates = list(self.coordinator_endpoints)
-        if self.dht is not None:
-            try:
-                candidates = [r.endpoint for r in discovery.run_records(self.dht, self.cfg.run_id)] + candidates
-            except Exception as exc:  # a DHT hiccup: the known endpoints still count
-                log.info("DHT lookup of the run's coordinators failed: %s", exc)
-        found = find_active([c for c in candidates if c], self.keys, self.cfg.run_id, self.counter)
-        return found[0] if found else None
-
-    def coordinator_state(self, round_: int | None = None) -> RunState | None:
-        """The coordinator's signed state (at the start of round_, or now), checked against the
-        run's keys; None when it no longer keeps that round's."""
-        info = self.client.run_info(round_)
-        if info.coordinator_endpoints:
-            self.coordinator_endpoints = list(info.coordinator_endpoints)
-        if not info.HasField("run_state"):
-            return None
-        try:
-            return open_run_state(info.run_state, keys=self.keys, run_id=self.cfg.run_id)
-        except ImpersonationError as exc:
-            raise PeerExit(f"the coordinator at {self.client.endpoint} is not one of the run's: {exc}") from None
-
     def check_listed(self, manifest: RoundManifest, update: Update, r: int) -> None:
         """Censorship made visible: our committed update must be in the signed manifest, or be
         excluded with a reason. Otherwise the log says so, and so does status (via the heartbeat)."""
@@ -273,17 +244,13 @@ class PeerNode:
         self.phase = RoundPhase.SYNCING
         source = StateSource(
             client=self.client, pool=self.pool, workers=self.fetchers, config_hash=self.cfg.config_hash(), run_id=self.cfg.run_id,
-            keys=self.keys, signed_hash=self._signed_hash, own_endpoint=self.endpoint, max_part_bytes=self.math.max_result_bytes() * 4 + (1 << 20),
+            keys=self.authority.keys, signed_hash=self.authority.signed_hash, own_endpoint=self.endpoint, max_part_bytes=self.math.max_result_bytes() * 4 + (1 << 20),
         )
         state = source.fetch()
         self.math.load_global_state_dict(state.global_state)
         self._set_params(state.params, state.round)
         print(f"peer {self.short} | resynchronised to round {state.round + 1} ({why}; from {state.source})", flush=True)
         self.publish_state()
-
-    def _signed_hash(self, round_: int) -> str | None:
-        state = self.coordinator_state(round_)
-        return state.param_hash if state is not None and state.round == round_ else None
 
     def publish_state(self) -> None:
         """Serve our in-sync θ_r's parts, so joiners can fetch the swarm state from us."""
@@ -293,7 +260,7 @@ class PeerNode:
                                global_state=self.math.global_state_dict(), layout=self.math.layout, sign=False)
 
     def run(self, max_rounds: int | None = None) -> dict[str, Any]:
-        state = self.coordinator_state()
+        state = self.authority.state()
         if state is None or state.param_hash != self._hash or state.round != self.round:
             self.resync("joining" if not self.options.resume else "resume state is behind the swarm")
         done = 0
@@ -422,7 +389,7 @@ class PeerNode:
                 return Exchange(finished=True, wait_s=wait_s)
             return Exchange(resync=f"missed the manifest of round {r}", wait_s=wait_s)
         try:
-            manifest = open_manifest(manifest_reply.manifest, keys=self.keys, run_id=cfg.run_id, round_=r)
+            manifest = open_manifest(manifest_reply.manifest, keys=self.authority.keys, run_id=cfg.run_id, round_=r)
         except ImpersonationError as exc:
             raise PeerExit(f"the coordinator at {self.client.endpoint} signs manifests with a key that is not the run's: {exc}") from None
         self.check_listed(manifest, update, r)
@@ -433,27 +400,7 @@ class PeerNode:
                 signed_manifest=manifest_reply.manifest, r=r, base=base, verify_header=self._verify_header, stop=self.stop,
                 wait_s=wait_s, moved=lambda: self.client.generation != generation,
             )
-
-        t_fetch = time.monotonic()
-        try:
-            updates = self.manifest_fetcher.updates(manifest, r)
-        except (EnvelopeError, UpdateRejected, IOError) as exc:
-            # The coordinator verified every listed update; failing here means we cannot
-            # follow this round identically: resync rather than drift.
-            log.warning("peer %s: cannot use an update of round %d (%s)", self.short, r, exc)
-            return Exchange(resync="could not verify a manifest entry", wait_s=wait_s)
-        fetch_s = time.monotonic() - t_fetch
-        fail_point("fetched", r)
-
-        t_agg = time.monotonic()
-        new_params = base.clone()
-        self.math.apply(new_params, updates, round_=r, excluded_for_cause=count_for_cause(manifest.excluded))
-        aggregate_s = time.monotonic() - t_agg
-        fail_point("aggregated", r)
-        return Exchange(
-            params=new_params, updates=len(updates), excluded=manifest.excluded,
-            wait_s=wait_s, fetch_s=fetch_s, aggregate_s=aggregate_s,
-        )
+        return self.manifest_fetcher.exchange(manifest, r, base, wait_s)
 
     def finish_round(self, r: int, result: Exchange, update: Update, stats: Any, compute: float,
                      started: float, before: Any, round_s: float | None = None, after: Any = None) -> None:
@@ -478,7 +425,7 @@ class PeerNode:
         # The coordinator signs the authoritative hash of θ_{r+1}; compare instead of drifting.
         # Behind (the swarm closed later rounds without us, e.g. while the coordinator restarted):
         # not in sync either; the checkpoint brings us to the current round (also at the run's end).
-        state = self.coordinator_state(r + 1) or self.coordinator_state()
+        state = self.authority.state(r + 1) or self.authority.state()
         in_sync = state is not None and state.round == r + 1 and state.param_hash == self._hash
         record = {
             "round": r, "updates": result.updates, "excluded": result.excluded, "train_loss": stats.mean_loss,
@@ -530,32 +477,16 @@ class PeerNode:
     # --- local state (--resume) ---------------------------------------------------------
 
     def _save_local_state(self) -> None:
-        if not self.options.identity_path:
-            return  # an ephemeral identity cannot resume anyway
-        ckpt = checkpoint.Checkpoint(
-            round=self.round, params=self.params, param_hash=self._hash, config_hash=self.cfg.config_hash(),
-            outer_state=self.math.global_state_dict(),
-            local_state={
-                "trainer": self.trainer.state_dict(),
-                "math": self.math.local_state_dict(),
-            },
-        )
-        if self.cfg.rounds.overlap_communication:
-            # Written beside the next inner phase; the snapshot above is already a copy.
-            self.writer.submit(checkpoint.save, self.state_path, copy.deepcopy(ckpt))
-        else:
-            checkpoint.save(self.state_path, ckpt)
+        if self.options.identity_path:  # an ephemeral identity cannot resume anyway
+            save_local_state(self.state_path, round_=self.round, params=self.params, param_hash=self._hash,
+                             config_hash=self.cfg.config_hash(), trainer=self.trainer, math=self.math,
+                             writer=self.writer if self.cfg.rounds.overlap_communication else None)
 
     def _load_local_state(self) -> None:
-        ckpt = checkpoint.load(self.state_path)
-        if ckpt.config_hash != self.cfg.config_hash():
-            log.warning("resume state %s is for another run config; starting fresh", self.state_path)
-            return
-        self.trainer.load_state_dict(ckpt.local_state["trainer"])
-        self.math.load_local_state_dict(ckpt.local_state.get("math") or {})
-        self.math.load_global_state_dict(ckpt.outer_state)
-        self._set_params(ckpt.params, ckpt.round)
-        log.info("peer %s resumed local state at round %d", self.short, ckpt.round)
+        ckpt = load_local_state(self.state_path, config_hash=self.cfg.config_hash(), trainer=self.trainer, math=self.math)
+        if ckpt is not None:
+            self._set_params(ckpt.params, ckpt.round)
+            log.info("peer %s resumed local state at round %d", self.short, ckpt.round)
 
     # --- teardown ------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""What one round hands between a peer's phases, and fetching a manifest's payloads.
+"""What one round hands between a peer's phases, and the all-to-all exchange: fetch a manifest's
+payloads, verify, aggregate (the sliced exchange is peer/node/sliced_round.py).
 
 Fetching touches neither the model nor the peer's parameters, so the overlapped schedule can
 run it beside the next inner phase.
@@ -6,16 +7,21 @@ run it beside the next inner phase.
 
 from __future__ import annotations
 
+import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from peer.run.round_math import RoundMath
+from peer.run.faults import fail_point
+from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
 from protocol.envelope import EnvelopeError, RoundManifest, UpdateHeader, signed_from_json
 from protocol.payload_fetch import ChannelPool, fetch_payload
 from protocol.payload_service import PayloadStore, StoredPayload
+
+log = logging.getLogger("swarmloco.peer")
 
 
 @dataclass(slots=True)
@@ -38,7 +44,6 @@ class Exchange:
     finished: bool = False
     unreachable: str = ""  # no coordinator of the run answered: the peer gives up with this message
     fatal: str = ""  # the peer must stop (e.g. the coordinator signs with a key that is not the run's)
-    info: Any = None  # the coordinator's word on θ_{r+1} (round, param_hash, finished), read after aggregating
     slices: dict[str, int] = field(default_factory=dict)  # sliced exchange: owned, recomputed, spot-checked, liars
 
 
@@ -52,6 +57,28 @@ class ManifestFetcher:
     math: RoundMath
     verify_header: Callable[[Any, int | None], UpdateHeader]
     own_endpoint: str
+
+    def exchange(self, manifest: RoundManifest, r: int, base: torch.Tensor, wait_s: float) -> Exchange:
+        """The all-to-all exchange once the signed manifest is in hand: every listed update,
+        verified, aggregated onto θ_r (base, (d,)) -> θ_{r+1}. Touches no node state."""
+        t_fetch = time.monotonic()
+        try:
+            updates = self.updates(manifest, r)
+        except (EnvelopeError, UpdateRejected, IOError) as exc:
+            # The coordinator verified every listed update; failing here means we cannot
+            # follow this round identically: resync rather than drift.
+            log.warning("round %d: cannot use an update of the manifest (%s)", r, exc)
+            return Exchange(resync="could not verify a manifest entry", wait_s=wait_s)
+        fetch_s = time.monotonic() - t_fetch
+        fail_point("fetched", r)
+
+        t_agg = time.monotonic()
+        new_params = base.clone()
+        self.math.apply(new_params, updates, round_=r, excluded_for_cause=count_for_cause(manifest.excluded))
+        aggregate_s = time.monotonic() - t_agg
+        fail_point("aggregated", r)
+        return Exchange(params=new_params, updates=len(updates), excluded=manifest.excluded,
+                        wait_s=wait_s, fetch_s=fetch_s, aggregate_s=aggregate_s)
 
     def updates(self, manifest: RoundManifest, r: int) -> list[torch.Tensor]:
         """Raises EnvelopeError / UpdateRejected / IOError when an entry cannot be used."""

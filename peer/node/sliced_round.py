@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -33,15 +32,6 @@ from protocol.wire import swarm_pb2
 
 log = logging.getLogger("swarmloco.peer")
 RESULTS_POLL_S = 5.0
-
-
-@dataclass(slots=True)
-class AppliedRound:
-    """The coordinator's word on θ_{r+1}, in the shape the round's hash check reads."""
-
-    round: int
-    param_hash: str
-    finished: bool
 
 
 def sliced_exchange(
@@ -101,17 +91,14 @@ def sliced_exchange(
     math.step_with_aggregate(new_params, outcome.combined)
     aggregate_s = time.monotonic() - t_agg
 
-    applied = _poll(client, r, stop, moved, until_applied=True)
+    # Wait until the coordinator applied the round too: the node then compares θ_{r+1} with the
+    # state it signs for round r + 1 (RunAuthority.state).
+    _poll(client, r, stop, moved, until_applied=True)
     if moved():
         return Exchange(resync="coordinator changed")
-    info = None
-    if applied is not None and applied.applied:
-        info = AppliedRound(round=r + 1, param_hash=applied.param_hash, finished=applied.finished)
-    elif applied is not None:
-        info = AppliedRound(round=applied.current_round, param_hash="", finished=applied.finished)
     return Exchange(
         params=new_params, updates=len(rnd.headers), excluded={**manifest.excluded, **outcome.excluded_by_peer()},
-        wait_s=wait_s + waited, fetch_s=fetch_s, aggregate_s=aggregate_s, info=info,
+        wait_s=wait_s + waited, fetch_s=fetch_s, aggregate_s=aggregate_s,
         slices={"owned": len(slice_plan.owned_by(rnd.owners, identity.peer_id)),
                 "recomputed": len(outcome.recomputed), "spot_checked": len(outcome.spot_checked), "liars": len(outcome.liars)},
     )

@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterable
+from typing import Any, Iterable
 
 import grpc
 
 from peer.node.errors import PeerExit
 from peer.run.config import ConfigError, RunConfig
+from protocol import discovery
 from protocol.accounting import ByteCounter
 from protocol.channels import create_channel
 from protocol.envelope import EnvelopeError
@@ -86,3 +87,61 @@ def find_active(candidates: Iterable[str], keys: CoordinatorKeys, run_id: str, c
         if state is not None and state.role == "active" and (best is None or newer(state, best[1])):
             best = (endpoint, state)
     return best
+
+
+@dataclass(slots=True)
+class RunAuthority:
+    """The run's coordinators as this peer believes them: the keys it accepts, where they may
+    answer (failover), and their signed word on the run state."""
+
+    keys: CoordinatorKeys
+    run_id: str
+    client: Any  # CoordinatorClient: its locate() is this object's locate
+    counter: ByteCounter
+    endpoints: list[str]  # the run's other coordinators (standbys), as the run last named them
+    dht: Any = None
+
+    def locate(self) -> str | None:
+        """The run's active coordinator now (after a failover: the standby that took over), among
+        the run's records in the DHT and the coordinator endpoints the run last named."""
+        candidates = list(self.endpoints)
+        if self.dht is not None:
+            try:
+                candidates = [r.endpoint for r in discovery.run_records(self.dht, self.run_id)] + candidates
+            except Exception as exc:  # a DHT hiccup: the known endpoints still count
+                log.info("DHT lookup of the run's coordinators failed: %s", exc)
+        found = find_active([c for c in candidates if c], self.keys, self.run_id, self.counter)
+        return found[0] if found else None
+
+    def state(self, round_: int | None = None) -> RunState | None:
+        """The coordinator's signed state (at the start of round_, or now), checked against the
+        run's keys; None when it no longer keeps that round's."""
+        info = self.client.run_info(round_)
+        if info.coordinator_endpoints:
+            self.endpoints = list(info.coordinator_endpoints)
+        if not info.HasField("run_state"):
+            return None
+        try:
+            return open_run_state(info.run_state, keys=self.keys, run_id=self.run_id)
+        except ImpersonationError as exc:
+            raise PeerExit(f"the coordinator at {self.client.endpoint} is not one of the run's: {exc}") from None
+
+    def signed_hash(self, round_: int) -> str | None:
+        """The hash of θ_round a run key signed (what a downloaded state must match), if still kept."""
+        state = self.state(round_)
+        return state.param_hash if state is not None and state.round == round_ else None
+
+
+def find_coordinator(dht, *, coordinator: str | None, pinned: str | None, run_id: str | None,
+                     timeout_s: float) -> tuple[str, str | None, str]:
+    """(endpoint, pinned fingerprint, where the pin came from): --coordinator-key first, else the
+    key that signed the run's DHT record (when the peer found the run in the DHT)."""
+    pinned_by = "--coordinator-key"
+    if dht is not None:
+        run = discovery.find_run(dht, run_id, timeout_s=timeout_s, pinned=pinned)
+        coordinator = coordinator or run.endpoint
+        if pinned is None:
+            pinned, pinned_by = run.coordinator_id, "the DHT-signed run record"
+        log.info("found run %s: coordinator %s at %s", run.run_id, run.coordinator_id[:8], run.endpoint)
+    assert coordinator is not None  # PeerOptions requires --coordinator or --initial-peers
+    return coordinator, pinned, pinned_by
