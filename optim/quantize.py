@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -86,8 +87,37 @@ def _checked_scales(fmt: "BlockQuantFormat | SignFormat", payload: memoryview, n
     return scales, num_scale_bytes
 
 
+class BlockedFormat:
+    """What the lossy block formats share (intB, sign, stat2): the block size check, the spec name
+    (`KIND` alone at the default block, `KIND:BLOCK` otherwise) and the block count. Subclasses are
+    frozen, slotted dataclasses with a `block` field."""
+
+    __slots__ = ()
+    default_block: ClassVar[int] = DEFAULT_BLOCK
+    block: int
+
+    @property
+    def kind(self) -> str:
+        raise NotImplementedError
+
+    def _check_block(self) -> None:
+        if not 1 <= self.block <= MAX_BLOCK:
+            raise ValueError(f"{self.kind}:{self.block}: block size must be in [1, {MAX_BLOCK}]")
+
+    @property
+    def name(self) -> str:
+        return self.kind if self.block == self.default_block else f"{self.kind}:{self.block}"
+
+    @property
+    def lossless(self) -> bool:
+        return False
+
+    def num_blocks(self, n: int) -> int:
+        return -(-n // self.block)
+
+
 @dataclass(frozen=True, slots=True)
-class BlockQuantFormat:
+class BlockQuantFormat(BlockedFormat):
     """intB[:BLOCK]: blockwise absmax quantization, see the module docstring for the layout."""
 
     bits: int  # 8, 4 or 2
@@ -96,23 +126,15 @@ class BlockQuantFormat:
     def __post_init__(self) -> None:
         if self.bits not in (8, 4, 2):
             raise ValueError(f"int{self.bits}: only int8, int4 and int2 exist")
-        if not 1 <= self.block <= MAX_BLOCK:
-            raise ValueError(f"int{self.bits}:{self.block}: block size must be in [1, {MAX_BLOCK}]")
+        self._check_block()
 
     @property
-    def name(self) -> str:
-        return f"int{self.bits}" if self.block == DEFAULT_BLOCK else f"int{self.bits}:{self.block}"
-
-    @property
-    def lossless(self) -> bool:
-        return False
+    def kind(self) -> str:
+        return f"int{self.bits}"
 
     @property
     def qmax(self) -> int:
         return (1 << (self.bits - 1)) - 1
-
-    def num_blocks(self, n: int) -> int:
-        return -(-n // self.block)
 
     def size(self, n: int) -> int:
         return 4 * self.num_blocks(n) + math.ceil(n * self.bits / 8)
@@ -167,25 +189,17 @@ class BlockQuantFormat:
 
 
 @dataclass(frozen=True, slots=True)
-class SignFormat:
+class SignFormat(BlockedFormat):
     """sign[:BLOCK]: scaled sign, see the module docstring for the layout."""
 
     block: int = DEFAULT_BLOCK
 
     def __post_init__(self) -> None:
-        if not 1 <= self.block <= MAX_BLOCK:
-            raise ValueError(f"sign:{self.block}: block size must be in [1, {MAX_BLOCK}]")
+        self._check_block()
 
     @property
-    def name(self) -> str:
-        return "sign" if self.block == DEFAULT_BLOCK else f"sign:{self.block}"
-
-    @property
-    def lossless(self) -> bool:
-        return False
-
-    def num_blocks(self, n: int) -> int:
-        return -(-n // self.block)
+    def kind(self) -> str:
+        return "sign"
 
     def size(self, n: int) -> int:
         return 4 * self.num_blocks(n) + -(-n // 8)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from optim.quantize import MAX_BLOCK, BlockQuantFormat, CodecError, tensor_from_bytes, tensor_to_bytes
+from optim.quantize import BlockedFormat, BlockQuantFormat, CodecError, tensor_from_bytes, tensor_to_bytes
 
 DEFAULT_BLOCK = 4096
 BINS = 4
@@ -25,25 +25,18 @@ _PACK = BlockQuantFormat(2)  # packs and unpacks 2-bit codes (no scales of its o
 
 
 @dataclass(frozen=True, slots=True)
-class StatFormat:
+class StatFormat(BlockedFormat):
     """stat2[:BLOCK]: see the module docstring."""
 
+    default_block = DEFAULT_BLOCK  # 4096, not the int formats' 64
     block: int = DEFAULT_BLOCK
 
     def __post_init__(self) -> None:
-        if not 1 <= self.block <= MAX_BLOCK:
-            raise ValueError(f"stat2:{self.block}: block size must be in [1, {MAX_BLOCK}]")
+        self._check_block()
 
     @property
-    def name(self) -> str:
-        return "stat2" if self.block == DEFAULT_BLOCK else f"stat2:{self.block}"
-
-    @property
-    def lossless(self) -> bool:
-        return False
-
-    def num_blocks(self, n: int) -> int:
-        return -(-n // self.block)
+    def kind(self) -> str:
+        return "stat2"
 
     def size(self, n: int) -> int:
         return 4 * BINS * self.num_blocks(n) + -(-n // 4)
