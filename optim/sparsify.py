@@ -12,11 +12,14 @@ Index layouts (little-endian), chosen to be small on the wire:
       indices per segment (the last segment's count is implied) -> 2k + 4*(ceil(d/65536) - 1);
     * bitmap: one bit per coordinate, first coordinate in the low bit -> ceil(d/8).
   per-chunk offsets (`chunk-topk`, `dct-topk`): for every chunk its kept offsets in increasing
-    order, uint8 when the chunk is <= 256 long, else uint16.
+    order, bit-packed at w = max(1, ceil(log2(CHUNK))) bits each (optim/bitpack.py: offset i in
+    bits [i*w, (i+1)*w), low bit first, zero-padded to a whole byte) -> ceil(m*w/8) for m kept
+    values: 6 bits at CHUNK 64, 12 at 4096.
   `randk`: nothing. The index set is a pure function of (seed, d, k), so every peer using the
     round's shared seed keeps THE SAME coordinates: coordinate-wise robust aggregation (median,
     trimmed mean) then compares like with like instead of mostly zeros.
-Decoders accept only what the encoder could produce: indices in range, strictly increasing.
+Decoders accept only what the encoder could produce: indices in range, strictly increasing,
+zero padding bits.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from optim import dct
+from optim.bitpack import pack_bits, packed_size, unpack_bits
 from optim.quantize import CodecError, tensor_from_bytes, tensor_to_bytes
 
 SEGMENT = 1 << 16
@@ -98,16 +102,20 @@ def _check_increasing_in_range(indices: torch.Tensor, numel: int, what: str) -> 
 
 # --- per-chunk offsets -------------------------------------------------------------------------
 
-def _offset_dtype(chunk: int) -> torch.dtype:
-    return torch.uint8 if chunk <= 256 else torch.uint16
+def offset_width(chunk: int) -> int:
+    """Bits per offset within a chunk of CHUNK: max(1, ceil(log2(CHUNK)))."""
+    return max(1, (chunk - 1).bit_length())
 
 
-def _encode_offsets(offsets: torch.Tensor, chunk: int) -> bytes:
-    return tensor_to_bytes(offsets.to(torch.int32).to(_offset_dtype(chunk)))
-
-
-def _decode_offsets(payload: memoryview, chunk: int) -> torch.Tensor:
-    return tensor_from_bytes(payload, _offset_dtype(chunk)).to(torch.int64)
+def _decode_offsets(payload: memoryview, chunk: int, count: int, what: str) -> torch.Tensor:
+    """int64 (count,) offsets, refusing a wrong length, nonzero padding or an offset >= chunk."""
+    try:
+        offsets = unpack_bits(payload, offset_width(chunk), count)
+    except CodecError as error:
+        raise CodecError(f"{what}: {error}") from None
+    if bool((offsets >= chunk).any()):
+        raise CodecError(f"{what}: an offset is >= the chunk size {chunk}")
+    return offsets
 
 
 # --- sparsifiers -------------------------------------------------------------------------------
@@ -258,7 +266,7 @@ class ChunkTopK:
         return self.k * (numel // self.chunk) + min(self.k, numel % self.chunk)
 
     def index_size(self, numel: int) -> int:
-        return self.num_values(numel) * _offset_dtype(self.chunk).itemsize
+        return packed_size(self.num_values(numel), offset_width(self.chunk))
 
     def encode(self, x: torch.Tensor, seed: int) -> tuple[bytes, torch.Tensor]:
         magnitude = torch.full((dct.num_chunks(x.numel(), self.chunk) * self.chunk,), -1.0)
@@ -266,14 +274,11 @@ class ChunkTopK:
         offsets = torch.topk(magnitude.view(-1, self.chunk), self.k, dim=1, sorted=False).indices.sort(dim=1).values
         indices = (offsets + torch.arange(offsets.shape[0])[:, None] * self.chunk).view(-1)  # (num_chunks*K,)
         keep = indices < x.numel()  # padding offsets sort to the end of the last chunk
-        return _encode_offsets(offsets.view(-1)[keep], self.chunk), x[indices[keep]]
+        return pack_bits(offsets.view(-1)[keep], offset_width(self.chunk)), x[indices[keep]]
 
     def decode(self, index_bytes: memoryview, values: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
-        if len(index_bytes) != self.index_size(numel):
-            raise CodecError(f"{self.name}: expected {self.index_size(numel)} index bytes, got {len(index_bytes)}")
-        offsets = _decode_offsets(index_bytes, self.chunk)  # (m,), chunk c owns entries [c*K, c*K + K)
-        if bool((offsets >= self.chunk).any()):
-            raise CodecError(f"{self.name}: an offset is >= the chunk size {self.chunk}")
+        offsets = _decode_offsets(index_bytes, self.chunk, self.num_values(numel), self.name)
+        # (m,): chunk c owns entries [c*K, c*K + K)
         indices = torch.arange(offsets.numel()) // self.k * self.chunk + offsets
         _check_increasing_in_range(indices, numel, self.name)
         return _scatter(indices, values, numel)
@@ -299,18 +304,17 @@ class DctTopK:
         return self.k * dct.num_chunks(numel, self.chunk)
 
     def index_size(self, numel: int) -> int:
-        return self.num_values(numel) * _offset_dtype(self.chunk).itemsize
+        return packed_size(self.num_values(numel), offset_width(self.chunk))
 
     def encode(self, x: torch.Tensor, seed: int) -> tuple[bytes, torch.Tensor]:
         offsets, values = dct.top_coefficients(x, self.chunk, self.k)  # (num_chunks, K) each
-        return _encode_offsets(offsets.view(-1), self.chunk), values.view(-1)
+        return pack_bits(offsets.view(-1), offset_width(self.chunk)), values.view(-1)
 
     def decode(self, index_bytes: memoryview, values: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
-        if len(index_bytes) != self.index_size(numel):
-            raise CodecError(f"{self.name}: expected {self.index_size(numel)} index bytes, got {len(index_bytes)}")
-        offsets = _decode_offsets(index_bytes, self.chunk).view(-1, self.k)  # (num_chunks, K)
-        if bool((offsets >= self.chunk).any()) or bool((offsets[:, 1:] <= offsets[:, :-1]).any()):
-            raise CodecError(f"{self.name}: offsets are out of range or not strictly increasing in a chunk")
+        offsets = _decode_offsets(index_bytes, self.chunk, self.num_values(numel), self.name)
+        offsets = offsets.view(-1, self.k)  # (num_chunks, K)
+        if bool((offsets[:, 1:] <= offsets[:, :-1]).any()):
+            raise CodecError(f"{self.name}: offsets are not strictly increasing in a chunk")
         return dct.from_coefficients(offsets, values.view(-1, self.k), self.chunk, numel)
 
 

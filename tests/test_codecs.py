@@ -10,7 +10,8 @@ import torch
 
 from optim import codecs, dct
 from optim.codecs import HEADER_SIZE, Codec, CodecError, ErrorFeedback, build
-from optim.sparsify import random_index_set
+from optim.bitpack import pack_bits, unpack_bits
+from optim.sparsify import ChunkTopK, DctTopK, offset_width, random_index_set
 
 ALL_SPECS = [
     "fp32", "fp16", "bf16", "int8", "int4", "int2", "int8:128",
@@ -63,16 +64,17 @@ def ceil_div(a: int, b: int) -> int:
         ("topk:0.01", 200_000, 4 + (2 * 2000 + 4 * 3) + 4 * 2000),  # 4 segments of 65536: 3 counts
         ("topk:0.5", 1000, 4 + 125 + 4 * 500),  # bitmap (125 bytes) beats 1000 bytes of offsets
         ("randk:0.1+fp16", 1000, 4 + 0 + 2 * 100),  # indices come from the seed: none on the wire
-        ("chunk-topk:64:4", 1000, 4 + (15 * 4 + 4) * (1 + 4)),  # 15 full chunks + 40 left: 64 kept
-        ("chunk-topk:64:50", 1000, 4 + (15 * 50 + 40) * (1 + 4)),  # short last chunk keeps its 40
-        ("chunk-topk:300:20", 1000, 4 + (3 * 20 + 20) * (2 + 4)),  # CHUNK > 256: uint16 offsets
-        ("dct-topk:64:4+int8", 1000, 4 + 16 * 4 + (4 + 64)),  # 16 chunks x 4 coefficients
-        ("dct-topk:512:16", 1000, 4 + 2 * 16 * (2 + 4)),
+        # per-chunk offsets are bit-packed at ceil(log2(CHUNK)) bits: 6 at 64, 9 at 300 and 512
+        ("chunk-topk:64:4", 1000, 4 + ceil_div(64 * 6, 8) + 4 * 64),  # 15 full chunks + 40 left: 64 kept
+        ("chunk-topk:64:50", 1000, 4 + ceil_div(790 * 6, 8) + 4 * 790),  # short last chunk keeps its 40
+        ("chunk-topk:300:20", 1000, 4 + ceil_div(80 * 9, 8) + 4 * 80),
+        ("dct-topk:64:4+int8", 1000, 4 + ceil_div(64 * 6, 8) + (4 + 64)),  # 16 chunks x 4 coefficients
+        ("dct-topk:512:16", 1000, 4 + ceil_div(32 * 9, 8) + 4 * 32),
         ("sign", 1001, 4 + 4 * ceil_div(1001, 64) + ceil_div(1001, 8)),  # 1 bit + a scale per 64
-        ("chunk-topk:32:1+sign", 1000, 4 + 32 * 1 + (4 * 1 + 4)),  # 31 full chunks + 8 left: 32 kept
+        ("chunk-topk:32:1+sign", 1000, 4 + ceil_div(32 * 5, 8) + (4 * 1 + 4)),  # 31 full chunks + 8 left: 32 kept
         ("randk:0.2+sign", 1000, 4 + 0 + (4 * ceil_div(200, 64) + 25)),
         ("stat2", 1001, 4 + 16 * 1 + ceil_div(1001, 4)),  # a 4-entry float32 table per 4096 + 2 bits each
-        ("chunk-topk:4096:64+stat2", 10_000, 4 + (2 * 64 + 64) * 2 + 16 + ceil_div(192, 4)),  # 2 full chunks + 1808 left
+        ("chunk-topk:4096:64+stat2", 10_000, 4 + ceil_div(192 * 12, 8) + 16 + ceil_div(192, 4)),  # 2 full + 1808 left
     ],
 )
 def test_encoded_size_is_exact(spec: str, d: int, expected: int) -> None:
@@ -218,6 +220,63 @@ def test_dct_topk_is_exact_on_signals_sparse_in_the_dct_domain() -> None:
     assert ((y - x).norm() / x.norm()) > 0.1
 
 
+# --- per-chunk offsets: bit-packed at ceil(log2(CHUNK)) bits (optim/bitpack.py) --------------------
+
+@pytest.mark.parametrize(
+    ("chunk", "k", "d"), [(3, 2, 3 * 50 + 1), (64, 4, 64 * 9 + 40), (100, 7, 100 * 6 + 3), (4096, 64, 4096 * 2 + 1808)]
+)
+def test_per_chunk_offsets_round_trip_exactly_including_a_short_last_chunk(chunk: int, k: int, d: int) -> None:
+    x = vector(d, seed=chunk)
+    index_bytes, kept = ChunkTopK(chunk, k).encode(x, 0)
+    y = ChunkTopK(chunk, k).decode(memoryview(index_bytes), kept, d, 0)
+    expected = torch.zeros(d)
+    for start in range(0, d, chunk):  # the short last chunk keeps min(k, its length)
+        part = x[start : start + chunk]
+        top = part.abs().topk(min(k, part.numel())).indices + start
+        expected[top] = x[top]
+    assert torch.equal(y, expected)
+
+    offsets, values = dct.top_coefficients(x, chunk, k)  # (num_chunks, k) each
+    index_bytes, kept = DctTopK(chunk, k).encode(x, 0)
+    assert len(index_bytes) == ceil_div(offsets.numel() * offset_width(chunk), 8)
+    assert torch.equal(unpack_bits(index_bytes, offset_width(chunk), offsets.numel()), offsets.view(-1))
+    y = DctTopK(chunk, k).decode(memoryview(index_bytes), kept, d, 0)
+    assert torch.equal(y, dct.from_coefficients(offsets, values, chunk, d))
+
+
+def test_offset_width_is_ceil_log2_of_the_chunk() -> None:
+    assert [offset_width(c) for c in (1, 2, 3, 64, 65, 100, 256, 4096, 65536)] == [1, 1, 2, 6, 7, 7, 8, 12, 16]
+
+
+@pytest.mark.parametrize(
+    ("spec", "values_bytes", "min_ratio"),
+    [
+        ("chunk-topk:4096:64+stat2", lambda m: 16 * ceil_div(m, 4096) + ceil_div(m, 4), 140),  # SparseLoCo
+        ("dct-topk:64:4+sign", lambda m: 4 * ceil_div(m, 64) + ceil_div(m, 8), 65),  # DeMo
+        ("dct-topk:64:8+sign", lambda m: 4 * ceil_div(m, 64) + ceil_div(m, 8), 33),
+    ],
+)
+def test_recipe_codecs_payload_size_and_ratio(spec: str, values_bytes, min_ratio: float) -> None:  # noqa: ANN001
+    d = 445_952  # a small model's parameter count; the short last chunk of 4096 holds 3584
+    chunk, k = (int(n) for n in spec.split("+")[0].split(":")[1:])
+    m = k * ceil_div(d, chunk)  # every chunk, the short last one too, keeps k here
+    expected = HEADER_SIZE + ceil_div(m * offset_width(chunk), 8) + values_bytes(m)
+    codec = build(spec)
+    payload = codec.encode(vector(d))
+    assert len(payload) == codec.max_encoded_size(d) == expected
+    assert 4 * d / len(payload) > min_ratio
+    assert codec.decode(payload, d).shape == (d,)
+
+
+@pytest.mark.parametrize("sparsifier", [ChunkTopK(64, 4), DctTopK(64, 4), ChunkTopK(100, 3), DctTopK(4096, 64)])
+def test_per_chunk_decoders_refuse_a_wrong_index_length(sparsifier) -> None:  # noqa: ANN001
+    d = 1000
+    size, m = sparsifier.index_size(d), sparsifier.num_values(d)
+    for wrong in (size - 1, size + 1, 0):
+        with pytest.raises(CodecError, match=f"{sparsifier.name}: bit-packed stream: expected {size} bytes"):
+            sparsifier.decode(memoryview(bytes(wrong)), torch.zeros(m), d, 0)
+
+
 def test_chained_value_format_quantizes_the_kept_values() -> None:
     x = vector(10_000, seed=7)
     exact, quantized = round_trip("topk:0.01", x), round_trip("topk:0.01+int8", x)
@@ -285,6 +344,19 @@ def test_payload_from_another_codec_of_the_same_size_is_refused() -> None:
         build("bf16").decode(payload, 100)
 
 
+def edit_offsets(chunk: int, count: int, change):  # noqa: ANN001, ANN201 - change(int64 offsets) -> None
+    """An edit for corrupt(): unpack the `count` bit-packed offsets after the header, change them,
+    pack them back (so the bytes stay well-formed and only the offsets' meaning is wrong)."""
+    width, size = offset_width(chunk), ceil_div(count * offset_width(chunk), 8)
+
+    def edit(payload: bytearray) -> None:
+        offsets = unpack_bits(bytes(payload[HEADER_SIZE : HEADER_SIZE + size]), width, count)
+        change(offsets)
+        payload[HEADER_SIZE : HEADER_SIZE + size] = pack_bits(offsets, width)
+
+    return edit
+
+
 def corrupt(spec: str, d: int, edit) -> bytes:  # noqa: ANN001 - edit(bytearray) -> None
     payload = bytearray(build(spec).encode(vector(d, seed=9)))
     edit(payload)
@@ -301,10 +373,14 @@ def corrupt(spec: str, d: int, edit) -> bytes:  # noqa: ANN001 - edit(bytearray)
         ("topk:0.01", 200_000, lambda p: struct.pack_into("<i", p, 4 + 4000, -1), "segment counts"),
         ("topk:0.5", 1000, lambda p: p.__setitem__(4, p[4] ^ 1), "bits set"),  # bitmap popcount
         ("topk:0.5", 1001, lambda p: p.__setitem__(4 + 125, 0x80), "past the end"),
-        ("chunk-topk:64:4", 1000, lambda p: p.__setitem__(4, 64), "chunk size"),
-        ("chunk-topk:64:4", 1000, lambda p: p.__setitem__(5, p[4]), "strictly increasing"),
-        ("dct-topk:64:4", 1000, lambda p: p.__setitem__(7, 200), "out of range"),
-        ("dct-topk:64:4", 1000, lambda p: p.__setitem__(5, p[4]), "strictly increasing"),
+        # per-chunk offsets, bit-packed after the header: 7 bits at CHUNK 100, so 100..127 fit
+        ("chunk-topk:100:4", 1000, edit_offsets(100, 40, lambda o: o.__setitem__(5, 100)), "chunk size 100"),
+        ("dct-topk:100:4", 1000, edit_offsets(100, 40, lambda o: o.__setitem__(39, 127)), "chunk size 100"),
+        ("chunk-topk:64:4", 1000, edit_offsets(64, 64, lambda o: o.__setitem__(1, o[0])), "strictly increasing"),
+        ("dct-topk:64:4", 1000, edit_offsets(64, 64, lambda o: o.__setitem__(5, o[4])), "strictly increasing"),
+        # 30 offsets of 7 bits = 210 bits in 27 bytes: the top 6 bits of byte 4 + 26 are padding
+        ("chunk-topk:100:3", 1000, lambda p: p.__setitem__(4 + 26, p[4 + 26] | 0x80), "padding bits"),
+        ("dct-topk:100:3", 1000, lambda p: p.__setitem__(4 + 26, p[4 + 26] | 0x04), "padding bits"),
         ("int8", 1000, lambda p: struct.pack_into("<f", p, 4, float("nan")), "scale"),
         ("int8", 1000, lambda p: struct.pack_into("<f", p, 8, -1.0), "scale"),
         ("int8", 1000, lambda p: p.__setitem__(-1, 255), "code"),  # q = 128 > 127

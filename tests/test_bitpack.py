@@ -1,0 +1,66 @@
+"""optim/bitpack.py: the fixed-width bit stream behind the per-chunk offsets of sparsify.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optim import bitpack
+from optim.bitpack import pack_bits, packed_size, unpack_bits
+from optim.quantize import CodecError
+
+
+def reference_pack(values: list[int], width: int) -> bytes:
+    """The layout read off the docstring, one bit at a time: value i in bits [i*w, (i+1)*w)."""
+    stream = 0
+    for i, value in enumerate(values):
+        stream |= value << (i * width)
+    return stream.to_bytes(packed_size(len(values), width), "little")
+
+
+@pytest.mark.parametrize("width", range(1, 17))
+def test_round_trip_and_layout_for_every_width(width: int) -> None:
+    generator = torch.Generator().manual_seed(width)
+    for count in (0, 1, 7, 8, 9, 61, 1000):
+        values = torch.randint(0, 1 << width, (count,), generator=generator)
+        payload = pack_bits(values, width)
+        assert payload == reference_pack(values.tolist(), width)
+        assert len(payload) == packed_size(count, width) == -(-count * width // 8)
+        out = unpack_bits(memoryview(payload), width, count)
+        assert out.dtype == torch.int64 and torch.equal(out, values)
+
+
+def test_known_bytes() -> None:
+    assert pack_bits(torch.tensor([1, 2, 3]), 2) == bytes([0b00111001])
+    assert pack_bits(torch.tensor([63, 0, 1]), 6) == bytes([0b00111111, 0b00010000, 0])  # value 2 at bit 12
+    assert pack_bits(torch.tensor([0xABC, 0x123]), 12) == bytes([0xBC, 0x3A, 0x12])
+
+
+def test_streams_longer_than_a_piece_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bitpack, "PIECE", 16)  # the piece loop on a small stream: 5 pieces + a short one
+    values = torch.randint(0, 1 << 7, (93,), generator=torch.Generator().manual_seed(0))
+    payload = pack_bits(values, 7)
+    assert payload == reference_pack(values.tolist(), 7)
+    assert torch.equal(unpack_bits(payload, 7, 93), values)
+
+
+def test_wrong_length_and_nonzero_padding_are_refused() -> None:
+    payload = pack_bits(torch.tensor([5, 6, 7]), 3)  # 9 bits in 2 bytes: 7 padding bits
+    with pytest.raises(CodecError, match="expected 2 bytes for 3 values of 3 bits, got 3"):
+        unpack_bits(payload + b"\0", 3, 3)
+    with pytest.raises(CodecError, match="expected 2 bytes"):
+        unpack_bits(payload[:1], 3, 3)
+    for bit in range(9, 16):
+        bad = bytearray(payload)
+        bad[1] |= 1 << (bit - 8)
+        with pytest.raises(CodecError, match="padding bits after the 3 values of 3 bits are not zero"):
+            unpack_bits(bytes(bad), 3, 3)
+
+
+def test_values_and_widths_out_of_range_are_value_errors() -> None:
+    with pytest.raises(ValueError, match=r"\[0, 8\)"):
+        pack_bits(torch.tensor([8]), 3)
+    with pytest.raises(ValueError, match=r"\[0, 8\)"):
+        pack_bits(torch.tensor([-1]), 3)
+    with pytest.raises(ValueError, match="1..16"):
+        pack_bits(torch.tensor([1]), 17)
