@@ -39,7 +39,7 @@ from optim.sparsify import ChunkTopK, DctTopK, RandK, Sparsifier, TopK
 __all__ = ["Codec", "CodecError", "ErrorFeedback", "build", "HEADER_SIZE", "FORMAT_VERSION"]
 
 MAGIC = 0xC5
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-chunk offsets bit-packed (chunk-topk, dct-topk; optim/bitpack.py)
 HEADER_SIZE = 4
 
 VALID_FORMS = (

@@ -45,7 +45,7 @@ RECIPES: dict[str, Recipe] = {
             "sparseloco",
             "SparseLoCo: top-64 of every 4096 values, 2-bit statistical values, error feedback decay 0.95, "
             "sparse-mean, outer SGD lr 1.0, H=15",
-            "slow links (home broadband, WAN): ~110x fewer bytes than fp32",
+            "slow links (home broadband, WAN): ~146x fewer bytes than fp32",
             {"compression.codec": "chunk-topk:4096:64+stat2", "compression.error_feedback": True,
              "compression.error_feedback_decay": 0.95, "aggregation.name": "sparse-mean", "outer.name": "fedavg",
              "outer.lr": 1.0, "inner.steps": 15},
