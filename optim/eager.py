@@ -33,6 +33,8 @@ from optim.outer import OuterOptimizer
 def estimate(own: torch.Tensor, *, last_average: torch.Tensor | None, own_previous: torch.Tensor | None, peers: int,
              mode: str = "share") -> torch.Tensor:
     """(d,) estimate of this round's average from this peer's own Δ (d,) and what it last saw."""
+    if mode == "fit":
+        return own.mul(shrinkage(last_average, own_previous))
     if mode == "own" or last_average is None or peers < 1:
         return own.clone()
     out = last_average.clone()
@@ -41,6 +43,19 @@ def estimate(own: torch.Tensor, *, last_average: torch.Tensor | None, own_previo
     else:  # we were not in the last average: the others' shares are all of it, over n - 1 of n
         out.mul_((peers - 1) / peers if peers > 1 else 0.0)
     return out.add_(own, alpha=1.0 / peers)
+
+
+def shrinkage(last_average: torch.Tensor | None, own_previous: torch.Tensor | None) -> float:
+    """c in [0, 1] that made c·Δ_own the least-squares fit of the average last round:
+    <Δ_own^{r-1}, mean^{r-1}> / |Δ_own^{r-1}|², 1 when that round is not known. Other peers' Δs
+    share only part of the own one's direction (different data), so the own Δ overstates the
+    average; c measures by how much, and the next estimate is c·Δ_own^r."""
+    if last_average is None or own_previous is None:
+        return 1.0
+    norm = float(own_previous.dot(own_previous))
+    if not norm > 0:
+        return 1.0
+    return min(1.0, max(0.0, float(own_previous.dot(last_average)) / norm))
 
 
 def start_point(outer: OuterOptimizer, params: torch.Tensor, average_estimate: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,7 @@ class Row:
     rounds: int = 8
     inner_steps: int = 25
     seeds: tuple[int, ...] = (0,)
+    arrival: float = 1.0  # overlapped: share of the next phase run before the average lands (simulate --overlap-arrival)
     iid: bool = False  # diagnostic: every peer samples the whole corpus (own stream) instead of its shard
     note: str = ""
 
@@ -78,6 +79,39 @@ ROWS: list[Row] = [
         seeds=SEEDS3, note="recipe sparseloco; 13 x 15 = 195 inner steps (~ 8 x 25)"),
     Row("SparseLoCo H=25", "sparseloco", {"exchange.mode": "all-to-all", "inner.steps": 25}, recipe="sparseloco",
         note="recipe sparseloco at the reference's H"),
+    Row("SparseLoCo outer lr 2", "sparseloco", {"exchange.mode": "all-to-all", "outer.lr": 2.0}, recipe="sparseloco",
+        rounds=13, inner_steps=15, seeds=SEEDS3, note="screen: outer SGD lr 2 (the recipe's 1 applies each Δ once)"),
+    Row("SparseLoCo nesterov 0.7/0.7", "sparseloco",
+        {"exchange.mode": "all-to-all", "outer.name": "nesterov", "outer.lr": 0.7, "outer.momentum": 0.7},
+        recipe="sparseloco", rounds=13, inner_steps=15, seeds=SEEDS3, note="screen: DiLoCo's Nesterov outer step on the sparse mean"),
+    Row("SparseLoCo outer lr 3", "sparseloco", {"exchange.mode": "all-to-all", "outer.lr": 3.0}, recipe="sparseloco",
+        rounds=13, inner_steps=15, note="screen: outer SGD lr 3"),
+    Row("SparseLoCo nesterov 0.7/0.9", "sparseloco",
+        {"exchange.mode": "all-to-all", "outer.name": "nesterov", "outer.lr": 0.7, "outer.momentum": 0.9},
+        recipe="sparseloco", rounds=13, inner_steps=15, note="screen: DiLoCo's outer step (0.7/0.9) on the sparse mean"),
+    Row("SparseLoCo nesterov 1.0/0.7", "sparseloco",
+        {"exchange.mode": "all-to-all", "outer.name": "nesterov", "outer.lr": 1.0, "outer.momentum": 0.7},
+        recipe="sparseloco", rounds=13, inner_steps=15, note="screen: Nesterov lr 1.0, momentum 0.7"),
+    Row("SparseLoCo outer lr 2 EF 1.0", "sparseloco",
+        {"exchange.mode": "all-to-all", "outer.lr": 2.0, "compression.error_feedback_decay": 1.0}, recipe="sparseloco",
+        rounds=13, inner_steps=15, note="screen: outer SGD lr 2, error feedback without decay"),
+    Row("SparseLoCo outer lr 2 EF 0.9", "sparseloco",
+        {"exchange.mode": "all-to-all", "outer.lr": 2.0, "compression.error_feedback_decay": 0.9}, recipe="sparseloco",
+        rounds=13, inner_steps=15, seeds=SEEDS3, note="screen: outer SGD lr 2, error feedback decay 0.9"),
+    Row("SparseLoCo outer lr 2 H=10", "sparseloco", {"exchange.mode": "all-to-all", "outer.lr": 2.0, "inner.steps": 10},
+        recipe="sparseloco", rounds=20, inner_steps=10, seeds=SEEDS3, note="screen: outer SGD lr 2, 20 rounds x H=10"),
+    Row("SparseLoCo outer lr 2 EF 0.8", "sparseloco",
+        {"exchange.mode": "all-to-all", "outer.lr": 2.0, "compression.error_feedback_decay": 0.8}, recipe="sparseloco",
+        rounds=13, inner_steps=15, note="screen: outer SGD lr 2, error feedback decay 0.8"),
+    Row("SparseLoCo outer lr 2.5 EF 0.9", "sparseloco",
+        {"exchange.mode": "all-to-all", "outer.lr": 2.5, "compression.error_feedback_decay": 0.9}, recipe="sparseloco",
+        rounds=13, inner_steps=15, note="screen: outer SGD lr 2.5, error feedback decay 0.9"),
+    Row("SparseLoCo outer lr 1.5 EF 0.9", "sparseloco",
+        {"exchange.mode": "all-to-all", "outer.lr": 1.5, "compression.error_feedback_decay": 0.9}, recipe="sparseloco",
+        rounds=13, inner_steps=15, note="screen: outer SGD lr 1.5, error feedback decay 0.9"),
+    Row("SparseLoCo outer lr 2 EF 0.9 H=25", "sparseloco",
+        {"exchange.mode": "all-to-all", "outer.lr": 2.0, "compression.error_feedback_decay": 0.9, "inner.steps": 25},
+        recipe="sparseloco", note="screen: outer SGD lr 2, error feedback decay 0.9, the reference's 8 x H=25"),
     Row("SparseLoCo plain mean", "sparseloco", {"exchange.mode": "all-to-all", "aggregation.name": "mean"},
         recipe="sparseloco", rounds=13, inner_steps=15, note="zero-filled mean instead of sparse-mean"),
     # (3) DeMo as Psyche runs it: DCT top-k as 1-bit signs, sign step
@@ -88,12 +122,44 @@ ROWS: list[Row] = [
     Row("DeMo lr 5e-3 decay 0.995", "demo", {"exchange.mode": "all-to-all", "outer.lr": 5e-3, "outer.demo_decay": 0.995},
         recipe="demo"),
     Row("DeMo lr 1e-3 (paper)", "demo", {"exchange.mode": "all-to-all", "outer.lr": 1e-3}, recipe="demo"),
+    Row("DeMo top-8", "demo", {"exchange.mode": "all-to-all", "outer.lr": 1e-2, "outer.demo_topk": 8,
+                               "compression.codec": "dct-topk:64:8+sign"}, recipe="demo", note="screen: top-8 of 64 (34x)"),
+    Row("DeMo top-8 lr 5e-3", "demo", {"exchange.mode": "all-to-all", "outer.lr": 5e-3, "outer.demo_topk": 8,
+                                       "compression.codec": "dct-topk:64:8+sign"}, recipe="demo",
+        note="screen: top-8 of 64 (34x), sign step 5e-3"),
+    Row("DeMo lr 1e-2 cosine", "demo", {"exchange.mode": "all-to-all", "outer.lr": 1e-2, "outer.lr_schedule": "cosine"},
+        recipe="demo", note="screen: sign step decayed with the run (cosine)"),
+    Row("DeMo lr 2e-2 cosine", "demo", {"exchange.mode": "all-to-all", "outer.lr": 2e-2, "outer.lr_schedule": "cosine"},
+        recipe="demo", note="screen: sign step decayed with the run (cosine)"),
+    Row("DeMo lr 2e-2 linear", "demo", {"exchange.mode": "all-to-all", "outer.lr": 2e-2, "outer.lr_schedule": "linear"},
+        recipe="demo", note="screen: sign step decayed with the run (linear)"),
+    Row("DeMo lr 1e-2 decay 0.995", "demo", {"exchange.mode": "all-to-all", "outer.lr": 1e-2, "outer.demo_decay": 0.995},
+        recipe="demo", note="screen: local momentum decay 0.995"),
     # (4) overlapped rounds: the synchronous reference is DiLoCo fp32 (same codec, outer, H, rounds)
     Row("overlap delayed", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": False}),
         note="next phase starts from the local model (before this change)"),
     Row("overlap eager", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
                                           "rounds.eager_estimate": "own"}),
         seeds=SEEDS3, note="eager start: step(θ_r, own fresh Δ) (the default)"),
+    Row("overlap eager fit", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
+                                              "rounds.eager_estimate": "fit"}),
+        note="eager start: step(θ_r, c·own fresh Δ), c the least-squares fit of the last average on the own Δ"),
+    Row("overlap eager lands at 1/2", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
+                                                        "rounds.eager_estimate": "own"}), arrival=0.5,
+        seeds=SEEDS3, note="eager start; the average lands halfway through the next phase and the peer moves onto it then"),
+    Row("overlap eager lands at 1/5", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
+                                                        "rounds.eager_estimate": "own"}), arrival=0.2,
+        seeds=SEEDS3, note="eager start; the average lands a fifth into the next phase (an exchange 1/5 as long as a phase)"),
+    Row("overlap eager fp16 0.7/0.8", "overlap", _d("fp16", **{"outer.momentum": 0.8, "rounds.overlap_communication": True,
+                                                                "rounds.eager_updates": True, "rounds.eager_estimate": "own"}),
+        note="eager start, recipe diloco's outer step (Nesterov 0.7/0.8, fp16); synchronous: fp16 0.7/0.8"),
+    Row("overlap eager fp16 0.7/0.7", "overlap", _d("fp16", **{"outer.momentum": 0.7, "rounds.overlap_communication": True,
+                                                                "rounds.eager_updates": True, "rounds.eager_estimate": "own"}),
+        seeds=SEEDS3, note="eager start, Nesterov 0.7/0.7, fp16; synchronous: fp16 0.7/0.7"),
+    Row("overlap eager fp16 0.7/0.8 lands at 1/2", "overlap",
+        _d("fp16", **{"outer.momentum": 0.8, "rounds.overlap_communication": True, "rounds.eager_updates": True,
+                      "rounds.eager_estimate": "own"}), arrival=0.5,
+        note="eager start, Nesterov 0.7/0.8, fp16, the average lands halfway; synchronous: fp16 0.7/0.8"),
     Row("overlap eager share", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
                                                 "rounds.eager_estimate": "share"}),
         note="eager start: step(θ_r, own fresh share + others' shares of the last average) (Kale et al.'s mixture)"),
@@ -154,7 +220,7 @@ def row_options(row: Row, seed: int, rounds: int | None, inner_steps: int | None
     overrides = {**(recipe_overrides(row.recipe) if row.recipe else {}), **row.overrides, "seed": seed,
                  "rounds.rounds": rounds or row.rounds, "inner.steps": inner_steps or row.inner_steps}
     cfg = resolve_run_config(None, overrides)
-    return SimulationOptions(peers=4, baseline=row.baseline, threads=1, config=cfg)
+    return SimulationOptions(peers=4, baseline=row.baseline, threads=1, overlap_arrival=row.arrival, config=cfg)
 
 
 @contextlib.contextmanager
@@ -199,7 +265,7 @@ def run_rows(rows: list[Row], out: Path, rounds: int | None, inner_steps: int | 
             opts = row_options(row, seed, rounds, inner_steps)
             cfg = opts.run_config().to_dict()
             old = stored.get((row.label, seed))
-            if old is not None and _same(old["config"], cfg):
+            if old is not None and _same(old["config"], cfg) and old.get("overlap_arrival") in (None, opts.overlap_arrival):
                 continue
             started = time.time()
             with _iid_samplers(row.iid):

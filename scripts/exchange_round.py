@@ -176,7 +176,7 @@ class ExchangePeer:
             assert self.round is not None
             signed = [swarm_pb2.Signed.FromString(b) for b in results]
             self.outcome = self.exchange.gather(self.round, signed, spot_checks=self.math.cfg.exchange.spot_checks)
-            self.math.step_with_aggregate(params, self.outcome.combined)
+            self.math.step_with_aggregate(params, self.outcome.combined, round_=round_)
             return params
         assert self.manifest is not None
         fetcher = ManifestFetcher(self.store, self.pool, self.workers, self.math, self.verify_header, self.endpoint)

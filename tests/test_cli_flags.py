@@ -25,6 +25,8 @@ FLAG_VALUES: dict[str, tuple[str, list[str], object]] = {
     "--codec": ("compression.codec", ["int8"], "int8"),
     "--outer": ("outer.name", ["fedavg"], "fedavg"),
     "--outer-lr": ("outer.lr", ["0.25"], 0.25),
+    "--outer-lr-warmup": ("outer.lr_warmup_rounds", ["2"], 2),
+    "--outer-lr-schedule": ("outer.lr_schedule", ["cosine"], "cosine"),
     "--aggregator": ("aggregation.name", ["mean"], "mean"),
     "--num-byzantine": ("aggregation.num_byzantine", ["1"], 1),
     "--min-peers": ("rounds.min_peers", ["2"], 2),

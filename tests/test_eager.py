@@ -49,3 +49,26 @@ def test_with_several_peers_eager_and_delayed_starts_differ_and_both_learn():
     assert runs[0]["final_params_sha256"] != runs[1]["final_params_sha256"]
     for run in runs:
         assert run["final_val_loss"] < run["initial_val_loss"] - 0.05
+
+
+def test_the_fit_estimate_shrinks_the_own_delta_by_how_much_of_it_the_last_average_kept():
+    own_previous, last = torch.tensor([2.0, 0.0]), torch.tensor([1.0, 3.0])  # <prev, last> / |prev|² = 2/4
+    assert eager.shrinkage(last, own_previous) == 0.5
+    own = torch.tensor([4.0, -2.0])
+    assert eager.estimate(own, last_average=last, own_previous=own_previous, peers=4, mode="fit").tolist() == [2.0, -1.0]
+    assert eager.shrinkage(None, None) == 1.0  # nothing known yet: the own Δ whole
+    assert eager.shrinkage(-last, own_previous) == 0.0  # an average against us: clamped, no step back
+    assert eager.shrinkage(10 * last, own_previous) == 1.0  # never more than the own Δ
+
+
+def test_an_average_landing_at_the_phase_start_is_the_synchronous_run_and_later_ones_differ():
+    # --overlap-arrival 0: the peer moves onto θ_{r+1} before its first inner step, which is what
+    # the synchronous schedule does; the progress of a later arrival moves over mid-phase.
+    sync = simulate(peers=3, rounds=3, codec="fp32", outer="nesterov", aggregator="mean",
+                    config=tiny_config(exchange={"mode": "all-to-all"}))
+    at_start = _overlapped(3, True, overlap_arrival=0.0)
+    assert at_start["final_params_sha256"] == sync["final_params_sha256"]
+    assert at_start["overlap_arrival"] == 0.0 and sync["overlap_arrival"] is None
+    halfway, at_end = _overlapped(3, True, overlap_arrival=0.5), _overlapped(3, True)
+    assert len({halfway["final_params_sha256"], at_end["final_params_sha256"], sync["final_params_sha256"]}) == 3
+    assert halfway["final_val_loss"] < halfway["initial_val_loss"] - 0.05

@@ -143,3 +143,33 @@ def test_excluded_byzantine_updates_lower_f_instead_of_stalling():
     params = torch.zeros(4)
     math.apply(params, [torch.full((4,), 0.2), torch.full((4,), 0.4)], round_=1)
     assert torch.isfinite(params).all() and not torch.equal(params, torch.zeros(4))
+
+
+def test_the_outer_step_follows_its_warm_up_and_schedule_round_by_round():
+    cfg = config(outer={"name": "fedavg", "lr": 2.0, "lr_warmup_rounds": 1, "lr_schedule": "linear", "lr_final": 0.5},
+                 rounds={"rounds": 5})
+    # round 0: half the step (warm-up of 1 round); then linear from 2.0 towards 1.0 over 4 rounds
+    assert [cfg.outer.lr_at(r, 5) for r in range(6)] == [1.0, 2.0, 1.75, 1.5, 1.25, 1.0]
+    math = RoundMath(cfg, 2)
+    steps = []
+    for r in range(5):
+        params = torch.zeros(2)
+        math.apply(params, [torch.ones(2)], round_=r)  # fedavg: θ -= lr * mean
+        steps.append(-float(params[0]))
+    assert steps == [1.0, 2.0, 1.75, 1.5, 1.25]
+    params = torch.zeros(2)
+    math.step_with_aggregate(params, torch.ones(2), round_=0)  # the sliced path steps the same way
+    assert params.tolist() == [-1.0, -1.0]
+    cosine = config(outer={"lr": 1.0, "lr_schedule": "cosine"}, rounds={"rounds": 4}).outer
+    assert [round(cosine.lr_at(r, 4), 4) for r in range(4)] == [1.0, 0.8536, 0.5, 0.1464]
+    assert config().outer.lr_at(7, 8) == 0.7  # the default: DiLoCo's constant 0.7
+
+
+@pytest.mark.parametrize("outer, message", [
+    ({"lr_warmup_rounds": -1}, "outer.lr_warmup_rounds=-1"),
+    ({"lr_schedule": "step"}, "choose constant, cosine or linear"),
+    ({"lr_final": 1.5}, "outer.lr_final=1.5"),
+])
+def test_a_bad_outer_schedule_is_refused_with_what_to_change(outer, message):
+    with pytest.raises(ConfigError, match=message):
+        config(outer=outer)

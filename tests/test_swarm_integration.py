@@ -38,6 +38,14 @@ def test_three_peers_train_in_lockstep(swarm, tmp_path, overlap):
     for s in summaries:
         # Every peer ended every round with the coordinator's parameter hash.
         assert [h["in_sync"] for h in s["history"]] == [True, True, True]
+        # Overlapped: the inner steps of the next phase run before each exchange finished (the
+        # peer then moved its progress onto θ_{r+1}); the last round has no next phase.
+        landed = [h["landed_after_steps"] for h in s["history"]]
+        inner_steps = json.loads(config.read_text())["inner"]["steps"]
+        if overlap:
+            assert all(1 <= n <= inner_steps for n in landed[:2]) and landed[2] is None, landed
+        else:
+            assert landed == [None, None, None]
         assert s["param_hash"] == history[-1]["param_hash"]
         assert s["bytes_sent"] > 0 and s["bytes_received"] > 0
 

@@ -37,6 +37,23 @@ def test_warmup_is_linear_then_constant():
     assert no_warmup.lr_at(0) == 1e-3
 
 
+def test_a_phase_cut_where_stop_turns_true_then_resumed_equals_one_uncut_call():
+    # Overlapped rounds stop a phase after the step during which the exchange finished and run
+    # the rest later: the same steps, batches and AdamW state as one call (nothing moved between).
+    whole = InnerTrainer(build_model(TINY, seed=0), InnerConfig(), _sampler())
+    whole_stats = whole.run(7)
+    cut = InnerTrainer(build_model(TINY, seed=0), InnerConfig(), _sampler())
+    calls = []
+    first = cut.run(7, stop=lambda: calls.append(cut.step) or cut.step >= 3)
+    assert first.steps == 3 and calls == [1, 2, 3]  # asked after each step but the last
+    rest = cut.run(7 - first.steps)
+    joined = first.then(rest)
+    assert torch.equal(flat_params(cut.model), flat_params(whole.model))
+    assert joined.steps == 7 and joined.tokens == whole_stats.tokens and joined.last_loss == whole_stats.last_loss
+    assert joined.mean_loss == pytest.approx(whole_stats.mean_loss)
+    assert cut.run(2, stop=lambda: True).steps == 1  # at least one step is taken
+
+
 def test_adamw_state_persists_across_rounds_and_in_place_param_loads():
     model = build_model(TINY, seed=0)
     trainer = InnerTrainer(model, InnerConfig(), _sampler())

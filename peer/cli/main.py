@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "min-max, min-sum: perturbation=unit-vector|std|sign; agr-tailored: rule=NAME (default median)")
     s.add_argument("--baseline", choices=("diloco", "ddp"), default="diloco", help="diloco, or ddp: synchronous data-parallel on the same peers")
     s.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: robust when other processes share the cores)")
+    s.add_argument("--overlap-arrival", type=float, default=1.0, metavar="SHARE",
+                   help="with --overlap: share of the next phase's inner steps run before the average in flight lands "
+                        "(1.0: at the phase's end, an exchange as long as a phase; 0.5: half as long)")
     s.add_argument("--json", metavar="PATH", help="write the results (losses, measured bytes, config) here")
     add_run_flags(s, "simulate")
 

@@ -43,6 +43,8 @@ RUN_FLAGS: tuple[RunFlag, ...] = (
     RunFlag("--codec", "compression.codec"),
     RunFlag("--outer", "outer.name"),
     RunFlag("--outer-lr", "outer.lr"),
+    RunFlag("--outer-lr-warmup", "outer.lr_warmup_rounds"),
+    RunFlag("--outer-lr-schedule", "outer.lr_schedule"),
     RunFlag("--aggregator", "aggregation.name"),
     RunFlag("--num-byzantine", "aggregation.num_byzantine"),
     RunFlag("--min-peers", "rounds.min_peers", {"simulate": f"{_NO_NETWORK}, so there is no quorum to wait for"}),

@@ -80,6 +80,11 @@ class SimulationOptions:
     # thread on an idle machine, but with any other process on the cores OpenMP's spinning threads
     # slowed an 8-round run from 47 s to over 10 minutes here. None: leave torch's setting.
     threads: int | None = 1
+    # Overlapped rounds (--overlap): the share of the next phase's inner steps done before the
+    # average in flight lands and the peer moves onto θ_{r+1} (peer/node/overlap.py does so after
+    # the inner step during which its exchange finished). 1.0: at the phase's end, the worst case,
+    # an exchange as long as a whole phase; 0.5: an exchange half as long as the phase.
+    overlap_arrival: float = 1.0
     config: RunConfig = field(default_factory=RunConfig)
     log: Callable[[str], None] | None = None  # receives one dense line per round
 
@@ -88,6 +93,8 @@ class SimulationOptions:
             raise ValueError(f"--peers {self.peers}: simulate at least 1 peer")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads {self.threads}: use at least 1 thread")
+        if not 0 <= self.overlap_arrival <= 1:
+            raise ValueError(f"--overlap-arrival {self.overlap_arrival}: use a share of the phase in [0, 1] (1: at its end)")
         if self.baseline not in ("diloco", "ddp"):
             raise ValueError(f"--baseline {self.baseline!r}: choose diloco or ddp")
         if not 0 <= self.byzantine < self.peers:
@@ -212,15 +219,23 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
         for r in range(cfg.rounds.rounds):
             t0 = time.perf_counter()
             deltas, losses = [], []
+            before = _arrival_steps(opts, cfg) if r > 0 else cfg.inner.steps
             for peer in peers:
                 start = params if peer.anchor is None else peer.anchor
                 load_flat_params(peer.model, start)
-                losses.append(peer.trainer.run(cfg.inner.steps).mean_loss)
+                if peer.anchor is None or before == cfg.inner.steps:
+                    losses.append(peer.trainer.run(cfg.inner.steps).mean_loss)
+                else:  # overlapped: θ_r lands `before` steps into the phase; the progress moves onto it
+                    loss = peer.trainer.run(before).mean_loss * before if before else 0.0
+                    load_flat_params(peer.model, flat_params(peer.model) - start + params)
+                    start = params
+                    after = cfg.inner.steps - before
+                    losses.append((loss + peer.trainer.run(after).mean_loss * after) / cfg.inner.steps)
                 deltas.append(start - flat_params(peer.model))  # pseudo-gradient Δ_i = −progress, (d,)
             if cfg.rounds.overlap_communication:  # the next phase starts before θ_{r+1} is known, as in overlap.py
                 for peer, delta in zip(peers, deltas):
                     peer.anchor = eager_math.next_start(
-                        receiver.outer, params, delta, eager=cfg.rounds.eager_updates, mode=cfg.rounds.eager_estimate,
+                        receiver.outer_at(r), params, delta, eager=cfg.rounds.eager_updates, mode=cfg.rounds.eager_estimate,
                         last_average=receiver.last_aggregate, own_previous=peer.own_previous, peers=len(peers))
                     peer.own_previous = delta
             sent = _craft_attacks(opts, attack, peers, deltas, r, cfg.seed)
@@ -245,7 +260,7 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
                 receiver.apply(params, updates, round_=r, excluded_for_cause=count_for_cause(excluded))  # θ_r -> θ_{r+1} in place (no-op when nothing survived)
             else:  # the sliced exchange run for real, liars signing false results; an honest peer's gather
                 combined = exchange.run(payloads, r, liars=set(range(opts.byzantine)), spot_checks=cfg.exchange.spot_checks)
-                receiver.step_with_aggregate(params, combined)
+                receiver.step_with_aggregate(params, combined, round_=r)
 
             sizes = [0 if p is None else len(p) for p in payloads]
             if receiver.sliced:  # expected bytes of the owner draw (every virtual peer serves)
@@ -271,6 +286,11 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
     curve.final_params_sha256 = hashlib.sha256(params.numpy().tobytes()).hexdigest()
     curve.lies = None if exchange is None else exchange.lies.to_dict()
     return curve
+
+
+def _arrival_steps(opts: SimulationOptions, cfg: RunConfig) -> int:
+    """Overlapped: inner steps of a phase run before the average in flight lands."""
+    return min(cfg.inner.steps, max(0, round(opts.overlap_arrival * cfg.inner.steps)))
 
 
 def _craft_attacks(
@@ -352,6 +372,7 @@ def _result(opts: SimulationOptions, cfg: RunConfig, curve: _Curve, wall_s: floa
     return {
         "baseline": opts.baseline,
         "peers": n,
+        "overlap_arrival": opts.overlap_arrival if cfg.rounds.overlap_communication else None,
         "rounds": rounds,
         "inner_steps": steps,
         "numel": curve.numel,
@@ -409,7 +430,7 @@ def options_from_args(args: argparse.Namespace) -> SimulationOptions:
     return SimulationOptions(
         peers=args.peers, byzantine=config.aggregation.num_byzantine if args.attack else 0, attack=args.attack,
         attack_options=_parse_attack_options(args.attack_option), baseline=args.baseline,
-        threads=args.threads, config=config, log=lambda line: print(line, flush=True),
+        threads=args.threads, overlap_arrival=args.overlap_arrival, config=config, log=lambda line: print(line, flush=True),
     )
 
 

@@ -363,7 +363,7 @@ class Coordinator:
         # without the lock, so heartbeats, commits and long-polls are served meanwhile.
         outcome = self.sliced.gather(slice_round, results, reports)
         with self.lock:
-            self.math.step_with_aggregate(self.params, outcome.combined)  # θ_r -> θ_{r+1}, in place
+            self.math.step_with_aggregate(self.params, outcome.combined, round_=book.round)  # θ_r -> θ_{r+1}, in place
             verified = book.verified()
             self.registry.record_slices(book.round, verified, outcome.excluded, self.math.layout.num_slices)
             excluded = {**outcome.excluded_by_peer(), **book.excluded}

@@ -34,6 +34,12 @@ class InnerStats:
     tokens: int  # tokens trained on in this call: steps * B * T
     seconds: float
 
+    def then(self, more: "InnerStats") -> "InnerStats":
+        """These steps followed by `more` (one phase trained in two calls)."""
+        steps = self.steps + more.steps
+        return InnerStats(steps=steps, mean_loss=(self.mean_loss * self.steps + more.mean_loss * more.steps) / steps,
+                          last_loss=more.last_loss, tokens=self.tokens + more.tokens, seconds=self.seconds + more.seconds)
+
 
 class InnerTrainer:
     """AdamW on one model and one sampler, kept across rounds.
@@ -98,9 +104,11 @@ class InnerTrainer:
             total = total + loss.detach().float() * share
         return total
 
-    def run(self, steps: int, on_step: Callable[[int, float], None] | None = None, *, log_every: int = 1) -> InnerStats:
-        """Take `steps` inner steps. on_step(total_step, loss) every `log_every` steps and after
-        the last, total_step counting from 1 over the whole run (not this call).
+    def run(self, steps: int, on_step: Callable[[int, float], None] | None = None, *, log_every: int = 1,
+            stop: Callable[[], bool] | None = None) -> InnerStats:
+        """Take `steps` inner steps, or fewer when `stop()` turns true after one (at least one is
+        taken; InnerStats.steps says how many). on_step(total_step, loss) every `log_every` steps and
+        after the last, total_step counting from 1 over the whole run (not this call).
 
         The loss is read on the host (a sync on CUDA) only at those steps; on CPU, where reading
         costs nothing, every step, so a non-finite loss stops training before it reaches the parameters."""
@@ -132,11 +140,13 @@ class InnerTrainer:
             tokens += x.numel()
             if report:
                 on_step(self.step, value)
+            if stop is not None and i + 1 < steps and stop():
+                break
         values = torch.stack(losses).tolist()  # one host sync per call
         if not all(math.isfinite(v) for v in values):
             raise FloatingPointError(f"inner loss became non-finite in the last {steps} steps; lower inner.lr or check the data")
         return InnerStats(
-            steps=steps,
+            steps=len(values),
             mean_loss=sum(values) / len(values),
             last_loss=values[-1],
             tokens=tokens,

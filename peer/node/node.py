@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -90,6 +90,7 @@ class PeerNode:
         self.round = 0
         self._hash = ""  # sha256 of self.params once built; the heartbeat thread reads it
         self.step = 0
+        self.phase_first_step = 0  # the trainer's step count when this round's inner phase began
         self.last_loss: float | None = None
         self.finished = False
         self.banned_reason = ""
@@ -298,30 +299,39 @@ class PeerNode:
             return 0.0
         return self.compute_s / max(1e-9, time.monotonic() - self.training_started)
 
-    def train(self, r: int) -> tuple[Any, float]:
-        """H inner steps on the model (θ_r, or θ_r plus progress when overlapped): (stats, seconds)."""
+    def train(self, r: int, *, steps: int | None = None, stop: Callable[[], bool] | None = None) -> tuple[Any, float]:
+        """H inner steps on the model (θ_r, or θ_r plus progress when overlapped): (stats, seconds).
+
+        Overlapped rounds split a phase in two: `stop` ends the first call early (after the step
+        during which the exchange in flight finished; stats.steps says how many ran), and the
+        second call runs the `steps` left. Only a call that ran all it was asked ends the phase."""
         if self.training_started is None:
             self.training_started = time.monotonic()
         self.counter.round = r
         self.phase = RoundPhase.TRAINING
         cfg = self.cfg
-        first_step = self.trainer.step
+        asked = cfg.inner.steps if steps is None else steps
+        if steps is None:
+            self.phase_first_step = self.trainer.step
+        first_step, call_first_step = self.phase_first_step, self.trainer.step
         t0 = time.monotonic()
 
         def on_step(step: int, loss: float) -> None:
             self.step, self.last_loss = step, loss
             local_step = step - first_step
             if local_step % self.options.log_every == 0 or local_step == cfg.inner.steps:
-                elapsed = time.monotonic() - t0
-                print(step_line(self.short, r, cfg.rounds.rounds, local_step, cfg.inner.steps, loss,
-                                local_step * cfg.data.batch_size * cfg.model.seq_len / max(elapsed, 1e-9),
-                                self.counter.total(), mfu=self.trainer.mfu(local_step * cfg.data.batch_size * cfg.model.seq_len / max(elapsed, 1e-9))), flush=True)
+                tokens_per_s = (step - call_first_step) * cfg.data.batch_size * cfg.model.seq_len / max(time.monotonic() - t0, 1e-9)
+                print(step_line(self.short, r, cfg.rounds.rounds, local_step, cfg.inner.steps, loss, tokens_per_s,
+                                self.counter.total(), mfu=self.trainer.mfu(tokens_per_s)), flush=True)
 
-        ranks.start_round(self, cfg.inner.steps)  # every rank from this θ
-        stats = self.trainer.run(cfg.inner.steps, on_step, log_every=self.options.log_every)
+        ranks.start_round(self, asked)  # every rank from this θ
+        # Followers run the steps they are told in lockstep: with several ranks a phase is not cut.
+        stop = stop if ranks.world_size() == 1 else None
+        stats = self.trainer.run(asked, on_step, log_every=self.options.log_every, stop=stop)
         compute = time.monotonic() - t0
         self.compute_s += compute
-        fail_point("trained", r)
+        if stats.steps == asked:
+            fail_point("trained", r)
         return stats, compute
 
     def make_update(self, r: int, delta: torch.Tensor) -> Update:
@@ -434,6 +444,7 @@ class PeerNode:
             "wait_s": result.wait_s, "fetch_s": result.fetch_s, "aggregate_s": result.aggregate_s,
             "round_s": round_s if round_s is not None else time.monotonic() - started, "in_sync": in_sync,
             "exchange_s": result.exchange_s, "utilization": self.utilization(), "slices": result.slices,
+            "landed_after_steps": result.landed_after_steps,
         }
         self.history.append(record)
         if in_sync:

@@ -27,8 +27,10 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
     The inner steps of round r+1 start before θ_{r+1} is known, from a point P: with
     rounds.eager_updates (the default) the eager outer step of optim/eager.py (this peer's own
     Δ_r standing in for its share of the average in flight), otherwise its own local parameters
-    at the end of round r. When θ_{r+1} is known, the local progress is moved onto it:
-    θ_local = θ_{r+1} + (θ_local − P), so Δ_{r+1} = −(progress made in round r+1).
+    at the end of round r. As soon as θ_{r+1} is known (after the inner step during which the
+    exchange finished, or at the phase's end if it takes longer), the local progress is moved
+    onto it: θ_local = θ_{r+1} + (θ_local − P), and the phase's remaining steps run from there;
+    Δ_{r+1} = −(progress made in round r+1). The round record's landed_after_steps says when.
     """
     done = 0
     pending = None  # (future, round, update, stats, compute, started, before)
@@ -42,7 +44,9 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
                 break
             r = node.round + (1 if pending is not None else 0)  # the round this phase's update is for
             started, before = time.monotonic(), node.counter.total()
-            stats, compute = node.train(r)
+            # The phase stops early when the exchange in flight finishes: θ_r is then known, and the
+            # rest of the phase runs from θ_r + progress instead of from the estimated start.
+            stats, compute = node.train(r, stop=None if pending is None else pending[0].done)
             progress = flat_params(node.model).cpu() - anchor  # (d,)
             if pending is not None:
                 future, *context = pending
@@ -52,6 +56,7 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
                 eager.joined(result.updates)
                 # Idle time is only what the join costs; the exchange itself ran beside training.
                 result.exchange_s, result.wait_s = result.wait_s + result.fetch_s + result.aggregate_s, time.monotonic() - t_join
+                result.landed_after_steps = stats.steps
                 previous_started = context[4]
                 # The round's own share of time and traffic: from its phase's start to this one's.
                 node.finish_round(*context[:1], result, *context[1:], round_s=started - previous_started, after=before)
@@ -61,6 +66,12 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
                     anchor = node.params.clone()
                     eager.forget()
                     continue
+                if stats.steps < node.cfg.inner.steps:  # θ_r landed mid-phase: move the progress onto it
+                    anchor = node.params.clone()
+                    load_flat_params(node.model, (anchor + progress).to(node.options.device))
+                    more, more_compute = node.train(r, steps=node.cfg.inner.steps - stats.steps)
+                    stats, compute = stats.then(more), compute + more_compute
+                    progress = flat_params(node.model).cpu() - anchor
             local = node.params + progress  # θ_r + this phase's progress
             load_flat_params(node.model, local.to(node.options.device))
             update = node.make_update(r, -progress)
@@ -70,7 +81,7 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
                 eager.forget()
                 continue
             # Before the exchange runs: it steps node.math's outer state in the background.
-            start = eager.start(node, -progress) if r + 1 < node.cfg.rounds.rounds else None
+            start = eager.start(node, -progress, r) if r + 1 < node.cfg.rounds.rounds else None
             if start is not None:
                 load_flat_params(node.model, start.to(node.options.device))
             anchor = local if start is None else start
@@ -101,13 +112,13 @@ class EagerStart:
         """After a resync the last Δ no longer belongs to the average that will be known."""
         self.own_previous, self.peers = None, 0
 
-    def start(self, node: "PeerNode", own: torch.Tensor) -> torch.Tensor | None:
-        """The next phase's starting point given this round's own Δ (d,): the eager outer step from
-        θ_r (node.params); None when disabled (the phase goes on from the local parameters)."""
+    def start(self, node: "PeerNode", own: torch.Tensor, round_: int) -> torch.Tensor | None:
+        """The next phase's starting point given round `round_`'s own Δ (d,): the eager outer step
+        from θ_r (node.params); None when disabled (the phase goes on from the local parameters)."""
         if not self.enabled:
             return None
         last = node.math.last_aggregate if self.peers else None
-        start = eager_math.next_start(node.math.outer, node.params, own, eager=True, mode=node.cfg.rounds.eager_estimate,
+        start = eager_math.next_start(node.math.outer_at(round_), node.params, own, eager=True, mode=node.cfg.rounds.eager_estimate,
                                       last_average=last,
                                       own_previous=self.own_previous, peers=self.peers)
         self.own_previous = own

@@ -38,6 +38,7 @@ class Exchange:
     excluded: dict[str, str] = field(default_factory=dict)
     wait_s: float = 0.0  # idle: waiting for the manifest (overlapped: for the background exchange)
     exchange_s: float = 0.0  # overlapped: time the background exchange took beside training
+    landed_after_steps: int | None = None  # overlapped: inner steps of the next phase run before it finished
     fetch_s: float = 0.0
     aggregate_s: float = 0.0
     resync: str = ""

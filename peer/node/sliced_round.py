@@ -88,7 +88,7 @@ def sliced_exchange(
 
     t_agg = time.monotonic()
     new_params = base.clone()
-    math.step_with_aggregate(new_params, outcome.combined)
+    math.step_with_aggregate(new_params, outcome.combined, round_=r)
     aggregate_s = time.monotonic() - t_agg
 
     # Wait until the coordinator applied the round too: the node then compares θ_{r+1} with the

@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 OuterName = Literal["nesterov", "demo", "fedavg"]
+OuterSchedule = Literal["constant", "cosine", "linear"]
 
 # Outer learning rate when outer.lr is unset: DiLoCo's Nesterov 0.7; 1.0 makes fedavg plain
 # averaging (θ_{r+1} = θ_r − mean Δ); DeMo's sign step is outer.demo_lr.
@@ -147,6 +149,14 @@ class OuterConfig:
     demo_topk: int = 4  # DeMo: components kept per chunk
     # DeMo's sign step when outer.lr is unset. (Its own key, as stored benchmark configs have it.)
     demo_lr: float = 1e-3
+    # The outer step size per round: a linear warm-up over the first `lr_warmup_rounds` rounds,
+    # then `lr_schedule` from the full step down towards lr_final x it at the end of rounds.rounds.
+    # DeMo's paper decays its sign step with the run (a constant sign step keeps its noise to the end).
+    lr_warmup_rounds: int = _documented(0, "outer step warm-up: ramp linearly over this many rounds (0 = none)")
+    lr_schedule: OuterSchedule = _documented(
+        "constant", "outer step after the warm-up: constant, or cosine/linear decay towards outer.lr_final x it at the end of the run"
+    )
+    lr_final: float = 0.0  # cosine/linear: the last round's step as a fraction of the full one
 
     def __post_init__(self) -> None:
         _require(
@@ -158,6 +168,12 @@ class OuterConfig:
         _require(0 <= self.momentum < 1, f"outer.momentum={self.momentum}: use a value in [0, 1)")
         _require(0 < self.demo_decay <= 1, "outer.demo_decay must be in (0, 1]")
         _require(1 <= self.demo_topk <= self.demo_chunk <= 4096, "outer: need 1 <= demo_topk <= demo_chunk <= 4096")
+        _require(isinstance(self.lr_warmup_rounds, int) and self.lr_warmup_rounds >= 0,
+                 f"outer.lr_warmup_rounds={self.lr_warmup_rounds!r}: use 0 (no warm-up) or a number of rounds")
+        _require(self.lr_schedule in ("constant", "cosine", "linear"),
+                 f"outer.lr_schedule={self.lr_schedule!r}: choose constant, cosine or linear")
+        _require(_is_number(self.lr_final) and 0 <= self.lr_final <= 1,
+                 f"outer.lr_final={self.lr_final!r}: use a fraction of the step in [0, 1]")
 
     @property
     def effective_lr(self) -> float:
@@ -165,6 +181,21 @@ class OuterConfig:
         if self.lr is not None:
             return self.lr
         return self.demo_lr if self.name == "demo" else OUTER_DEFAULT_LR[self.name]
+
+    def lr_at(self, round_: int, rounds: int) -> float:
+        """The step size of round `round_` (0-based) in a run of `rounds` rounds: effective_lr
+        ramped up over the warm-up rounds ((r+1)/(warm-up+1) of it), then the schedule's shape
+        at progress (r - warm-up)/(rounds - warm-up), which would reach lr_final one round
+        after the last; rounds past the end keep lr_final."""
+        lr = self.effective_lr
+        if round_ < self.lr_warmup_rounds:
+            return lr * (round_ + 1) / (self.lr_warmup_rounds + 1)
+        if self.lr_schedule == "constant":
+            return lr
+        span = rounds - self.lr_warmup_rounds  # the last round still steps: progress (span-1)/span
+        progress = 1.0 if span <= 0 else min(1.0, (round_ - self.lr_warmup_rounds) / span)
+        shape = (1 + math.cos(math.pi * progress)) / 2 if self.lr_schedule == "cosine" else 1 - progress
+        return lr * (self.lr_final + (1 - self.lr_final) * shape)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -246,7 +277,7 @@ class RoundConfig:
         )
         _require(self.deadline_slack >= 1.0, "rounds.deadline_slack must be >= 1")
         _require(self.peer_timeout_s > 0, "rounds.peer_timeout_s must be positive")
-        _require(self.eager_estimate in ("own", "share"), f"rounds.eager_estimate={self.eager_estimate!r}: choose own or share")
+        _require(self.eager_estimate in ("own", "share", "fit"), f"rounds.eager_estimate={self.eager_estimate!r}: choose own, fit or share")
 
 
 ExchangeMode = Literal["sliced", "all-to-all"]

@@ -192,10 +192,17 @@ class RoundMath:
     def max_result_bytes(self) -> int:
         return max(self.layout.size(j) for j in range(self.layout.num_slices)) * 4
 
-    def step_with_aggregate(self, params: torch.Tensor, combined: torch.Tensor) -> None:
-        """Outer step on the gathered (d,) aggregate; it is also centered-clip's next centre."""
+    def outer_at(self, round_: int | None) -> outer.OuterOptimizer:
+        """The outer optimizer with round `round_`'s step size (outer.lr_warmup_rounds,
+        outer.lr_schedule); None: the configured step (no schedule)."""
+        cfg = self.cfg.outer
+        self.outer.lr = cfg.effective_lr if round_ is None else cfg.lr_at(round_, self.cfg.rounds.rounds)
+        return self.outer
+
+    def step_with_aggregate(self, params: torch.Tensor, combined: torch.Tensor, *, round_: int | None = None) -> None:
+        """Outer step of round `round_` on the gathered (d,) aggregate; it is also centered-clip's next centre."""
         with single_thread():
-            self.outer.step(params, combined)
+            self.outer_at(round_).step(params, combined)
         self.last_aggregate = combined
         if self.aggregator.name == "centered-clip":
             self.aggregator.previous = combined
@@ -268,7 +275,7 @@ class RoundMath:
         with single_thread():
             stacked = torch.stack([u.float() for u in updates])  # (n, d)
             combined = rule(stacked, seed=seed, num_byzantine=f)  # (d,)
-            self.outer.step(params, combined)
+            self.outer_at(round_).step(params, combined)
         self.last_aggregate = combined
         return rule.last_report
 
@@ -284,6 +291,6 @@ class RoundMath:
                 view[i] = update[part]
             data = self.reduce_slice(view, j, round_=round_, excluded_for_cause=excluded_for_cause)
             combined[part] = self.decode_result(data, j)
-        self.step_with_aggregate(params, combined)
+        self.step_with_aggregate(params, combined, round_=round_)
         return None
 
