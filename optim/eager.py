@@ -35,6 +35,12 @@ def estimate(own: torch.Tensor, *, last_average: torch.Tensor | None, own_previo
     """(d,) estimate of this round's average from this peer's own Δ (d,) and what it last saw."""
     if mode == "fit":
         return own.mul(shrinkage(last_average, own_previous))
+    if mode == "own-share":  # the others' fresh shares left out: they arrive with θ_{r+1}
+        return own.div(max(peers, 1))
+    if mode == "drift":
+        if last_average is None or own_previous is None:
+            return own.clone()
+        return own - (own_previous - last_average)  # own Δ less this peer's drift from the last average
     if mode == "own" or last_average is None or peers < 1:
         return own.clone()
     out = last_average.clone()

@@ -33,6 +33,7 @@ from peer.cli.run_flags import resolve_run_config  # noqa: E402
 from peer.cli import simulate  # noqa: E402
 from peer.cli.simulate import SimulationOptions, run_simulation  # noqa: E402
 from peer.learn.data import ShardSampler, load_corpus, validation_batches  # noqa: E402
+from optim.codecs import FORMAT_VERSION  # noqa: E402
 from peer.run.recipes import recipe_overrides  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -52,9 +53,15 @@ class Row:
     rounds: int = 8
     inner_steps: int = 25
     seeds: tuple[int, ...] = (0,)
+    twin: str | None = None  # the row this one is measured against (overlapped: the same run synchronous)
     arrival: float = 1.0  # overlapped: share of the next phase run before the average lands (simulate --overlap-arrival)
     iid: bool = False  # diagnostic: every peer samples the whole corpus (own stream) instead of its shard
     note: str = ""
+
+
+def _sl(lr: float, decay: float) -> dict[str, Any]:
+    """Overrides of a SparseLoCo row with its outer SGD step and error-feedback decay named."""
+    return {"exchange.mode": "all-to-all", "outer.name": "fedavg", "outer.lr": lr, "compression.error_feedback_decay": decay}
 
 
 def _d(codec: str = "fp32", aggregator: str = "mean", **more: Any) -> dict[str, Any]:
@@ -76,44 +83,27 @@ ROWS: list[Row] = [
         note="each coordinate averaged over the peers that sent it"),
     # (2) SparseLoCo as published (peer/run/recipes.py), and what moves it
     Row("SparseLoCo", "sparseloco", {"exchange.mode": "all-to-all"}, recipe="sparseloco", rounds=13, inner_steps=15,
-        seeds=SEEDS3, note="recipe sparseloco; 13 x 15 = 195 inner steps (~ 8 x 25)"),
+        seeds=SEEDS3, note="recipe sparseloco (outer SGD lr 2, error feedback decay 0.9); 13 x 15 = 195 inner steps (~ 8 x 25)"),
+    Row("SparseLoCo published", "sparseloco", _sl(1.0, 0.95), recipe="sparseloco", rounds=13, inner_steps=15, seeds=SEEDS3,
+        note="the published settings: outer SGD lr 1.0, error feedback decay 0.95"),
+    Row("SparseLoCo H=10", "sparseloco", {"exchange.mode": "all-to-all", "inner.steps": 10}, recipe="sparseloco",
+        rounds=20, inner_steps=10, seeds=SEEDS3, note="recipe sparseloco at 20 rounds x H=10: 1.5x the rounds of H=15"),
     Row("SparseLoCo H=25", "sparseloco", {"exchange.mode": "all-to-all", "inner.steps": 25}, recipe="sparseloco",
-        note="recipe sparseloco at the reference's H"),
-    Row("SparseLoCo outer lr 2", "sparseloco", {"exchange.mode": "all-to-all", "outer.lr": 2.0}, recipe="sparseloco",
-        rounds=13, inner_steps=15, seeds=SEEDS3, note="screen: outer SGD lr 2 (the recipe's 1 applies each Δ once)"),
-    Row("SparseLoCo nesterov 0.7/0.7", "sparseloco",
-        {"exchange.mode": "all-to-all", "outer.name": "nesterov", "outer.lr": 0.7, "outer.momentum": 0.7},
-        recipe="sparseloco", rounds=13, inner_steps=15, seeds=SEEDS3, note="screen: DiLoCo's Nesterov outer step on the sparse mean"),
-    Row("SparseLoCo outer lr 3", "sparseloco", {"exchange.mode": "all-to-all", "outer.lr": 3.0}, recipe="sparseloco",
-        rounds=13, inner_steps=15, note="screen: outer SGD lr 3"),
-    Row("SparseLoCo nesterov 0.7/0.9", "sparseloco",
-        {"exchange.mode": "all-to-all", "outer.name": "nesterov", "outer.lr": 0.7, "outer.momentum": 0.9},
-        recipe="sparseloco", rounds=13, inner_steps=15, note="screen: DiLoCo's outer step (0.7/0.9) on the sparse mean"),
-    Row("SparseLoCo nesterov 1.0/0.7", "sparseloco",
-        {"exchange.mode": "all-to-all", "outer.name": "nesterov", "outer.lr": 1.0, "outer.momentum": 0.7},
-        recipe="sparseloco", rounds=13, inner_steps=15, note="screen: Nesterov lr 1.0, momentum 0.7"),
-    Row("SparseLoCo outer lr 2 EF 1.0", "sparseloco",
-        {"exchange.mode": "all-to-all", "outer.lr": 2.0, "compression.error_feedback_decay": 1.0}, recipe="sparseloco",
-        rounds=13, inner_steps=15, note="screen: outer SGD lr 2, error feedback without decay"),
-    Row("SparseLoCo outer lr 2 EF 0.9", "sparseloco",
-        {"exchange.mode": "all-to-all", "outer.lr": 2.0, "compression.error_feedback_decay": 0.9}, recipe="sparseloco",
-        rounds=13, inner_steps=15, seeds=SEEDS3, note="screen: outer SGD lr 2, error feedback decay 0.9"),
-    Row("SparseLoCo outer lr 2 H=10", "sparseloco", {"exchange.mode": "all-to-all", "outer.lr": 2.0, "inner.steps": 10},
-        recipe="sparseloco", rounds=20, inner_steps=10, seeds=SEEDS3, note="screen: outer SGD lr 2, 20 rounds x H=10"),
-    Row("SparseLoCo outer lr 2 EF 0.8", "sparseloco",
-        {"exchange.mode": "all-to-all", "outer.lr": 2.0, "compression.error_feedback_decay": 0.8}, recipe="sparseloco",
-        rounds=13, inner_steps=15, note="screen: outer SGD lr 2, error feedback decay 0.8"),
-    Row("SparseLoCo outer lr 2.5 EF 0.9", "sparseloco",
-        {"exchange.mode": "all-to-all", "outer.lr": 2.5, "compression.error_feedback_decay": 0.9}, recipe="sparseloco",
-        rounds=13, inner_steps=15, note="screen: outer SGD lr 2.5, error feedback decay 0.9"),
-    Row("SparseLoCo outer lr 1.5 EF 0.9", "sparseloco",
-        {"exchange.mode": "all-to-all", "outer.lr": 1.5, "compression.error_feedback_decay": 0.9}, recipe="sparseloco",
-        rounds=13, inner_steps=15, note="screen: outer SGD lr 1.5, error feedback decay 0.9"),
-    Row("SparseLoCo outer lr 2 EF 0.9 H=25", "sparseloco",
-        {"exchange.mode": "all-to-all", "outer.lr": 2.0, "compression.error_feedback_decay": 0.9, "inner.steps": 25},
-        recipe="sparseloco", note="screen: outer SGD lr 2, error feedback decay 0.9, the reference's 8 x H=25"),
+        note="recipe sparseloco at the reference's 8 x H=25"),
     Row("SparseLoCo plain mean", "sparseloco", {"exchange.mode": "all-to-all", "aggregation.name": "mean"},
         recipe="sparseloco", rounds=13, inner_steps=15, note="zero-filled mean instead of sparse-mean"),
+    # what moves it (explicit outer step and error-feedback decay: independent of the recipe's values)
+    *[Row(f"SparseLoCo outer lr {lr:g}" + (f" EF {ef:g}" if ef != 0.95 else ""), "sparseloco", _sl(lr, ef),
+          recipe="sparseloco", rounds=13, inner_steps=15, seeds=SEEDS3 if (lr, ef) == (2.0, 0.95) else (0,),
+          note=f"screen: outer SGD lr {lr:g}, error feedback decay {ef:g}")
+      for lr, ef in ((2.0, 0.95), (3.0, 0.95), (2.0, 1.0), (2.0, 0.8), (1.5, 0.9), (2.5, 0.9))],
+    Row("SparseLoCo outer lr 2 H=10", "sparseloco", {**_sl(2.0, 0.95), "inner.steps": 10}, recipe="sparseloco",
+        rounds=20, inner_steps=10, seeds=SEEDS3, note="screen: outer SGD lr 2, error feedback decay 0.95, 20 rounds x H=10"),
+    *[Row(f"SparseLoCo nesterov {lr:g}/{m:g}", "sparseloco",
+          {**_sl(1.0, 0.95), "outer.name": "nesterov", "outer.lr": lr, "outer.momentum": m}, recipe="sparseloco",
+          rounds=13, inner_steps=15, seeds=SEEDS3 if (lr, m) == (0.7, 0.7) else (0,),
+          note=f"screen: DiLoCo's Nesterov outer step ({lr:g}/{m:g}) on the sparse mean, error feedback decay 0.95")
+      for lr, m in ((0.7, 0.7), (0.7, 0.9), (1.0, 0.7))],
     # (3) DeMo as Psyche runs it: DCT top-k as 1-bit signs, sign step
     Row("DeMo lr 5e-3", "demo", {"exchange.mode": "all-to-all", "outer.lr": 5e-3}, recipe="demo",
         note="recipe demo (top-4 of 64, signs, decay 0.999)"),
@@ -127,6 +117,14 @@ ROWS: list[Row] = [
     Row("DeMo top-8 lr 5e-3", "demo", {"exchange.mode": "all-to-all", "outer.lr": 5e-3, "outer.demo_topk": 8,
                                        "compression.codec": "dct-topk:64:8+sign"}, recipe="demo",
         note="screen: top-8 of 64 (34x), sign step 5e-3"),
+    Row("DeMo H=10 lr 5e-3", "demo", {"exchange.mode": "all-to-all", "outer.lr": 5e-3, "inner.steps": 10}, recipe="demo",
+        rounds=20, inner_steps=10, note="screen: 20 rounds x H=10 (more, smaller sign steps)"),
+    Row("DeMo H=10 lr 1e-2", "demo", {"exchange.mode": "all-to-all", "outer.lr": 1e-2, "inner.steps": 10}, recipe="demo",
+        rounds=20, inner_steps=10, note="screen: 20 rounds x H=10"),
+    Row("DeMo H=5 lr 2.5e-3", "demo", {"exchange.mode": "all-to-all", "outer.lr": 2.5e-3, "inner.steps": 5}, recipe="demo",
+        rounds=40, inner_steps=5, note="screen: 40 rounds x H=5"),
+    Row("DeMo H=5 lr 5e-3", "demo", {"exchange.mode": "all-to-all", "outer.lr": 5e-3, "inner.steps": 5}, recipe="demo",
+        rounds=40, inner_steps=5, note="screen: 40 rounds x H=5"),
     Row("DeMo lr 1e-2 cosine", "demo", {"exchange.mode": "all-to-all", "outer.lr": 1e-2, "outer.lr_schedule": "cosine"},
         recipe="demo", note="screen: sign step decayed with the run (cosine)"),
     Row("DeMo lr 2e-2 cosine", "demo", {"exchange.mode": "all-to-all", "outer.lr": 2e-2, "outer.lr_schedule": "cosine"},
@@ -137,36 +135,55 @@ ROWS: list[Row] = [
         recipe="demo", note="screen: local momentum decay 0.995"),
     # (4) overlapped rounds: the synchronous reference is DiLoCo fp32 (same codec, outer, H, rounds)
     Row("overlap delayed", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": False}),
-        note="next phase starts from the local model (before this change)"),
+        twin="DiLoCo fp32", note="next phase starts from the local model (before this change)"),
     Row("overlap eager", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
                                           "rounds.eager_estimate": "own"}),
-        seeds=SEEDS3, note="eager start: step(θ_r, own fresh Δ) (the default)"),
+        seeds=SEEDS3, twin="DiLoCo fp32", note="eager start: step(θ_r, own fresh Δ) (the default)"),
     Row("overlap eager fit", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
                                               "rounds.eager_estimate": "fit"}),
-        note="eager start: step(θ_r, c·own fresh Δ), c the least-squares fit of the last average on the own Δ"),
+        twin="DiLoCo fp32", note="eager start: step(θ_r, c·own fresh Δ), c the least-squares fit of the last average on the own Δ"),
     Row("overlap eager lands at 1/2", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
                                                         "rounds.eager_estimate": "own"}), arrival=0.5,
-        seeds=SEEDS3, note="eager start; the average lands halfway through the next phase and the peer moves onto it then"),
+        seeds=SEEDS3, twin="DiLoCo fp32", note="eager start; the average lands halfway through the next phase and the peer moves onto it then"),
     Row("overlap eager lands at 1/5", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
                                                         "rounds.eager_estimate": "own"}), arrival=0.2,
-        seeds=SEEDS3, note="eager start; the average lands a fifth into the next phase (an exchange 1/5 as long as a phase)"),
+        seeds=SEEDS3, twin="DiLoCo fp32", note="eager start; the average lands a fifth into the next phase (an exchange 1/5 as long as a phase)"),
     Row("overlap eager fp16 0.7/0.8", "overlap", _d("fp16", **{"outer.momentum": 0.8, "rounds.overlap_communication": True,
                                                                 "rounds.eager_updates": True, "rounds.eager_estimate": "own"}),
-        note="eager start, recipe diloco's outer step (Nesterov 0.7/0.8, fp16); synchronous: fp16 0.7/0.8"),
+        twin="fp16 0.7/0.8", note="eager start, recipe diloco's outer step (Nesterov 0.7/0.8, fp16); synchronous: fp16 0.7/0.8"),
     Row("overlap eager fp16 0.7/0.7", "overlap", _d("fp16", **{"outer.momentum": 0.7, "rounds.overlap_communication": True,
                                                                 "rounds.eager_updates": True, "rounds.eager_estimate": "own"}),
-        seeds=SEEDS3, note="eager start, Nesterov 0.7/0.7, fp16; synchronous: fp16 0.7/0.7"),
+        seeds=SEEDS3, twin="fp16 0.7/0.7", note="eager start, Nesterov 0.7/0.7, fp16; synchronous: fp16 0.7/0.7"),
     Row("overlap eager fp16 0.7/0.8 lands at 1/2", "overlap",
         _d("fp16", **{"outer.momentum": 0.8, "rounds.overlap_communication": True, "rounds.eager_updates": True,
                       "rounds.eager_estimate": "own"}), arrival=0.5,
-        note="eager start, Nesterov 0.7/0.8, fp16, the average lands halfway; synchronous: fp16 0.7/0.8"),
+        twin="fp16 0.7/0.8", note="eager start, Nesterov 0.7/0.8, fp16, the average lands halfway; synchronous: fp16 0.7/0.8"),
+    Row("overlap eager own-share", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
+                                                    "rounds.eager_estimate": "own-share"}),
+        twin="DiLoCo fp32", note="eager start: step(θ_r, own fresh Δ / n) (the others' shares come with θ_{r+1})"),
+    Row("overlap eager drift", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
+                                                "rounds.eager_estimate": "drift"}), twin="DiLoCo fp32",
+        note="eager start: step(θ_r, own fresh Δ − (own last Δ − last average)): the peers' estimates average to the true average"),
+    Row("overlap eager drift lands at 1/2", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
+                                                             "rounds.eager_estimate": "drift"}), twin="DiLoCo fp32", arrival=0.5,
+        note="drift-corrected eager start; the average lands halfway"),
     Row("overlap eager share", "overlap", _d(**{"rounds.overlap_communication": True, "rounds.eager_updates": True,
                                                 "rounds.eager_estimate": "share"}),
-        note="eager start: step(θ_r, own fresh share + others' shares of the last average) (Kale et al.'s mixture)"),
+        twin="DiLoCo fp32", note="eager start: step(θ_r, own fresh share + others' shares of the last average) (Kale et al.'s mixture)"),
     # (5) DiLoCo vs DDP at >= 20x fewer bytes
     Row("fp16 0.7/0.9", "ddp", _d("fp16"), note="37x fewer bytes than DDP"),
     Row("fp16 0.7/0.8", "ddp", _d("fp16", **{"outer.momentum": 0.8}), seeds=SEEDS3),
     Row("fp16 0.7/0.7", "ddp", _d("fp16", **{"outer.momentum": 0.7}), seeds=SEEDS3),
+    Row("fp16 0.7/0.7 outer warm-up 2", "ddp", _d("fp16", **{"outer.momentum": 0.7, "outer.lr_warmup_rounds": 2}),
+        note="outer step ramped over the first 2 rounds (1/3, 2/3, then 0.7)"),
+    Row("fp16 1.0/0.7", "ddp", _d("fp16", **{"outer.lr": 1.0, "outer.momentum": 0.7}), note="outer lr 1.0"),
+    Row("fp16 0.5/0.7", "ddp", _d("fp16", **{"outer.lr": 0.5, "outer.momentum": 0.7}), note="outer lr 0.5"),
+    Row("DDP batch 16", "ddp", {"data.batch_size": 16}, baseline="ddp", note="twice the batch: 16x128 per peer per step"),
+    Row("fp16 0.7/0.7 batch 16", "ddp", _d("fp16", **{"outer.momentum": 0.7, "data.batch_size": 16}), twin="DDP batch 16",
+        note="twice the inner batch (16x128); compared with DDP at the same batch"),
+    Row("DDP 48 rounds", "ddp", {}, baseline="ddp", rounds=48, note="6x longer: 48 x 25 steps"),
+    Row("fp16 0.7/0.7 48 rounds", "ddp", _d("fp16", **{"outer.momentum": 0.7}), rounds=48, twin="DDP 48 rounds",
+        note="6x longer; the gap after rounds 8, 24 and 48 is in the table below"),
     Row("DiLoCo fp32 iid data", "sparse", _d(), iid=True, note="diagnostic: peers sample the whole corpus"),
     Row("topk 1% + int8 iid data", "sparse", _d("topk:0.01+int8"), iid=True,
         note="diagnostic: peers sample the whole corpus; gap vs DiLoCo fp32 iid data in the finding"),
@@ -251,6 +268,13 @@ def _same(stored: dict[str, Any], now: dict[str, Any]) -> bool:
                for k, v in stored.items()) if isinstance(stored, dict) else stored == now
 
 
+def _stale_wire(stored: dict[str, Any]) -> bool:
+    """A run stored before the codec's current payload format (optim/codecs.FORMAT_VERSION) measured
+    other bytes for the codecs whose layout changed (format 2 bit-packs per-chunk offsets)."""
+    chunked = any(stage.startswith(("chunk-topk", "dct-topk")) for stage in str(stored.get("codec", "")).split("+"))
+    return chunked and stored.get("codec_format", 1) != FORMAT_VERSION
+
+
 def _key(record: dict[str, Any]) -> tuple[str, int]:
     return record["label"], record["seed"]
 
@@ -265,12 +289,14 @@ def run_rows(rows: list[Row], out: Path, rounds: int | None, inner_steps: int | 
             opts = row_options(row, seed, rounds, inner_steps)
             cfg = opts.run_config().to_dict()
             old = stored.get((row.label, seed))
-            if old is not None and _same(old["config"], cfg) and old.get("overlap_arrival") in (None, opts.overlap_arrival):
+            if (old is not None and _same(old["config"], cfg) and old.get("overlap_arrival") in (None, opts.overlap_arrival)
+                    and not _stale_wire(old)):
                 continue
             started = time.time()
             with _iid_samplers(row.iid):
                 result = run_simulation(opts)
             result.update(label=row.label, group=row.group, recipe=row.recipe, note=row.note, iid_data=row.iid,
+                          codec_format=FORMAT_VERSION,
                           loadavg_1m=os.getloadavg()[0])
             print(f"{row.label} seed {seed}: {result['final_val_loss']:.4f} in {time.time() - started:.0f}s", flush=True)
             stored[(row.label, seed)] = result

@@ -34,10 +34,15 @@ def _by_seed(runs: list[dict[str, Any]], label: str) -> dict[int, dict[str, Any]
     return {r["seed"]: r for r in runs if r["label"] == label}
 
 
+def _steps(run: dict[str, Any]) -> int:
+    return run["rounds"] * run["inner_steps"]
+
+
 def paired_gap(runs: list[dict[str, Any]], label: str, ref: str) -> tuple[float | None, list[int]]:
-    """Mean relative final-loss gap of `label` over `ref` on the seeds both ran, and those seeds."""
+    """Mean relative final-loss gap of `label` over `ref` on the seeds both ran with (within 5%)
+    the same number of inner steps, and those seeds (a 48-round run is not paired with an 8-round one)."""
     mine, theirs = _by_seed(runs, label), _by_seed(runs, ref)
-    seeds = sorted(set(mine) & set(theirs))
+    seeds = sorted(s for s in set(mine) & set(theirs) if abs(_steps(mine[s]) - _steps(theirs[s])) <= 0.05 * _steps(theirs[s]))
     if not seeds:
         return None, []
     gaps = [(mine[s]["final_val_loss"] - theirs[s]["final_val_loss"]) / theirs[s]["final_val_loss"] for s in seeds]
@@ -71,8 +76,13 @@ def summarize(runs: list[dict[str, Any]], rows: list[Any]) -> list[dict[str, Any
         first, cfg = mine[0], mine[0]["config"]
         finals = [r["final_val_loss"] for r in mine]
         ddp = first["baseline"] == "ddp"
-        overlap = "-" if ddp else ("off" if not cfg["rounds"]["overlap_communication"]
-                                   else "eager" if cfg["rounds"].get("eager_updates") else "delayed")
+        overlap = "-" if ddp else ("off" if not cfg["rounds"]["overlap_communication"] else
+                                   f"eager ({cfg['rounds'].get('eager_estimate', 'share')})" if cfg["rounds"].get("eager_updates")
+                                   else "delayed")
+        arrival = first.get("overlap_arrival")
+        if overlap not in ("-", "off"):
+            overlap += ", lands at the phase's end" if arrival in (None, 1.0) else f", lands after {arrival:g} of the phase"
+        twin = getattr(row, "twin", None)
         ef = cfg["compression"]
         out.append({
             "label": row.label, "group": row.group, "note": row.note, "ddp": ddp,
@@ -86,6 +96,7 @@ def summarize(runs: list[dict[str, Any]], rows: list[Any]) -> list[dict[str, Any
             "fewer_than_fp32": None if ddp or not fp32_upload else fp32_upload / first["upload_bytes_per_peer_per_round"],
             "fewer_than_ddp": first["ratio_vs_ddp"],
             "gap_ref": paired_gap(runs, row.label, REF), "gap_ddp": paired_gap(runs, row.label, DDP),
+            "twin": twin, "gap_twin": paired_gap(runs, row.label, twin) if twin else (None, []),
             "curve": first["val_loss_per_round"], "iid": bool(first.get("iid_data")),
         })
     return out
@@ -133,8 +144,9 @@ def write_plot(out: Path, summary: list[dict[str, Any]], front: set[str]) -> boo
 def _table(summary: list[dict[str, Any]], front: set[str]) -> list[str]:
     lines = [
         "| row | codec | outer | aggregator | error feedback | overlap | H x rounds | seeds | final val loss | bytes/peer/round "
-        "| fewer bytes than fp32 (upload) | fewer bytes than DDP | gap vs DiLoCo fp32 (paired) | gap vs DDP (paired) | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| fewer bytes than fp32 (upload) | fewer bytes than DDP | gap vs DiLoCo fp32 (paired) | gap vs DDP (paired) "
+        "| gap vs its twin (paired) | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
         star = " ★" if s["label"] in front else ""
@@ -143,7 +155,7 @@ def _table(summary: list[dict[str, Any]], front: set[str]) -> list[str]:
             f"| {s['label']}{star} | `{s['codec']}` | {s['outer']} | {s['aggregator']} | {s['error_feedback']} | {s['overlap']} "
             f"| {s['H']} x {s['rounds']} | {', '.join(map(str, s['seeds']))} | {s['final']:.4f} ± {s['spread']:.4f} "
             f"| {_human(s['bytes'])} | {fewer} | {s['fewer_than_ddp'] or 0:.0f}x | {_pct(s['gap_ref'][0])} "
-            f"| {_pct(s['gap_ddp'][0])} | {s['note']} |"
+            f"| {_pct(s['gap_ddp'][0])} | {_pct(s['gap_twin'][0]) + ' vs ' + s['twin'] if s['twin'] else '-'} | {s['note']} |"
         )
     return lines
 
@@ -153,7 +165,8 @@ GOALS = [
     ("SparseLoCo: >= 100x fewer bytes per round than fp32 DiLoCo within 2% of its final loss",
      "sparseloco", REF, 0.02, 100, None),
     ("DeMo: within 5% of DiLoCo fp32 at >= 30x fewer bytes", "demo", REF, 0.05, 30, None),
-    ("Eager updates: overlapped final loss within 1% of synchronous at equal rounds", ["overlap eager"], REF, 0.01, None, None),
+    ("Eager updates: overlapped final loss within 1% of synchronous at equal rounds (its twin: the same run synchronous)",
+     "overlap", "twin", 0.01, None, None),
     ("DiLoCo vs DDP: within 3% at >= 20x fewer bytes than DDP", "ddp", DDP, 0.03, None, 20),
 ]
 
@@ -165,18 +178,19 @@ def goal_lines(summary: list[dict[str, Any]]) -> list[str]:
         rows = [s for s in summary if (s["label"] in which if isinstance(which, list) else s["group"] == which)]
         fits = [s for s in rows if (min_fp32 is None or (s["fewer_than_fp32"] or 0) >= min_fp32)
                 and (min_ddp is None or (s["fewer_than_ddp"] or 0) >= min_ddp)]
-        key = "gap_ref" if ref == REF else "gap_ddp"
+        key = {REF: "gap_ref", DDP: "gap_ddp", "twin": "gap_twin"}[ref]
         scored = [s for s in fits if s[key][0] is not None]
         if not scored:
             lines.append(f"- {text}: **NOT measured** (no row meets the byte bound with a paired reference).")
             continue
         best = min(scored, key=lambda s: s[key][0])
         gap, seeds = best[key]
+        best_ref = best["twin"] if ref == "twin" else ref
         reached = gap <= max_gap and len(seeds) >= 3
         verdict = "reached" if reached else ("NOT reached" if gap > max_gap else "NOT settled (fewer than 3 seeds)")
         bytes_ = (f"{best['fewer_than_fp32']:.0f}x fewer bytes than fp32" if min_fp32 else
                   f"{best['fewer_than_ddp']:.0f}x fewer bytes than DDP" if min_ddp else f"{_human(best['bytes'])}/peer/round")
-        lines.append(f"- {text}: **{verdict}** — best row `{best['label']}`: {_pct(gap)} vs {ref} "
+        lines.append(f"- {text}: **{verdict}** — best row `{best['label']}`: {_pct(gap)} vs {best_ref} "
                      f"(paired, seeds {', '.join(map(str, seeds))}), {bytes_}.")
     return lines
 
@@ -196,17 +210,22 @@ def gap_by_round(runs: list[dict[str, Any]], label: str, ref: str) -> list[tuple
     return out
 
 
-def _gap_table(runs: list[dict[str, Any]], labels: list[str], ref: str) -> list[str]:
-    series = {label: gap_by_round(runs, label, ref) for label in labels}
+def _gap_table(runs: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> list[str]:
+    """Per-round gaps of each (row, reference) pair; long runs show every 8th round."""
+    series = {(f"{label} vs {ref}" if len({r for _, r in pairs}) > 1 else label): gap_by_round(runs, label, ref)
+              for label, ref in pairs}
     series = {k: v for k, v in series.items() if v}
     if not series:
         return []
+    refs = sorted({r for _, r in pairs})
     rounds = max(len(v) for v in series.values())
-    lines = [f"Gap vs {ref} after each round (paired by seed; seeds per row in brackets):", "",
-             "| row | " + " | ".join(f"r{r}" for r in range(1, rounds + 1)) + " |",
-             "|---|" + "---|" * rounds]
+    shown = list(range(1, rounds + 1)) if rounds <= 13 else [r for r in range(1, rounds + 1) if r % 8 == 0 or r in (1, 4)]
+    lines = [f"Gap vs {refs[0] if len(refs) == 1 else 'each reference'} after each round (paired by seed; seeds per row "
+             "in brackets):", "",
+             "| row | " + " | ".join(f"r{r}" for r in shown) + " |",
+             "|---|" + "---|" * len(shown)]
     for label, values in series.items():
-        cells = [_pct(g) for _, g, _ in values] + ["-"] * (rounds - len(values))
+        cells = [_pct(values[r - 1][1]) if r <= len(values) else "-" for r in shown]
         lines.append(f"| {label} [{values[0][2]}] | " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -268,9 +287,9 @@ def write_report(out: Path, rows: list[Any], findings: list[str] | None = None) 
         if part:
             lines += [f"## {title}", "", *_table(part, front), ""]
             if group == "ddp":
-                lines += _gap_table(runs, [REF, *[s["label"] for s in part]], DDP)
+                lines += _gap_table(runs, [(REF, DDP), *[(s["label"], s["twin"] or DDP) for s in part]])
             if group == "overlap":
-                lines += _gap_table(runs, [s["label"] for s in part], REF)
+                lines += _gap_table(runs, [(s["label"], s["twin"] or REF) for s in part])
     lines += ["## Goals", "", *goal_lines(summary), "", "## Findings", "",
               *[fill(f, summary, runs) for f in (findings or ["(none recorded)"])], ""]
     if plotted:

@@ -72,3 +72,21 @@ def test_an_average_landing_at_the_phase_start_is_the_synchronous_run_and_later_
     halfway, at_end = _overlapped(3, True, overlap_arrival=0.5), _overlapped(3, True)
     assert len({halfway["final_params_sha256"], at_end["final_params_sha256"], sync["final_params_sha256"]}) == 3
     assert halfway["final_val_loss"] < halfway["initial_val_loss"] - 0.05
+
+
+def test_the_drift_estimates_of_all_peers_average_to_the_true_average():
+    # Each peer's own Δ less its drift from the last average: the peers' estimates sum to n·mean,
+    # so the start points' errors cancel in the average; each one errs by its change of drift only.
+    torch.manual_seed(0)
+    previous, fresh = torch.randn(4, 6), torch.randn(4, 6)  # (peers, d) last round's and this round's Δs
+    last = previous.mean(dim=0)
+    guesses = torch.stack([eager.estimate(fresh[i], last_average=last, own_previous=previous[i], peers=4, mode="drift")
+                           for i in range(4)])
+    assert torch.allclose(guesses.mean(dim=0), fresh.mean(dim=0), atol=1e-6)
+    assert torch.allclose(guesses[1], fresh[1] - previous[1] + last)
+    # a drift that persists (the same offset in both rounds) is removed exactly
+    offset = torch.randn(4, 6)
+    steady = torch.stack([eager.estimate(fresh.mean(0) + offset[i], last_average=last, own_previous=last + offset[i],
+                                         peers=4, mode="drift") for i in range(4)])
+    assert torch.allclose(steady, fresh.mean(0).expand(4, 6), atol=1e-6)
+    assert eager.estimate(fresh[0], last_average=None, own_previous=None, peers=0, mode="drift").equal(fresh[0])

@@ -20,11 +20,11 @@ def loaded(argv: list[str], verb: str = "simulate"):
     return load_run_config(build_parser().parse_args([verb, *argv]))
 
 
-def test_sparseloco_recipe_sets_the_published_settings_and_flags_override_it():
+def test_sparseloco_recipe_sets_the_tuned_settings_and_flags_override_it():
     cfg = loaded(["--recipe", "sparseloco"])
     assert cfg.compression.codec == "chunk-topk:4096:64+stat2"
-    assert cfg.compression.error_feedback and cfg.compression.error_feedback_decay == 0.95
-    assert (cfg.aggregation.name, cfg.outer.name, cfg.outer.lr, cfg.inner.steps) == ("sparse-mean", "fedavg", 1.0, 15)
+    assert cfg.compression.error_feedback and cfg.compression.error_feedback_decay == 0.9
+    assert (cfg.aggregation.name, cfg.outer.name, cfg.outer.lr, cfg.inner.steps) == ("sparse-mean", "fedavg", 2.0, 15)
     cfg = loaded(["--recipe", "sparseloco", "--inner-steps", "30", "--aggregator", "centered-clip"])
     assert (cfg.inner.steps, cfg.aggregation.name, cfg.compression.codec) == (30, "centered-clip", "chunk-topk:4096:64+stat2")
 

@@ -236,7 +236,8 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
                 for peer, delta in zip(peers, deltas):
                     peer.anchor = eager_math.next_start(
                         receiver.outer_at(r), params, delta, eager=cfg.rounds.eager_updates, mode=cfg.rounds.eager_estimate,
-                        last_average=receiver.last_aggregate, own_previous=peer.own_previous, peers=len(peers))
+                        last_average=receiver.last_aggregate, own_previous=peer.own_previous,
+                        peers=len(peers) if receiver.last_aggregate is not None else 0)  # as the node: none known yet
                     peer.own_previous = delta
             sent = _craft_attacks(opts, attack, peers, deltas, r, cfg.seed)
 

@@ -277,7 +277,8 @@ class RoundConfig:
         )
         _require(self.deadline_slack >= 1.0, "rounds.deadline_slack must be >= 1")
         _require(self.peer_timeout_s > 0, "rounds.peer_timeout_s must be positive")
-        _require(self.eager_estimate in ("own", "share", "fit"), f"rounds.eager_estimate={self.eager_estimate!r}: choose own, fit or share")
+        _require(self.eager_estimate in ("own", "drift", "share", "fit", "own-share"),
+                 f"rounds.eager_estimate={self.eager_estimate!r}: choose own, drift, own-share, fit or share")
 
 
 ExchangeMode = Literal["sliced", "all-to-all"]
