@@ -68,6 +68,8 @@ def analyze(peer_summaries: list[dict], *, codec: str, numel: int, coordinator_k
                 "goodput_MBps": fetched / MB / record["fetch_s"] if record["fetch_s"] > 0 and fetched else None,
                 **{k: record[k] for k in SPLIT_KEYS}, "round_s": round_s,
                 "utilization": record["compute_s"] / round_s if round_s > 0 else None,
+                # overlapped rounds: inner steps of the next phase run when this round's average landed
+                "landed_after_steps": record.get("landed_after_steps"),
             })
 
     def median(key: str) -> float | None:
@@ -87,11 +89,14 @@ def analyze(peer_summaries: list[dict], *, codec: str, numel: int, coordinator_k
 
 
 def format_table(result: dict) -> str:
+    """Per-peer per-round rows; a `land` column (inner steps of the next phase run when the round's
+    average landed) only where some row has one (overlapped rounds), "-" on a row without it."""
+    landing = any(r.get("landed_after_steps") is not None for r in result["rows"])
     lines = [
         f"codec {result['codec']}: {result['numel']:,} params | payload measured {', '.join(f'{p:,}' for p in result['payload_bytes_measured'])} B"
         f" | codec size {result['codec_bytes']:,} B | fp32 {result['fp32_bytes']:,} B",
         f"{'peer':8} {'rnd':>3} {'upd':>3} {'sent':>11} {'recv':>11} {'coordinator sent/recv':>21} {'peers sent/recv':>21} {'goodput':>9} "
-        f"{'compute':>7} {'encode':>6} {'wait':>6} {'fetch':>6} {'aggr':>6} {'round':>6} {'util':>5}",
+        f"{'compute':>7} {'encode':>6} {'wait':>6} {'fetch':>6} {'aggr':>6} {'round':>6} {'util':>5}" + (f" {'land':>4}" if landing else ""),
     ]
     for r in result["rows"]:
         goodput = f"{r['goodput_MBps']:.1f}MB/s" if r["goodput_MBps"] is not None else "-"
@@ -99,7 +104,7 @@ def format_table(result: dict) -> str:
             f"{r['peer']:8} {r['round'] + 1:>3} {r['updates']:>3} {r['bytes_sent']:>11,} {r['bytes_received']:>11,} "
             f"{r['coordinator_sent']:>10,}/{r['coordinator_received']:<10,} {r['peers_sent']:>10,}/{r['peers_received']:<10,} {goodput:>9} {r['compute_s']:>7.2f} {r['encode_s']:>6.3f} "
             f"{r['wait_s']:>6.2f} {r['fetch_s']:>6.3f} {r['aggregate_s']:>6.3f} {r['round_s']:>6.2f} "
-            f"{100 * r['utilization']:>4.0f}%"
+            f"{100 * r['utilization']:>4.0f}%" + (f" {_or_dash(r.get('landed_after_steps')):>4}" if landing else "")
         )
     m = result["median"]
     if result["rows"]:
@@ -109,6 +114,10 @@ def format_table(result: dict) -> str:
             f"fetch {m['fetch_s']:.3f}s aggregate {m['aggregate_s']:.3f}s | utilization {100 * result['utilization']:.1f}%"
         )
     return "\n".join(lines)
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 # --- sources: a local swarm, a finished workdir, a running coordinator ---------------------------

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -266,6 +267,17 @@ def utilization_spread(result: dict) -> str:
     return f"{span(body)} (last: {span(tail)})"
 
 
+def landing_spread(result: dict) -> str:
+    """Where the average of an overlapped round landed, as a share of the next phase's H inner steps:
+    median (min–max) over peers and rounds of landed_after_steps / H; "-" where no row has it
+    (synchronous runs, and results stored before the peers recorded it)."""
+    shares = [row["landed_after_steps"] / result["inner_steps"] for row in result["rows"]
+              if row.get("landed_after_steps") is not None]
+    if not shares:
+        return "-"
+    return f"{statistics.median(shares):.2f} ({min(shares):.2f}–{max(shares):.2f})"
+
+
 def write_markdown(path: Path, sources: list[dict], this_machine: bool = True) -> None:
     """`sources`: one dict per JSON ({"json": its path as shown, "runs", "command", "load_before",
     "load_after", optional "versions"}); every table row names the JSON it comes from.
@@ -276,6 +288,9 @@ def write_markdown(path: Path, sources: list[dict], this_machine: bool = True) -
              "Written by `scripts/wan_emulation.py`: coordinator and peers each in their own network namespace,",
              "joined by veth pairs on a bridge; shaping as stated on every row. utilization = sum of inner-step time /",
              "sum of round wall time over all peers and rounds (the peers' own records); bytes are the transport's counts.",
+             "lands after (overlapped rounds): where a round's average landed in the next inner phase, as landed_after_steps / H",
+             "from the peers' round records, median (min–max) over peers and rounds (the last round has no next phase);",
+             "`-` for synchronous runs and for JSONs written before the peers recorded it.",
              "Every row names the JSON it is generated from; each JSON's command and the load around it:", ""]
     if this_machine:
         lines += machine_lines(sources[0].get("load_before", "?"), sources[-1].get("load_after") or "(not recorded)")
@@ -288,15 +303,17 @@ def write_markdown(path: Path, sources: list[dict], this_machine: bool = True) -
                      f"{s.get('load_before', '?')}; after: {s.get('load_after') or 'not recorded'})")
     lines += ["",
               "| JSON | codec | shaping | peers | rounds x H | payload (B) | recv/peer/round (B) | compute (s) | wait (s) "
-              "| fetch (s) | aggregate (s) | round (s) | goodput (MB/s) | utilization | per peer-round utilization |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "| fetch (s) | aggregate (s) | round (s) | goodput (MB/s) | utilization | per peer-round utilization "
+              "| lands after (steps of H) |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     results = [(s["json"], r) for s in sources for r in s["runs"]]
     for source, r in results:
         m = r["median"]
         lines.append(f"| {Path(source).name} | {r['codec']} | {r['shaping']} | {r['peers']} | {r['rounds']} x {r['inner_steps']} | "
                      f"{', '.join(f'{p:,}' for p in r['payload_bytes_measured'])} | {m['bytes_received']:,.0f} | {m['compute_s']:.2f} | "
                      f"{m['wait_s']:.2f} | {m['fetch_s']:.2f} | {m['aggregate_s']:.3f} | {m['round_s']:.2f} | "
-                     f"{(m['goodput_MBps'] or 0):.2f} | **{100 * r['utilization']:.1f}%** | {utilization_spread(r)} |")
+                     f"{(m['goodput_MBps'] or 0):.2f} | **{100 * r['utilization']:.1f}%** | {utilization_spread(r)} | "
+                     f"{landing_spread(r)} |")
     lines += ["", "Per-peer per-round detail (`scripts/measure_bandwidth.py` format):", ""]
     from measure_bandwidth import format_table
 

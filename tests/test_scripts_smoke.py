@@ -236,7 +236,7 @@ def test_wan_report_names_the_json_behind_each_row(tmp_path):
     text = (tmp_path / "wan.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| wan_sync_h25_r6.json | fp16 |"))
     # 6 rounds x 4 peers: rounds 1-5 ranged 59-79% per peer, the last round 67-72%
-    assert row.endswith("| **68.2%** | 59–79% (last: 67–72%) |")
+    assert row.endswith("| **68.2%** | 59–79% (last: 67–72%) | - |")  # synchronous: no landing
     assert f"`benchmarks/wan_sync_h25_r6.json`: `{saved['command']}`" in text
     assert "not recorded in these JSONs" in text  # not this machine's versions passed off as the run's
 
@@ -350,3 +350,27 @@ def test_bench_fidelity_smoke_resumes_and_rewrites_its_md_from_the_json(tmp_path
     (tmp_path / "fidelity.md").unlink()
     assert bench_fidelity.main(["--report-only", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "fidelity.md").read_text() == md  # the md is a pure function of the JSON
+
+
+def test_wan_report_says_where_the_overlapped_average_landed(tmp_path):
+    """landed_after_steps travels from the peers' records into the rows, the per-peer table and the
+    md's "lands after (steps of H)" column; synchronous and older results (no field) show "-"."""
+    def run(landed: list[int | None] | None, shaping: str) -> dict:
+        records = [_record(i) | ({} if landed is None else {"landed_after_steps": landed[i]}) for i in range(4)]
+        result = measure_bandwidth.analyze([_summary("aaaaaaaaaaaa", records, {})], codec="fp16", numel=1000)
+        return {**result, "inner_steps": 20, "shaping": shaping}
+
+    overlapped = run([4, 7, 10, None], "tbf; overlapped rounds")  # last round: no next phase
+    assert [r["landed_after_steps"] for r in overlapped["rows"]] == [4, 7, 10, None]
+    assert wan_emulation.landing_spread(overlapped) == "0.35 (0.20–0.50)"  # median of 4/20, 7/20, 10/20
+    assert overlapped["rows"] and "land" in measure_bandwidth.format_table(overlapped).splitlines()[1]
+    synchronous, stored = run([None] * 4, "tbf"), run(None, "tbf")
+    assert wan_emulation.landing_spread(synchronous) == wan_emulation.landing_spread(stored) == "-"
+    assert "land" not in measure_bandwidth.format_table(stored).splitlines()[1]
+    md = tmp_path / "wan.md"
+    wan_emulation.write_markdown(md, [{"json": "new.json", "runs": [overlapped, synchronous]}, {"json": "old.json", "runs": [stored]}],
+                                 this_machine=False)
+    rows = [line for line in md.read_text().splitlines() if line.startswith("| ") and ".json |" in line]
+    header = next(line for line in md.read_text().splitlines() if line.startswith("| JSON"))
+    assert header.rstrip(" |").endswith("lands after (steps of H)")
+    assert [row.rstrip(" |").rsplit("| ", 1)[1] for row in rows] == ["0.35 (0.20–0.50)", "-", "-"]
