@@ -14,11 +14,25 @@ and start round r+1 from step(θ_r, estimate) with a copy of the outer state (th
 untouched: θ_{r+1}, what every node hashes, is computed from the real average as before, and the
 phase's progress is moved onto it). Before any average is known the own Δ stands in for all of it.
 
-Two estimates (rounds.eager_estimate): "share" is the paper's mixture above; "own" (the default)
-lets the peer's fresh Δ stand in for the whole average, estimate = Δ_own^r. Because this project
-moves the progress onto the exact θ_{r+1} anyway, the others' stale shares only add error to the
-start point; with Nesterov's momentum "share" diverged in benchmarks/fidelity.md, "own" tracked
-the synchronous run.
+Estimates (rounds.eager_estimate), measured in benchmarks/fidelity.md section (4):
+  own        (the default) the peer's fresh Δ stands in for the whole average: estimate = Δ_own^r.
+             The outer step is linear in its input, so the peers' start points average to exactly
+             θ_{r+1}: their errors cancel in the next average to first order, and what is left is
+             the spread of the start points (the peers' disagreement) through a nonlinear loss.
+  share      the paper's mixture above. Under this project's rebasing the others' last shares are
+             already inside θ_r, so the start points lag θ_{r+1} on average; the inner phase then
+             makes up the lag and the progress moved onto θ_{r+1} repeats it, and Nesterov's
+             momentum compounds the repeat: it diverged.
+  own-share  Δ_own^r / n: the others' shares left for θ_{r+1} to bring (the paper's bookkeeping
+             without its stale shares). The same lag, the same divergence.
+  fit        c·Δ_own^r, c the least-squares fit of the last average on the last own Δ: a smaller
+             start error per peer, but a lag on average again; unstable.
+  drift      Δ_own^r − (Δ_own^{r-1} − mean^{r-1}): averages to the true average exactly (like own)
+             and removes a drift that persists from round to round; the peers' drifts here change
+             every round, so it doubles the spread instead; worse than own.
+How much the start point matters depends on when θ_{r+1} lands: the overlapped schedule moves
+the progress onto it as soon as the exchange finishes (peer/node/overlap.py), so only the inner
+steps run before that are taken from the estimated start.
 """
 
 from __future__ import annotations

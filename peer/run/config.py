@@ -264,8 +264,8 @@ class RoundConfig:
     # from the peer's own local model. Only the local starting point changes: θ_{r+1} is the same.
     eager_updates: bool = True
     # What stands in for the average in flight (optim/eager.py): "own" (this peer's fresh Δ, the
-    # default: tracked synchronous rounds in benchmarks/fidelity.md) or "share" (its fresh share plus
-    # the others' shares of the last average, the paper's mixture; unstable under rebasing there).
+    # default: the start points average to θ_{r+1}); "share" (the paper's mixture), "own-share",
+    # "fit" and "drift" are the diagnostics of benchmarks/fidelity.md (all worse here).
     eager_estimate: str = "own"
 
     def __post_init__(self) -> None:
