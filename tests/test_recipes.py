@@ -32,6 +32,7 @@ def test_sparseloco_recipe_sets_the_tuned_settings_and_flags_override_it():
 def test_demo_recipe_and_plain_outer_demo_send_dct_signs_unless_a_codec_is_named(tmp_path):
     cfg = loaded(["--recipe", "demo"])
     assert (cfg.outer.name, cfg.compression.codec, cfg.compression.error_feedback) == ("demo", "dct-topk:64:4+sign", False)
+    assert (cfg.outer.lr, cfg.inner.steps) == (2.5e-3, 5)
     assert loaded(["--outer", "demo"]).compression.codec == "dct-topk:64:4+sign"  # no longer dense fp16
     assert loaded(["--outer", "demo", "--codec", "dct-topk:64:8+int8"]).compression.codec == "dct-topk:64:8+int8"
     config = write_run_config(tmp_path / "run.json", outer={"name": "demo"})  # the file names the codec (fp16)
