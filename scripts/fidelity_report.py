@@ -300,8 +300,9 @@ def write_report(out: Path, rows: list[Any], findings: list[str] | None = None) 
         f"Machine: {platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}; "
         f"1-minute load average as runs finished {min(loads):.1f}-{max(loads):.1f} on 2 shared cores (losses and bytes "
         "are exact per seed; wall times are not comparable).",
-        "Commands (each invocation adds its runs to fidelity.json; `--report-only` rewrites this file from it):", "",
-        *[f"    {c}" for c in commands], "",
+        f"<details><summary>The {len(commands)} commands that made fidelity.json (each adds its runs; runs made in "
+        "parallel with --out elsewhere were merged; `--report-only` rewrites this file from the JSON)</summary>", "",
+        *[f"    {c}" for c in commands], "", "</details>", "",
         "Every row: `swarmloco simulate` with 4 peers on distinct shards of the default corpus, the default model "
         f"({runs[0]['numel']:,} parameters, byte-level GPT), inner AdamW lr 1e-3 (warm-up 50 steps), batch 8x128 per peer, "
         "1 torch thread. Codec, outer optimizer, aggregator, error feedback, overlap schedule, H x rounds and seeds are "
