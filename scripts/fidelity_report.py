@@ -96,6 +96,7 @@ def summarize(runs: list[dict[str, Any]], rows: list[Any]) -> list[dict[str, Any
             "final": sum(finals) / len(finals), "spread": (max(finals) - min(finals)) / 2, "finals": finals,
             "bytes": first["bytes_per_peer_per_round"], "upload": first["upload_bytes_per_peer_per_round"],
             "fewer_than_fp32": None if ddp or not fp32_upload else fp32_upload / first["upload_bytes_per_peer_per_round"],
+            "steps": _steps(first), "batch": cfg["data"]["batch_size"],
             "fewer_over_run": None if ddp or not fp32_upload else
             fp32_upload * fp32_rounds / (first["upload_bytes_per_peer_per_round"] * first["rounds"]),
             "ref_rounds": fp32_rounds,
@@ -107,13 +108,22 @@ def summarize(runs: list[dict[str, Any]], rows: list[Any]) -> list[dict[str, Any
     return out
 
 
+def comparable(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of the main experiment: the reference's number of inner steps (within 5%) and batch, on
+    the usual split (48-round, batch-16 and iid rows are other experiments)."""
+    ref = next((s for s in summary if s["label"] == REF), None)
+    if ref is None:
+        return [s for s in summary if not s["iid"]]
+    return [s for s in summary if not s["iid"] and abs(s["steps"] - ref["steps"]) <= 0.05 * ref["steps"]
+            and s["batch"] == ref["batch"]]
+
+
 def pareto(summary: list[dict[str, Any]]) -> set[str]:
     """Labels no other row beats on both bytes per round and final loss, among the rows run on 3
     seeds (single-seed screens are not settled; diagnostic rows on other data, `iid`, train on a
     different split; runs of another length or batch are another experiment)."""
     front = set()
-    summary = [s for s in summary if not s["iid"] and len(s["seeds"]) >= 3 and s["rounds"] * s["H"] in range(190, 201)
-               and not s["twin"]]
+    summary = [s for s in comparable(summary) if len(s["seeds"]) >= 3]
     for s in summary:
         if not any(o["bytes"] <= s["bytes"] and o["final"] <= s["final"] and (o["bytes"], o["final"]) != (s["bytes"], s["final"])
                    for o in summary):
@@ -130,7 +140,7 @@ def write_plot(out: Path, summary: list[dict[str, Any]], front: set[str]) -> boo
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(9, 6))
-    for s in summary:
+    for s in comparable(summary):
         on = s["label"] in front
         settled = len(s["seeds"]) >= 3
         ax.scatter(s["bytes"], s["final"], marker="*" if on else "o", s=140 if on else 40 if settled else 12,
