@@ -123,16 +123,22 @@ def _or_dash(value: object) -> str:
 # --- sources: a local swarm, a finished workdir, a running coordinator ---------------------------
 
 
-def write_run_config(workdir: Path, *, peers: int, rounds: int, inner_steps: int, codec: str, overlap: bool = False) -> Path:
-    """The demo run config with these overrides, validated as `swarmloco demo` does, in workdir/run.json."""
+def write_run_config(workdir: Path, *, peers: int, rounds: int, inner_steps: int, codec: str, overlap: bool = False,
+                     exchange: str | None = None) -> Path:
+    """The demo run config with these overrides, validated as `swarmloco demo` does, in workdir/run.json
+    (`exchange`: exchange.mode, None keeps the default)."""
     from peer.cli.main import build_parser, load_run_config
+    from peer.cli.run_flags import resolve_run_config
 
     args = build_parser().parse_args(["demo", "--peers", str(peers), "--rounds", str(rounds), "--inner-steps", str(inner_steps),
                                       "--codec", codec, *(["--overlap"] if overlap else [])])
     args.expected_peers = peers
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "run.json"
-    path.write_text(load_run_config(args).to_json())
+    cfg = load_run_config(args)
+    if exchange is not None:
+        cfg = resolve_run_config(cfg, {"exchange.mode": exchange})
+    path.write_text(cfg.to_json())
     return path
 
 

@@ -200,10 +200,11 @@ def measure_link_mbit(bed: Testbed, src: int, dst: int) -> float:
 
 
 def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec: str, workdir: Path, timeout_s: float,
-              overlap: bool = False) -> dict:
+              overlap: bool = False, exchange: str | None = None) -> dict:
     from measure_bandwidth import read_workdir, write_run_config
 
-    write_run_config(workdir, peers=peers, rounds=rounds, inner_steps=inner_steps, codec=codec, overlap=overlap)
+    write_run_config(workdir, peers=peers, rounds=rounds, inner_steps=inner_steps, codec=codec, overlap=overlap,
+                     exchange=exchange)
     python = sys.executable
     proxy = bed.delay_mode == "proxy"
 
@@ -336,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-md", nargs="?", const=str(ROOT / "benchmarks/wan.md"), metavar="PATH")
     parser.add_argument("--report-only", nargs="+", metavar="JSON", help="write --write-md from earlier --json files; run nothing")
     parser.add_argument("--overlap", action="store_true", help="overlapped rounds (rounds.overlap_communication)")
+    parser.add_argument("--exchange", choices=("sliced", "all-to-all"), help="exchange.mode (default: the run config's, sliced)")
     parser.add_argument("--check", action="store_true", help="only say whether namespaces + tbf (+ netem) work here")
     args = parser.parse_args(argv)
     if args.report_only:
@@ -371,10 +373,12 @@ def main(argv: list[str] | None = None) -> int:
             shaping = shaping_text(args.rate_mbit, args.rtt_ms, bed.delay_mode) + f" (measured TCP {link:.0f} Mbit/s)"
             if args.overlap:
                 shaping += "; overlapped rounds"
+            if args.exchange:
+                shaping += f"; {args.exchange} exchange"
             print(f"codec {codec}: {args.peers} peers + coordinator in namespaces; {shaping}", flush=True)
             result = run_swarm(bed, peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, codec=codec,
                                workdir=base / codec.replace(":", "_").replace("+", "_"), timeout_s=args.timeout,
-                               overlap=args.overlap)
+                               overlap=args.overlap, exchange=args.exchange)
             results.append({**result, "shaping": shaping, "measured_link_mbit": link, "delay_mode": bed.delay_mode, "rate_mbit": args.rate_mbit, "rtt_ms": args.rtt_ms})
             from measure_bandwidth import format_table
 

@@ -409,3 +409,15 @@ def test_wan_report_says_where_the_overlapped_average_landed(tmp_path):
     header = next(line for line in md.read_text().splitlines() if line.startswith("| JSON"))
     assert header.rstrip(" |").endswith("lands after (steps of H)")
     assert [row.rstrip(" |").rsplit("| ", 1)[1] for row in rows] == ["0.35 (0.20–0.50)", "-", "-"]
+
+
+def test_the_wan_run_config_takes_the_exchange_mode(tmp_path):
+    """wan_emulation --exchange all-to-all reaches the swarm's run config; without it the default (sliced)."""
+    path = measure_bandwidth.write_run_config(tmp_path / "a", peers=4, rounds=6, inner_steps=25, codec="fp16", overlap=True,
+                                              exchange="all-to-all")
+    config = json.loads(path.read_text())
+    assert (config["exchange"]["mode"], config["rounds"]["overlap_communication"], config["inner"]["steps"]) == ("all-to-all", True, 25)
+    default = measure_bandwidth.write_run_config(tmp_path / "b", peers=4, rounds=6, inner_steps=25, codec="fp16")
+    assert json.loads(default.read_text())["exchange"]["mode"] == "sliced"
+    with pytest.raises(SystemExit):
+        wan_emulation.main(["--exchange", "ring"])
