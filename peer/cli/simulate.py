@@ -26,7 +26,6 @@ caught. `--baseline ddp` runs synchronous data-parallel on the same peers instea
 
 from __future__ import annotations
 
-from peer.run.progress import format_bytes
 import argparse
 import hashlib
 import json
@@ -47,6 +46,7 @@ from peer.learn.data import ShardSampler, load_corpus, validation_batches
 from peer.learn.model import build_model, flat_params, load_flat_params, num_params
 from peer.cli.simulate_ddp import ConcatenatedSampler, ring_allreduce_bytes
 from peer.cli.simulate_slices import LYING_OWNER, LocalSlicedRound
+from peer.run.progress import format_bytes
 from peer.run.slice_plan import expected_traffic
 from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
 from peer.learn.training import InnerTrainer, evaluate

@@ -253,6 +253,21 @@ class ShardSampler:
         self.generator.set_state(state["generator"])
 
 
+PEER_SHARDS = 16  # a peer given no --shard trains on the shard its id hashes to, among this many
+
+
+def peer_sampler(cfg: DataConfig, *, seq_len: int, seed: int, peer_id: str, shard: int | None,
+                 num_shards: int | None) -> tuple[ShardSampler, Corpus]:
+    """What a training peer samples from: its shard of the corpus's train split (`shard` of
+    `num_shards` as --shard I/N gives it, else the one its id hashes to among PEER_SHARDS), and
+    the corpus (its tokenizer is what the peer says it uses when it joins)."""
+    corpus = load_corpus(cfg, seq_len=seq_len)
+    if shard is None or num_shards is None:
+        shard, num_shards = shard_for_peer(peer_id, PEER_SHARDS), PEER_SHARDS
+    sampler = ShardSampler(corpus.train, shard=shard, num_shards=num_shards, batch_size=cfg.batch_size, seq_len=seq_len, seed=seed)
+    return sampler, corpus
+
+
 def validation_batches(
     corpus: Corpus, batch_size: int, seq_len: int, count: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:

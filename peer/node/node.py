@@ -32,13 +32,13 @@ from peer.node.errors import PeerExit
 from peer.node.options import PeerOptions
 from peer.node.phase import RoundPhase
 from peer.node import ranks
-from peer.learn.data import DeviceSampler, ShardSampler, load_corpus, shard_for_peer
+from peer.learn.data import DeviceSampler, peer_sampler
 from peer.learn.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
 from peer.node.heartbeat import beat, heartbeat_loop
 from peer.run.faults import check_environment, fail_point
 from peer.node.overlap import run_overlapped
 from peer.run.progress import round_line, step_line
-from peer.node.round_exchange import Exchange, ManifestFetcher, Update
+from peer.node.round_exchange import Exchange, ManifestFetcher, Update, await_manifest, check_listed
 from peer.node.sliced_round import sliced_exchange
 from peer.run.slice_exchange import SliceExchange
 from peer.run.round_math import RoundMath
@@ -47,7 +47,7 @@ from protocol import discovery
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
-from protocol.envelope import JOIN_TAG, RoundManifest, UpdateHeader, open_manifest, sign_update
+from protocol.envelope import JOIN_TAG, UpdateHeader, open_manifest, sign_update
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload, push_chunks
@@ -57,7 +57,6 @@ from protocol.signing import sign_body
 
 __all__ = ["PeerExit", "PeerNode", "PeerOptions"]  # the first and last live in peer.node.errors / .options
 log = logging.getLogger("swarmloco.peer")
-MANIFEST_POLL_S = 5.0  # long-poll slice; between slices the peer re-checks that its commitment is held
 REJOIN = {swarm_pb2.UNKNOWN_PEER, swarm_pb2.WRONG_ENDPOINT}  # join again, then commit the same update
 RESYNC = {swarm_pb2.STALE_ROUND, swarm_pb2.WRONG_BASE}  # download the checkpoint instead
 FATAL = {swarm_pb2.EQUIVOCATION, swarm_pb2.BANNED}
@@ -151,16 +150,9 @@ class PeerNode:
         self.numel = self.params.numel()
         self.math = RoundMath(cfg, self.numel)
         data_cfg = cfg.data if o.data is None else dataclasses.replace(cfg.data, path=o.data)
-        corpus = load_corpus(data_cfg, seq_len=cfg.model.seq_len)
+        self.sampler, corpus = peer_sampler(data_cfg, seq_len=cfg.model.seq_len, seed=cfg.seed, peer_id=self.identity.peer_id,
+                                            shard=o.shard, num_shards=o.num_shards)
         self.tokenizer_sha256 = corpus.tokenizer.sha256 if corpus.tokenizer is not None else ""  # said at join
-        if o.shard is not None:
-            shard, num_shards = o.shard, o.num_shards
-        else:
-            num_shards = 16
-            shard = shard_for_peer(self.identity.peer_id, num_shards)
-        self.sampler = ShardSampler(
-            corpus.train, shard=shard, num_shards=num_shards, batch_size=cfg.data.batch_size, seq_len=cfg.model.seq_len, seed=cfg.seed
-        )
         self.trainer = InnerTrainer(self.model, cfg.inner, DeviceSampler(self.sampler, o.device))
         ranks.attach(self)  # a multi-rank peer steps through DDP (peer/node/ranks.py)
         self.round = round_
@@ -212,17 +204,6 @@ class PeerNode:
     def make_slice_exchange(self) -> SliceExchange:
         """The sliced exchange's engine for this node (a seam: the tests' Byzantine owners override it)."""
         return SliceExchange(self.math, self.pool, self.store, self.fetchers, own_endpoint=self.endpoint, identity=self.identity)
-
-    def check_listed(self, manifest: RoundManifest, update: Update, r: int) -> None:
-        """Censorship made visible: our committed update must be in the signed manifest, or be
-        excluded with a reason. Otherwise the log says so, and so does status (via the heartbeat)."""
-        me = self.identity.peer_id
-        if me in manifest.excluded:
-            log.warning("peer %s: round %d: the manifest excludes our update: %s", self.short, r, manifest.excluded[me])
-        elif not any(e.peer_id == me for e in manifest.entries):
-            self.left_out.append(r)
-            print(f"peer {self.short} | WARNING: round {r}: the coordinator's signed manifest leaves out our committed update "
-                  f"{hashlib.sha256(update.signed.body).hexdigest()[:12]} without a reason ({len(self.left_out)} round(s) so far)", flush=True)
 
     def _verify_header(self, signed, round_: int | None) -> UpdateHeader:
         return self.math.open_update(signed, round_=round_, layout_hash=self.layout_hash)
@@ -378,31 +359,18 @@ class PeerNode:
                 return Exchange(resync="the new coordinator did not take our update")
 
     def _exchange(self, r: int, base: torch.Tensor, update: Update, generation: int) -> Exchange:
-        cfg = self.cfg
-        t_wait = time.monotonic()
         if self.phase != RoundPhase.TRAINING:  # overlapped: the next inner phase is running
             self.phase = RoundPhase.WAITING
-        manifest_reply = None
-        while not self.stop.is_set():
-            manifest_reply = self.client.manifest(r, wait_s=MANIFEST_POLL_S)
-            if self.client.generation != generation:
-                return Exchange(resync="coordinator changed")  # exchange() commits again there
-            if manifest_reply.ready or manifest_reply.current_round > r or manifest_reply.finished:
-                break
-            # Still open: make sure the coordinator holds our commitment; a restarted coordinator
-            # has forgotten it (re-committing the same header is idempotent).
-            if not self.commit(update, r, resync=False):
-                return Exchange(resync="our update was refused")
-        wait_s = time.monotonic() - t_wait
-        if manifest_reply is None or not manifest_reply.ready:
-            if manifest_reply is not None and manifest_reply.finished and manifest_reply.current_round <= r:
-                return Exchange(finished=True, wait_s=wait_s)
-            return Exchange(resync=f"missed the manifest of round {r}", wait_s=wait_s)
+        waited = await_manifest(self.client, r, stop=self.stop, changed=lambda: self.client.generation != generation,
+                                recommit=lambda: self.commit(update, r, resync=False))
+        if isinstance(waited, Exchange):
+            return waited  # after a coordinator change exchange() commits again there
+        manifest_reply, wait_s = waited
         try:
-            manifest = open_manifest(manifest_reply.manifest, keys=self.authority.keys, run_id=cfg.run_id, round_=r)
+            manifest = open_manifest(manifest_reply.manifest, keys=self.authority.keys, run_id=self.cfg.run_id, round_=r)
         except ImpersonationError as exc:
             raise PeerExit(f"the coordinator at {self.client.endpoint} signs manifests with a key that is not the run's: {exc}") from None
-        self.check_listed(manifest, update, r)
+        check_listed(manifest, update, r, peer_id=self.identity.peer_id, left_out=self.left_out)
         fail_point("manifest", r)
         if self.math.sliced:
             return sliced_exchange(

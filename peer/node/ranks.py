@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from peer.learn.data import DeviceSampler, ShardSampler, load_corpus
+from peer.learn.data import DeviceSampler, peer_sampler
 from peer.learn.model import build_model, flat_params, load_flat_params
 from peer.learn.training import InnerTrainer
 from peer.run.config import RunConfig
@@ -140,9 +140,8 @@ def follow() -> None:
         torch.set_num_threads(setup["threads"])
     model = build_model(cfg.model, cfg.seed).to(device)
     data_cfg = cfg.data if setup["data"] is None else dataclasses.replace(cfg.data, path=setup["data"])
-    corpus = load_corpus(data_cfg, seq_len=cfg.model.seq_len)
-    sampler = ShardSampler(corpus.train, shard=setup["shard"], num_shards=setup["num_shards"], batch_size=cfg.data.batch_size,
-                           seq_len=cfg.model.seq_len, seed=cfg.seed)
+    sampler, _ = peer_sampler(data_cfg, seq_len=cfg.model.seq_len, seed=cfg.seed, peer_id="",  # rank 0's shard, as told
+                              shard=setup["shard"], num_shards=setup["num_shards"])
     trainer = distributed_trainer(model, cfg, DeviceSampler(sampler, device), device)
     theta = torch.empty_like(flat_params(model)).to(device)
     while True:

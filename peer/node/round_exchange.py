@@ -1,5 +1,6 @@
-"""What one round hands between a peer's phases, and the all-to-all exchange: fetch a manifest's
-payloads, verify, aggregate (the sliced exchange is peer/node/sliced_round.py).
+"""What one round hands between a peer's phases; waiting for the round's signed manifest and
+checking that it lists our update; the all-to-all exchange: fetch a manifest's payloads, verify,
+aggregate (the sliced exchange is peer/node/sliced_round.py).
 
 Fetching touches neither the model nor the peer's parameters, so the overlapped schedule can
 run it beside the next inner phase.
@@ -7,7 +8,9 @@ run it beside the next inner phase.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,6 +25,7 @@ from protocol.payload_fetch import ChannelPool, fetch_payload
 from protocol.payload_service import PayloadStore, StoredPayload
 
 log = logging.getLogger("swarmloco.peer")
+MANIFEST_POLL_S = 5.0  # long-poll slice; between slices the peer re-checks that its commitment is held
 
 
 @dataclass(slots=True)
@@ -46,6 +50,44 @@ class Exchange:
     unreachable: str = ""  # no coordinator of the run answered: the peer gives up with this message
     fatal: str = ""  # the peer must stop (e.g. the coordinator signs with a key that is not the run's)
     slices: dict[str, int] = field(default_factory=dict)  # sliced exchange: owned, recomputed, spot-checked, liars
+
+
+def await_manifest(client: Any, r: int, *, stop: threading.Event, changed: Callable[[], bool],
+                   recommit: Callable[[], bool]) -> tuple[Any, float] | Exchange:
+    """Long-poll the coordinator (`client`) for round r's signed manifest: (the ready reply, seconds
+    waited), or the Exchange that ends the round here: the coordinator changed (`changed()`), our
+    update was refused on re-commit, the run finished, or the round closed without the manifest.
+    Between polls `recommit()` makes sure the coordinator holds our commitment: a restarted one has
+    forgotten it (re-committing the same header is idempotent)."""
+    t_wait = time.monotonic()
+    reply = None
+    while not stop.is_set():
+        reply = client.manifest(r, wait_s=MANIFEST_POLL_S)
+        if changed():
+            return Exchange(resync="coordinator changed")
+        if reply.ready or reply.current_round > r or reply.finished:
+            break
+        if not recommit():
+            return Exchange(resync="our update was refused")
+    wait_s = time.monotonic() - t_wait
+    if reply is not None and reply.ready:
+        return reply, wait_s
+    if reply is not None and reply.finished and reply.current_round <= r:
+        return Exchange(finished=True, wait_s=wait_s)
+    return Exchange(resync=f"missed the manifest of round {r}", wait_s=wait_s)
+
+
+def check_listed(manifest: RoundManifest, update: Update, r: int, *, peer_id: str, left_out: list[int]) -> None:
+    """Censorship made visible: our committed update must be in the signed manifest, or be excluded
+    with a reason. Otherwise the log says so, `left_out` gets the round, and status shows it (the
+    heartbeat carries it)."""
+    short = peer_id[:8]
+    if peer_id in manifest.excluded:
+        log.warning("peer %s: round %d: the manifest excludes our update: %s", short, r, manifest.excluded[peer_id])
+    elif not any(e.peer_id == peer_id for e in manifest.entries):
+        left_out.append(r)
+        print(f"peer {short} | WARNING: round {r}: the coordinator's signed manifest leaves out our committed update "
+              f"{hashlib.sha256(update.signed.body).hexdigest()[:12]} without a reason ({len(left_out)} round(s) so far)", flush=True)
 
 
 @dataclass(slots=True)

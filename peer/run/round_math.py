@@ -199,11 +199,15 @@ class RoundMath:
         self.outer.lr = cfg.effective_lr if round_ is None else cfg.lr_at(round_, self.cfg.rounds.rounds)
         return self.outer
 
+    def _outer_step(self, params: torch.Tensor, combined: torch.Tensor, round_: int | None) -> None:
+        """θ_r -> θ_{r+1} in place with round `round_`'s step; the aggregate is kept for eager updates."""
+        self.outer_at(round_).step(params, combined)
+        self.last_aggregate = combined
+
     def step_with_aggregate(self, params: torch.Tensor, combined: torch.Tensor, *, round_: int | None = None) -> None:
         """Outer step of round `round_` on the gathered (d,) aggregate; it is also centered-clip's next centre."""
         with single_thread():
-            self.outer_at(round_).step(params, combined)
-        self.last_aggregate = combined
+            self._outer_step(params, combined, round_)
         if self.aggregator.name == "centered-clip":
             self.aggregator.previous = combined
 
@@ -275,8 +279,7 @@ class RoundMath:
         with single_thread():
             stacked = torch.stack([u.float() for u in updates])  # (n, d)
             combined = rule(stacked, seed=seed, num_byzantine=f)  # (d,)
-            self.outer_at(round_).step(params, combined)
-        self.last_aggregate = combined
+            self._outer_step(params, combined, round_)
         return rule.last_report
 
     def _apply_sliced(self, params: torch.Tensor, updates: list[torch.Tensor], *, round_: int, excluded_for_cause: int) -> None:
