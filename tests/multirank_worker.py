@@ -21,4 +21,7 @@ trainer = distributed_trainer(model, cfg, sampler, "cpu")
 trainer.run(cfg.inner.steps)
 if dist.get_rank() == 0:
     torch.save(flat_params(model), sys.argv[2])
+# Both ranks leave together: a rank tearing gloo down while the other still holds the connection
+# aborted the other one ("terminate called without an active exception") under load.
+dist.barrier()
 dist.destroy_process_group()
