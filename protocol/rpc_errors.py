@@ -27,6 +27,7 @@ import grpc
 from protocol._generated import swarm_pb2
 from protocol.accounting import PEER_HEADER
 from protocol.ratelimit import CallerLimits
+from protocol.reasons import Reason
 
 log = logging.getLogger("swarmloco.rpc")
 REFUSAL_KEY = "swarmloco-refusal"  # trailing metadata: the swarm_pb2.Refusal name of a refused call
@@ -35,35 +36,35 @@ Refusal = int  # a swarm_pb2.Refusal value
 # The reasons the servers count (registry rejections, EnvelopeError/SignatureError.reason) -> the
 # typed refusal a client sees. A reason not listed is REFUSAL_UNSPECIFIED.
 _REFUSAL_OF_REASON: dict[str, Refusal] = {
-    "unknown-peer": swarm_pb2.UNKNOWN_PEER,
-    "wrong-endpoint": swarm_pb2.WRONG_ENDPOINT,
-    "stale-round": swarm_pb2.STALE_ROUND,
-    "wrong-round": swarm_pb2.STALE_ROUND,
-    "wrong-base": swarm_pb2.WRONG_BASE,
-    "equivocation": swarm_pb2.EQUIVOCATION,
-    "banned": swarm_pb2.BANNED,
-    "run-finished": swarm_pb2.RUN_FINISHED,
-    "wrong-run": swarm_pb2.WRONG_RUN,
-    "stale-join": swarm_pb2.CLOCK_SKEW,
-    "stale-heartbeat": swarm_pb2.CLOCK_SKEW,
-    "not-allowed": swarm_pb2.NOT_ALLOWED,
-    "bad-signature": swarm_pb2.BAD_SIGNATURE,
-    "forged": swarm_pb2.BAD_SIGNATURE,
-    "bad-key": swarm_pb2.BAD_SIGNATURE,
-    "wrong-tag": swarm_pb2.BAD_SIGNATURE,
-    "wrong-codec": swarm_pb2.INVALID_UPDATE,
-    "wrong-layout": swarm_pb2.INVALID_UPDATE,
-    "size-mismatch": swarm_pb2.INVALID_UPDATE,
-    "hash-mismatch": swarm_pb2.INVALID_UPDATE,
-    "bad-transfer": swarm_pb2.INVALID_UPDATE,
-    "malformed": swarm_pb2.MALFORMED,
-    "oversized": swarm_pb2.MALFORMED,
-    "bad-offset": swarm_pb2.MALFORMED,
-    "rate-limited": swarm_pb2.RATE_LIMITED,
-    "admission-limited": swarm_pb2.RATE_LIMITED,
-    "registry-full": swarm_pb2.REGISTRY_FULL,
-    "not-owner": swarm_pb2.NOT_OWNER,
-    "busy": swarm_pb2.BUSY,
+    Reason.UNKNOWN_PEER: swarm_pb2.UNKNOWN_PEER,
+    Reason.WRONG_ENDPOINT: swarm_pb2.WRONG_ENDPOINT,
+    Reason.STALE_ROUND: swarm_pb2.STALE_ROUND,
+    Reason.WRONG_ROUND: swarm_pb2.STALE_ROUND,
+    Reason.WRONG_BASE: swarm_pb2.WRONG_BASE,
+    Reason.EQUIVOCATION: swarm_pb2.EQUIVOCATION,
+    Reason.BANNED: swarm_pb2.BANNED,
+    Reason.RUN_FINISHED: swarm_pb2.RUN_FINISHED,
+    Reason.WRONG_RUN: swarm_pb2.WRONG_RUN,
+    Reason.STALE_JOIN: swarm_pb2.CLOCK_SKEW,
+    Reason.STALE_HEARTBEAT: swarm_pb2.CLOCK_SKEW,
+    Reason.NOT_ALLOWED: swarm_pb2.NOT_ALLOWED,
+    Reason.BAD_SIGNATURE: swarm_pb2.BAD_SIGNATURE,
+    Reason.FORGED: swarm_pb2.BAD_SIGNATURE,
+    Reason.BAD_KEY: swarm_pb2.BAD_SIGNATURE,
+    Reason.WRONG_TAG: swarm_pb2.BAD_SIGNATURE,
+    Reason.WRONG_CODEC: swarm_pb2.INVALID_UPDATE,
+    Reason.WRONG_LAYOUT: swarm_pb2.INVALID_UPDATE,
+    Reason.SIZE_MISMATCH: swarm_pb2.INVALID_UPDATE,
+    Reason.HASH_MISMATCH: swarm_pb2.INVALID_UPDATE,
+    Reason.BAD_TRANSFER: swarm_pb2.INVALID_UPDATE,
+    Reason.MALFORMED: swarm_pb2.MALFORMED,
+    Reason.OVERSIZED: swarm_pb2.MALFORMED,
+    Reason.BAD_OFFSET: swarm_pb2.MALFORMED,
+    Reason.RATE_LIMITED: swarm_pb2.RATE_LIMITED,
+    Reason.ADMISSION_LIMITED: swarm_pb2.RATE_LIMITED,
+    Reason.REGISTRY_FULL: swarm_pb2.REGISTRY_FULL,
+    Reason.NOT_OWNER: swarm_pb2.NOT_OWNER,
+    Reason.BUSY: swarm_pb2.BUSY,
 }
 
 

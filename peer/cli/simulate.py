@@ -48,7 +48,8 @@ from peer.cli.simulate_ddp import ConcatenatedSampler, ring_allreduce_bytes
 from peer.cli.simulate_slices import LYING_OWNER, LocalSlicedRound
 from peer.run.progress import format_bytes
 from peer.run.slice_plan import expected_traffic
-from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
+from peer.run.round_math import RoundMath, UpdateRejected
+from protocol.reasons import count_for_cause
 from peer.learn.training import InnerTrainer, evaluate
 
 Baseline = Literal["diloco", "ddp"]

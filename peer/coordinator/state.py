@@ -28,7 +28,8 @@ from peer.learn.model import build_model, flat_params, layout_hash, load_flat_pa
 from peer.coordinator.registry import PeerRegistry
 from peer.coordinator.slice_rounds import SlicedRounds
 from peer.coordinator.round_book import AdaptiveDeadline, Commitment, RoundBook, RoundResult, result_dict, should_close
-from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
+from peer.run.round_math import RoundMath, UpdateRejected
+from protocol.reasons import count_for_cause
 from peer.run.slice_exchange import sliced_manifest
 from peer.learn.training import evaluate
 from protocol.wire import swarm_pb2

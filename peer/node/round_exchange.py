@@ -19,7 +19,8 @@ from typing import Any, Callable
 import torch
 
 from peer.run.faults import fail_point
-from peer.run.round_math import RoundMath, UpdateRejected, count_for_cause
+from peer.run.round_math import RoundMath, UpdateRejected
+from protocol.reasons import count_for_cause
 from protocol.envelope import EnvelopeError, RoundManifest, UpdateHeader, signed_from_json
 from protocol.payload_fetch import ChannelPool, fetch_payload
 from protocol.payload_service import PayloadStore, StoredPayload

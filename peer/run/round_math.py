@@ -20,23 +20,13 @@ from optim import aggregate, codecs, outer, slicing, sparse_mean
 from peer.run.config import ConfigError, OuterConfig, RunConfig
 from protocol.wire import swarm_pb2
 from protocol.envelope import UpdateHeader, open_update
-
-
-# Exclusion reasons that prove the author faulty (as opposed to late or unreachable): each one is
-# a declared Byzantine peer already out of the round.
-EXCLUDED_FOR_CAUSE = frozenset(
-    {"non-finite", "undecodable", "wrong-shape", "equivocation", "hash-mismatch", "size-mismatch"}
-)
-
-
-def count_for_cause(excluded: dict[str, str]) -> int:
-    return sum(reason in EXCLUDED_FOR_CAUSE for reason in excluded.values())
+from protocol.reasons import Reason
 
 
 class UpdateRejected(ValueError):
     """A decoded update that must not be aggregated; `reason` is reported in the manifest."""
 
-    def __init__(self, reason: str, message: str):
+    def __init__(self, reason: Reason, message: str):
         super().__init__(message)
         self.reason = reason
 
@@ -151,11 +141,11 @@ class RoundMath:
         try:
             update = self.codec.decode(payload, self.numel, seed=codec_seed(self.cfg, round_))
         except codecs.CodecError as exc:
-            raise UpdateRejected("undecodable", f"payload does not decode: {exc}") from None
+            raise UpdateRejected(Reason.UNDECODABLE, f"payload does not decode: {exc}") from None
         if update.shape != (self.numel,):
-            raise UpdateRejected("wrong-shape", f"decoded update has shape {tuple(update.shape)}, expected ({self.numel},)")
+            raise UpdateRejected(Reason.WRONG_SHAPE, f"decoded update has shape {tuple(update.shape)}, expected ({self.numel},)")
         if not slicing.all_finite(update):
-            raise UpdateRejected("non-finite", "decoded update holds NaN or Inf values")
+            raise UpdateRejected(Reason.NON_FINITE, "decoded update holds NaN or Inf values")
         return update
 
     def decode_slice(self, data: bytes, j: int, round_: int) -> torch.Tensor:
@@ -163,9 +153,9 @@ class RoundMath:
         try:
             values = self.sliced_codec.decode_slice(data, j, seed=codec_seed(self.cfg, round_))
         except codecs.CodecError as exc:
-            raise UpdateRejected("undecodable", f"slice {j} does not decode: {exc}") from None
+            raise UpdateRejected(Reason.UNDECODABLE, f"slice {j} does not decode: {exc}") from None
         if not slicing.all_finite(values):
-            raise UpdateRejected("non-finite", f"slice {j} holds NaN or Inf values")
+            raise UpdateRejected(Reason.NON_FINITE, f"slice {j} holds NaN or Inf values")
         return values
 
     def reduce_slice(self, rows: torch.Tensor, j: int, *, round_: int, excluded_for_cause: int = 0) -> bytes:

@@ -23,7 +23,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from peer.run import slice_plan
-from peer.run.round_math import EXCLUDED_FOR_CAUSE, RoundMath, UpdateRejected
+from peer.run.round_math import RoundMath, UpdateRejected
+from protocol.reasons import FOR_CAUSE
 from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, signed_from_json
 from protocol.payload_fetch import ChannelPool, FetchError, fetch_blob
 from protocol.payload_service import PayloadStore
@@ -185,7 +186,7 @@ class SliceExchange:
                 excluded[peer_id] = exc.reason
                 continue
             used.append(peer_id)
-        for_cause = sum(reason in EXCLUDED_FOR_CAUSE for reason in [*rnd.manifest.excluded.values(), *excluded.values()])
+        for_cause = sum(reason in FOR_CAUSE for reason in [*rnd.manifest.excluded.values(), *excluded.values()])
         result = self.math.reduce_slice(rows[: len(used)], j, round_=rnd.round, excluded_for_cause=for_cause)
         sha = hashlib.sha256(result).hexdigest()
         self.store.put_blob(sha, rnd.round, result)
