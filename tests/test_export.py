@@ -43,7 +43,7 @@ def trained_checkpoint(tmp_path, cfg: RunConfig):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_export_round_trip_logits_match_transformers(tmp_path, tied):
-    from peer.learn.tokenizer import with_tokenizer_hash
+    from peer.learn.data import with_tokenizer_hash
 
     cfg = with_tokenizer_hash(bpe_config(text_folder(tmp_path / "text", 0), model={
         "arch": "llama", "d_model": 48, "n_layer": 2, "n_head": 4, "seq_len": 32, "vocab_size": 0, "tie_embeddings": tied}))

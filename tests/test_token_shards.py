@@ -48,7 +48,7 @@ def test_byte_shards_hold_the_corpus_and_sample_the_same_windows(tmp_path):
 
 
 def test_bpe_shards_carry_the_run_tokenizer_and_a_wrong_hash_is_refused(tmp_path):
-    from peer.learn.tokenizer import with_tokenizer_hash
+    from peer.learn.data import with_tokenizer_hash
 
     cfg = with_tokenizer_hash(bpe_config(text_folder(tmp_path / "text", 0)))
     folder = prepare(tmp_path, cfg)

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from peer.learn.data import load_corpus, stdlib_sources
-from peer.learn.tokenizer import ByteCodec, TokenizerMismatch, text_chunks, train_bpe, with_tokenizer_hash
+from peer.learn.data import load_corpus, stdlib_sources, with_tokenizer_hash
+from peer.learn.tokenizer import ByteCodec, TokenizerMismatch, text_chunks, train_bpe
 from peer.run.config import RunConfig
 from tests.conftest import tiny_run_config
 

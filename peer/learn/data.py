@@ -21,33 +21,22 @@ default corpora; `Corpus.digest` tells them apart (compare it before comparing v
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import sysconfig
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from peer.learn.corpus import Corpus, CorpusError
+from peer.learn.token_shards import open_shards
+from peer.learn.tokenizer import encode_corpus
 from peer.run.config import DataConfig
 
 SEPARATOR = b"\n"
 _EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
-
-
-class CorpusError(ValueError):
-    """The training text cannot be used; the message says what to change."""
-
-
-@dataclass
-class Corpus:
-    train: torch.Tensor  # (n_train,) uint8 -- shared by every caller of load_corpus; do not modify
-    val: torch.Tensor  # (n_val,) uint8
-    source: str  # where it came from, for logs: "python-stdlib:/usr/lib/python3.11" or the path
-    files: int  # files read (at least partly)
-    digest: str = ""  # sha256 over both splits: equal digests mean comparable val losses
-    tokenizer: Any = None  # data.tokenizer bpe: the BpeCodec whose token ids train/val hold (else bytes)
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -66,12 +55,8 @@ def load_corpus(cfg: DataConfig, *, seq_len: int | None = None) -> Corpus:
     corpus = _CACHE.get(key)
     if corpus is None:
         if cfg.shards:
-            from peer.learn.token_shards import open_shards
-
             corpus = open_shards(cfg)
         elif cfg.tokenizer == "bpe":
-            from peer.learn.tokenizer import encode_corpus
-
             corpus = encode_corpus(cfg, _read_corpus(cfg))
         else:
             corpus = _read_corpus(cfg)
@@ -80,6 +65,16 @@ def load_corpus(cfg: DataConfig, *, seq_len: int | None = None) -> Corpus:
         check_split_size(corpus.train, seq_len, "train", corpus.source)
         check_split_size(corpus.val, seq_len, "validation", corpus.source)
     return corpus
+
+
+def with_tokenizer_hash(cfg):
+    """A RunConfig whose BPE tokenizer hash is filled in (trained or loaded here, once);
+    byte-level configs and configs that already name a hash come back unchanged."""
+    data = cfg.data
+    if data.tokenizer != "bpe" or data.tokenizer_sha256:
+        return cfg
+    codec = load_corpus(data).tokenizer
+    return dataclasses.replace(cfg, data=dataclasses.replace(data, tokenizer_sha256=codec.sha256))
 
 
 def check_split_size(split: torch.Tensor, seq_len: int, name: str, source: str) -> None:

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from peer.learn.data import Corpus, CorpusError
+from peer.learn.corpus import Corpus, CorpusError
+from peer.learn.tokenizer import BpeCodec, check_tokenizer
 
 FORMAT = "swarmloco-token-shards-v1"
 MANIFEST = "manifest.json"
@@ -148,8 +149,6 @@ def open_shards(cfg) -> Corpus:
         raise CorpusError(f"data.shards {folder} holds {manifest['tokenizer']} tokens but data.tokenizer is {cfg.tokenizer!r}")
     codec = None
     if cfg.tokenizer == "bpe":
-        from peer.learn.tokenizer import BpeCodec, check_tokenizer
-
         codec = BpeCodec.from_file(folder / "tokenizer.json")
         check_tokenizer(cfg, codec, f"the shards in {folder}")
 

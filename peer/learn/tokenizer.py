@@ -4,10 +4,10 @@ as data.tokenizer_path).
 
 Every peer must cut text into the same tokens, so a BPE run names its tokenizer in the run config
 (data.tokenizer_sha256, the sha256 of its canonical JSON; filled in when the run config is loaded,
-see with_tokenizer_hash). A peer trains or loads its own copy and refuses to start when the hash
-differs (another corpus, e.g. another Python version's stdlib, or another tokenizers release):
-TokenizerMismatch says which file to fetch instead. Training is deterministic: the same corpus
-bytes and vocabulary size give the same merges (tests/test_tokenizer.py).
+see with_tokenizer_hash in peer/learn/data.py). A peer trains or loads its own copy and refuses to
+start when the hash differs (another corpus, e.g. another Python version's stdlib, or another
+tokenizers release): TokenizerMismatch says which file to fetch instead. Training is deterministic:
+the same corpus bytes and vocabulary size give the same merges (tests/test_tokenizer.py).
 
 Trained tokenizers and encoded splits are cached under $SWARMLOCO_CACHE (default
 ~/.cache/swarmloco), keyed by what made them, so the coordinator and peers on one machine train once.
@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from peer.learn.data import CorpusError
+from peer.learn.corpus import Corpus, CorpusError
 
 CACHE_VERSION = "swarmloco-bpe-v1"
 CHUNK_CHARS = 1 << 16  # text is cut after a newline into pieces of about this size, for batch encoding
@@ -147,27 +147,11 @@ def check_tokenizer(cfg, codec: BpeCodec, source: str) -> None:
         )
 
 
-def with_tokenizer_hash(cfg):
-    """A RunConfig whose BPE tokenizer hash is filled in (trained or loaded here, once);
-    byte-level configs and configs that already name a hash come back unchanged."""
-    import dataclasses
-
-    data = cfg.data
-    if data.tokenizer != "bpe" or data.tokenizer_sha256:
-        return cfg
-    from peer.learn.data import load_corpus
-
-    codec = load_corpus(data).tokenizer
-    return dataclasses.replace(cfg, data=dataclasses.replace(data, tokenizer_sha256=codec.sha256))
-
-
 def encode_corpus(cfg, corpus):
     """The byte Corpus `corpus` as BPE token ids (int32 tensors), checked against the run's
     hash; encoded splits are cached as .npy beside the tokenizer and memory-mapped back."""
     import numpy as np
     import torch
-
-    from peer.learn.data import Corpus
 
     codec = corpus_tokenizer(cfg, corpus.train.numpy().tobytes(), corpus.digest)
     check_tokenizer(cfg, codec, corpus.source)

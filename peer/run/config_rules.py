@@ -64,7 +64,7 @@ def finalize(cfg: RunConfig, *, explicit_aggregator: bool, explicit_codec: bool 
         cfg = dataclasses.replace(cfg, outer=dataclasses.replace(cfg.outer, lr=cfg.outer.effective_lr))
     check_run_config(cfg)
     if cfg.data.tokenizer == "bpe" and not cfg.data.tokenizer_sha256:
-        from peer.learn.tokenizer import with_tokenizer_hash  # trains (or loads) the run's BPE once
+        from peer.learn.data import with_tokenizer_hash  # trains (or loads) the run's BPE once
 
         cfg = with_tokenizer_hash(cfg)  # every peer must then tokenize alike
     return cfg
