@@ -139,10 +139,12 @@ def test_excluded_byzantine_updates_lower_f_instead_of_stalling():
     rows = [torch.full((4,), v) for v in (0.1, 0.11, 0.12, 0.09, 0.1, 0.1)]
     report = math.apply(params, rows, round_=0, excluded_for_cause=2)
     assert report is not None and sum(report.selected) == 1
-    # Fewer rows than krum needs at all: the coordinate median of what is there.
+    # Fewer rows than krum needs at all: the coordinate median of what is there, the mean of the
+    # 2 rows (0.3); with fedavg at lr 1 the step is exactly -0.3.
+    fallback = RoundMath(config(aggregation={"name": "krum", "num_byzantine": 2}, outer={"name": "fedavg", "lr": 1.0}), 4)
     params = torch.zeros(4)
-    math.apply(params, [torch.full((4,), 0.2), torch.full((4,), 0.4)], round_=1)
-    assert torch.isfinite(params).all() and not torch.equal(params, torch.zeros(4))
+    fallback.apply(params, [torch.full((4,), 0.2), torch.full((4,), 0.4)], round_=1)
+    assert torch.equal(params, torch.full((4,), -0.3))
 
 
 def test_the_outer_step_follows_its_warm_up_and_schedule_round_by_round():

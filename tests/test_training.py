@@ -124,7 +124,7 @@ def test_evaluate_is_token_mean_and_restores_mode():
     with torch.no_grad():
         manual = sum(model(x, y)[1].item() for x, y in batches) / 2  # equal-size batches
     assert value == pytest.approx(manual, rel=1e-6)
-    assert not model.training  # restored to eval as well
+    assert evaluate(model, batches) == value and not model.training  # called in eval mode, it leaves eval mode
     with pytest.raises(ValueError):
         evaluate(model, [])
 
