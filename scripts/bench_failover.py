@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))  # appended: PYTHONPATH=/tmp/before wins for the "before" code
 
-from scripts.machine_info import load_average, machine_lines, write_keeping_notes  # noqa: E402
+from scripts.machine_info import load_average, machine_facts, machine_lines, write_keeping_notes  # noqa: E402
 
 LEASE_S = 2.0
 ROUNDS = 5
@@ -311,7 +311,8 @@ def render(data: dict) -> str:
 
 def run_report(args) -> None:
     parts = [json.loads(Path(path).read_text()) for path in args.parts]
-    data: dict = {"machine": machine_lines(parts[0]["load_before"], parts[-1]["load_after"]), "lock": []}
+    # the machine of the first part's run as that part recorded it (not the machine writing the report)
+    data: dict = {"machine": machine_lines(parts[0].get("machine"), parts[0]["load_before"], parts[-1]["load_after"]), "lock": []}
     for part in parts:
         if part["part"] == "takeover":
             data["takeover"] = part
@@ -351,6 +352,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     result = {"takeover": run_takeover, "lock": run_lock, "wan-check": run_wan_check}[args.verb](args)
+    result["machine"] = machine_facts()  # the report prints the machine its parts ran on, from here
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "trials"}, indent=1))
 

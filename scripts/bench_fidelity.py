@@ -38,6 +38,7 @@ from peer.run.recipes import recipe_overrides  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fidelity_report import write_report  # noqa: E402
+from machine_info import machine_facts  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "benchmarks"
 SEEDS3 = (0, 1, 2)
@@ -366,7 +367,7 @@ def run_rows(rows: list[Row], out: Path, rounds: int | None, inner_steps: int | 
                 result = run_simulation(opts)
             result.update(label=row.label, group=row.group, recipe=row.recipe, note=row.note, iid_data=row.iid,
                           codec_format=FORMAT_VERSION,
-                          loadavg_1m=os.getloadavg()[0])
+                          loadavg_1m=os.getloadavg()[0], machine=machine_facts())
             print(f"{row.label} seed {seed}: {result['final_val_loss']:.4f} in {time.time() - started:.0f}s", flush=True)
             stored[(row.label, seed)] = result
             data["runs"] = sorted(stored.values(), key=_key)

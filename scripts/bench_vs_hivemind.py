@@ -39,7 +39,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import sys
 import time
@@ -368,7 +367,7 @@ def profile_path(base: str, n: int, numel: int, precision: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from exchange_round import ExchangeSpec  # gRPC modules: never imported by the workers before hivemind forks
-    from vs_hivemind_report import write_markdown, write_saved_markdown
+    from vs_hivemind_report import write_markdown
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--peers", type=int, nargs="+", default=[8])
@@ -393,8 +392,8 @@ def main(argv: list[str] | None = None) -> int:
                         "the order given); run nothing")
     args = parser.parse_args(argv)
     if args.report_only:
-        write_saved_markdown(Path(args.write_md or ROOT / "benchmarks/vs_hivemind.md"),
-                             [(_shown(Path(p)), json.loads(Path(p).read_text())) for p in args.report_only])
+        write_markdown(Path(args.write_md or ROOT / "benchmarks/vs_hivemind.md"),
+                       [(_shown(Path(p)), json.loads(Path(p).read_text())) for p in args.report_only])
         return 0
     if any(n < 2 for n in args.peers):
         parser.error("--peers: an all-reduce needs at least 2 peers")
@@ -421,17 +420,16 @@ def main(argv: list[str] | None = None) -> int:
                 profile = profile_path(args.profile, n, numel, precision) if args.profile else ""
                 rows += run_config(n, numel, precision, repeats_for(n, numel, args.repeats), specs, args.match_s, profile)
                 if args.json:  # keep partial results if a later config fails; say they are partial
-                    _write_json(Path(args.json), rows, load_before, wall_s=time.monotonic() - started, finished=False)
+                    _write_json(Path(args.json), run_record(rows, load_before, wall_s=time.monotonic() - started, finished=False))
     print(f"\n{'peers':>5} {'floats':>11} {'exchange':>38} {'swarmloco s':>11} {'hivemind s':>10} {'ratio':>6}")
     for r in rows:
         print(f"{r['peers']:>5} {r['numel']:>11,} {r['label']:>38} {r['swarmloco_round_s']:>11.3f} "
               f"{r['hivemind_round_s']:>10.3f} {r['ratio']:>6.2f}")
-    load_after, wall_s = load_average(), time.monotonic() - started  # the same figures in the JSON and the md
+    record = run_record(rows, load_before, load_average(), time.monotonic() - started, finished=True)
     if args.json:
-        _write_json(Path(args.json), rows, load_before, load_after, wall_s, finished=True)
-    if args.write_md:
-        write_markdown(Path(args.write_md), rows, load_before, load_after, wall_s,
-                       json_name=_shown(Path(args.json)) if args.json else None)
+        _write_json(Path(args.json), record)
+    if args.write_md:  # from the record the JSON holds: the md is what --report-only writes from it
+        write_markdown(Path(args.write_md), [(_shown(Path(args.json)) if args.json else None, record)])
         print(f"wrote {args.write_md}")
     return 0
 
@@ -441,16 +439,19 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def _write_json(path: Path, rows: list[dict], load_before: str, load_after: str = "", wall_s: float | None = None,
-                finished: bool = False) -> None:
-    from machine_info import command_line, cpu_model, versions
+def run_record(rows: list[dict], load_before: str, load_after: str = "", wall_s: float | None = None,
+               finished: bool = False) -> dict:
+    """What the JSON holds and the md is written from: the rows, this machine's facts, load, command."""
+    from machine_info import command_line, machine_facts
 
+    facts = machine_facts()
+    return {"rows": rows, "cpu": facts["cpu"], "cores": facts["cores"], "load_before": load_before, "load_after": load_after,
+            "wall_s": wall_s, "finished": finished, "os": facts["os"], "versions": facts["versions"], "command": command_line()}
+
+
+def _write_json(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        "rows": rows, "cpu": cpu_model(), "cores": os.cpu_count(), "load_before": load_before, "load_after": load_after,
-        "wall_s": wall_s, "finished": finished, "os": f"{platform.system()} {platform.release()}",
-        "versions": versions(), "command": command_line(),
-    }, indent=2))
+    path.write_text(json.dumps(record, indent=2))
 
 
 if __name__ == "__main__":

@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--aggregators", default=None, help="comma-separated rules to run (default: all)")
     parser.add_argument("--worst", type=int, default=1, help="fvalues runs main's WORST worst attacks (default 1)")
     args = parser.parse_args(argv)
-    from scripts.machine_info import command_line, load_average, machine_lines
+    from scripts.machine_info import command_line, load_average, machine_facts, machine_lines
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             budget = None if budget is None else budget - len(todo)
         if "compression" in phases and args.exchange == A2A:
             meta["support_demo"] = support_demo(profile)
-        meta.update(machine=machine_lines(load_before, load_average()), command=command_line(),
+        meta.update(machine=machine_lines(machine_facts(), load_before, load_average()), command=command_line(),
                     wall_min=(time.perf_counter() - started) / 60)
         save(path, results, meta)
     # Imported here: the report reads this module's grid and result helpers (no import cycle at load).

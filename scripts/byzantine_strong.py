@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="run at most this many new cases")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
-    from scripts.machine_info import command_line, load_average, machine_lines
+    from scripts.machine_info import command_line, load_average, machine_facts, machine_lines
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             meta["invocations"] = [*previous.get("invocations", []), f"`{previous['command']}` ({previous.get('wall_min', 0):.1f} min)"]
         print(f"{len(todo)} runs to do ({len(results)} already in {path})", flush=True)
         _run_all(todo, profile, args.workers, results, lambda: save(path, results, meta), run)
-        meta.update(machine=machine_lines(load_before, load_average()), command=command_line(),
+        meta.update(machine=machine_lines(machine_facts(), load_before, load_average()), command=command_line(),
                     wall_min=(time.perf_counter() - started) / 60)
         save(path, results, meta)
     if out.joinpath("byzantine.json").exists():

@@ -8,7 +8,6 @@ passed in), so `--report-only` rewrites the md byte for byte from the JSON.
 from __future__ import annotations
 
 import json
-import platform
 from pathlib import Path
 from typing import Any
 
@@ -298,6 +297,15 @@ def fill(text: str, summary: list[dict[str, Any]], runs: list[dict[str, Any]]) -
     return "".join(out) + rest
 
 
+def machine_text(runs: list[dict[str, Any]]) -> str:
+    """The machines the runs recorded (bench_fidelity stores machine_facts() with each run), and
+    how many runs, kept from before they recorded it, say nothing: never the machine writing the md."""
+    seen = sorted({f"{m['cpu']}, {m['cores']} cores, {m['os']}, Python {m['versions']['python']}, torch {m['versions']['torch']}"
+                   for m in (r.get("machine") for r in runs) if m})
+    missing = sum(1 for r in runs if not r.get("machine"))
+    return "; ".join(seen + ([f"not recorded for {missing} of {len(runs)} runs (stored before runs recorded it)"] if missing else []))
+
+
 def write_report(out: Path, rows: list[Any], findings: list[str] | None = None) -> None:
     data = _load(out)
     runs, commands = data["runs"], data.get("commands", [])
@@ -306,14 +314,11 @@ def write_report(out: Path, rows: list[Any], findings: list[str] | None = None) 
         return
     front = pareto(summary)
     plotted = write_plot(out, summary, front)
-    import torch
-
     loads = [r.get("loadavg_1m", 0.0) for r in runs]
     lines = [
         "# Training fidelity (simulated swarm)", "",
-        f"Machine: {platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}; "
-        f"1-minute load average as runs finished {min(loads):.1f}-{max(loads):.1f} on 2 shared cores (losses and bytes "
-        "are exact per seed; wall times are not comparable).",
+        f"Machine: {machine_text(runs)}. 1-minute load average as runs finished {min(loads):.1f}-{max(loads):.1f} (losses "
+        "and bytes are exact per seed; wall times are not comparable).",
         f"<details><summary>The {len(commands)} commands that made fidelity.json (each adds its runs; runs made in "
         "parallel with --out elsewhere were merged; `--report-only` rewrites this file from the JSON)</summary>", "",
         *[f"    {c}" for c in commands], "", "</details>", "",

@@ -3,6 +3,11 @@
 Shared by the measurement scripts so every benchmarks/*.md states its machine the same way.
 The machine is shared with other work, so the load average before and after a measurement is
 part of the result, not an afterthought.
+
+Two halves, kept apart so a report is a pure function of its JSON: the run that measures calls
+`machine_facts()` (and `load_average()`, `command_line()`) and stores what they return in its JSON;
+the report prints those stored facts with `machine_lines()`, never the machine it runs on, and
+says "not recorded" where a JSON kept from an older run lacks them.
 """
 
 from __future__ import annotations
@@ -45,14 +50,28 @@ def command_line() -> str:
     return " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv])
 
 
-def machine_lines(load_before: str, load_after: str) -> list[str]:
-    """Markdown bullet lines describing the machine and the measurement conditions."""
-    v = versions()
+NOT_RECORDED = "not recorded"
+
+
+def machine_facts() -> dict:
+    """This machine, as the run that measures on it stores it in its JSON: CPU model, cores,
+    kernel and the library versions (the shape `machine_lines` reads)."""
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "os": f"{platform.system()} {platform.release()}",
+            "versions": versions()}
+
+
+def machine_lines(facts: dict | None, load_before: str | None, load_after: str | None) -> list[str]:
+    """Markdown bullet lines describing the machine and the measurement conditions, from the
+    `machine_facts()` a run stored in its JSON; whatever it lacks is printed as not recorded."""
+    load = f"- load average (1/5/15 min) before: {load_before or NOT_RECORDED}; after: {load_after or NOT_RECORDED}"
+    if not facts:
+        return [f"- machine: {NOT_RECORDED} in this JSON", load]
+    v = facts.get("versions") or {}
     return [
-        f"- CPU: {cpu_model()}, {os.cpu_count()} cores visible (shared with other jobs)",
-        f"- load average (1/5/15 min) before: {load_before}; after: {load_after}",
-        f"- {platform.system()} {platform.release()}, Python {v['python']}, torch {v['torch']}, "
-        f"hivemind {v['hivemind']}, grpcio {v['grpc']}",
+        f"- CPU: {facts.get('cpu', NOT_RECORDED)}, {facts.get('cores', NOT_RECORDED)} cores visible (shared with other jobs)",
+        load,
+        f"- {facts.get('os', 'OS ' + NOT_RECORDED)}, Python {v.get('python', NOT_RECORDED)}, torch {v.get('torch', NOT_RECORDED)}, "
+        f"hivemind {v.get('hivemind', NOT_RECORDED)}, grpcio {v.get('grpc', NOT_RECORDED)}",
     ]
 
 

@@ -4,6 +4,7 @@
     .venv/bin/python scripts/measure_bandwidth.py --codec fp32 --json out.json --write-md        # + benchmarks/bandwidth.md
     .venv/bin/python scripts/measure_bandwidth.py --coordinator 10.0.0.5:31338 --duration 120    # attach to a running swarm
     .venv/bin/python scripts/measure_bandwidth.py --from-workdir /tmp/swarmloco-demo-xyz          # re-read a finished run
+    .venv/bin/python scripts/measure_bandwidth.py --report-only benchmarks/bandwidth.json --write-md  # md from the JSON
 
 Local mode starts a coordinator and peers as processes on loopback (peer.cli.launcher.Swarm, as
 `swarmloco demo` does) and reads each peer's --summary-json: per round, the ByteCounter
@@ -210,14 +211,18 @@ def format_attach(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_markdown(path: Path, results: list[dict], load_before: str, load_after: str) -> None:
-    from machine_info import command_line, machine_lines, write_keeping_notes
+def write_markdown(path: Path, run: dict) -> None:
+    """benchmarks/bandwidth.md from what the run's JSON holds: its runs, machine facts, load and command."""
+    from machine_info import machine_lines, write_keeping_notes
+
+    results = run["runs"]
 
     lines = ["# Bandwidth per peer per round (measured)", "",
              "Written by `scripts/measure_bandwidth.py`: a coordinator and peers as processes on loopback; bytes are",
              "the ByteCounter interceptors' counts (serialized protobuf sizes of every RPC, HTTP/2 framing excluded);",
              "times are each peer's per-round record. goodput = update payload bytes fetched / fetch time.", "",
-             *machine_lines(load_before, load_after), f"- command: `{command_line()}`", "",
+             *machine_lines(run.get("machine"), run.get("load_before"), run.get("load_after")),
+             f"- command: `{run.get('command', 'not recorded')}`", "",
              "| codec | params | payload measured (B) | codec size (B) | fp32 (B) | sent/peer/round (B) | recv/peer/round (B) "
              "| goodput (MB/s) | compute (s) | encode (s) | wait (s) | fetch (s) | aggregate (s) | round (s) | utilization |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -248,8 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=2.0, help="attach mode: seconds between status polls")
     parser.add_argument("--json", metavar="PATH", help="write the results here")
     parser.add_argument("--write-md", nargs="?", const=str(ROOT / "benchmarks/bandwidth.md"), metavar="PATH")
+    parser.add_argument("--report-only", metavar="JSON", help="rewrite --write-md from an earlier --json; run nothing")
     args = parser.parse_args(argv)
-    from machine_info import load_average
+    if args.report_only:
+        write_markdown(Path(args.write_md or ROOT / "benchmarks/bandwidth.md"), json.loads(Path(args.report_only).read_text()))
+        return 0
+    from machine_info import command_line, load_average, machine_facts
 
     load_before = load_average()
     if args.coordinator:
@@ -269,11 +278,13 @@ def main(argv: list[str] | None = None) -> int:
                                            workdir=base / codec.replace(":", "_").replace("+", "_")))
     for result in results:
         print(format_table(result) + "\n")
+    run = {"runs": results, "load_before": load_before, "load_after": load_average(), "command": command_line(),
+           "machine": machine_facts()}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"runs": results, "load_before": load_before}, indent=2))
-    if args.write_md:
-        write_markdown(Path(args.write_md), results, load_before, load_average())
+        Path(args.json).write_text(json.dumps(run, indent=2))
+    if args.write_md:  # from the record the JSON holds: the md is what --report-only writes from it
+        write_markdown(Path(args.write_md), run)
         print(f"wrote {args.write_md}")
     return 0
 

@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-md", nargs="?", const=str(ROOT / "benchmarks/scale.md"), metavar="PATH")
     parser.add_argument("--report-only", action="store_true", help="rewrite --write-md from --json without running anything")
     args = parser.parse_args(argv)
-    from machine_info import command_line, load_average
+    from machine_info import command_line, load_average, machine_facts
     from scale_report import write_markdown
 
     stored = json.loads(Path(args.json).read_text()) if (args.merge or args.report_only) and Path(args.json).exists() else {}
@@ -289,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     done = {(r["codec"], r["mode"], r["peers"]) for r in results}
     kept = [r for r in stored.get("runs", []) if (r["codec"], r["mode"], r["peers"]) not in done]
     results = sorted(kept + results, key=lambda r: (r["codec"], r["mode"] != "sliced", r["peers"]))
-    invocation = {"command": command_line(), "load_before": load_before, "load_after": load_average(), "runs": sorted(done)}
+    invocation = {"command": command_line(), "load_before": load_before, "load_after": load_average(),
+                  "machine": machine_facts(), "runs": sorted(done)}
     data = {"runs": results, "projection": projection(results), "control_fit": control_fit(results),
             "invocations": stored.get("invocations", []) + [invocation]}
     Path(args.json).write_text(json.dumps(data, indent=1))

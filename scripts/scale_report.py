@@ -119,7 +119,7 @@ def write_markdown(path: Path, data: dict) -> None:
              "per round (P payload, A aggregated result, m = n serving peers, r owners per slice, S slices, k spot checks):", "",
              *FORMULAS, ""]
     for inv in data.get("invocations", []):
-        lines += [*machine_lines(inv["load_before"], inv["load_after"]), f"- command: `{inv['command']}`", ""]
+        lines += [*machine_lines(inv.get("machine"), inv["load_before"], inv["load_after"]), f"- command: `{inv['command']}`", ""]
     lines += ["| codec | exchange | S | r | k | n | P (KB) | A (KB) | received mean (median; min–max) KB | control KB | data KB | expected KB | data / expected | received / expected | sent mean KB | expected sent KB | coordinator KB/round | = fp32 models | all in sync |",
               "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in runs:

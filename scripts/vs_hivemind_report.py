@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from machine_info import machine_lines, write_keeping_notes
+
 OLD_HARNESS = "all-to-all (re-implemented harness, one fetch at a time)"
 SPLIT_COLUMNS = {  # split key -> column title; the old harness split its round differently
     "encode_s": "encode+sign", "manifest_s": "manifest relay", "reduce_s": "reduce (incl. fetches)",
@@ -24,18 +26,6 @@ def wall_time_text(wall_s: float | None, finished: bool | None) -> str:
     if finished is False:
         return f"{wall_s:.0f} s until the last configuration written here (the run did not finish)"
     return f"{wall_s:.0f} s"
-
-
-def saved_machine_lines(saved: dict) -> list[str]:
-    """The machine lines of an earlier run, from what its JSON recorded (not this machine's)."""
-    v = saved.get("versions", {})
-    return [
-        f"- CPU: {saved.get('cpu', '?')}, {saved.get('cores', '?')} cores visible (shared with other jobs)",
-        f"- load average (1/5/15 min) before: {saved.get('load_before', '?')}; "
-        f"after: {saved.get('load_after') or '(not recorded)'}",
-        f"- {saved.get('os', 'OS not recorded')}, Python {v.get('python', '?')}, torch {v.get('torch', '?')}, hivemind {v.get('hivemind', '?')}, "
-        f"grpcio {v.get('grpc', '?')}",
-    ]
 
 
 def how_it_ran(row: dict) -> str:
@@ -91,24 +81,23 @@ def split_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def write_markdown(path: Path, rows: list[dict], load_before: str, load_after: str, wall_s: float | None,
-                   command: str | None = None, finished: bool | None = True, machine: list[str] | None = None,
-                   json_name: str | None = None, runs: list[tuple[str, dict]] | None = None) -> None:
-    """`machine`: the machine lines (default: this machine, for a report written by the run itself);
-    `runs`: (JSON name, saved run) of every run whose rows are in `rows`, when there are several."""
-    from machine_info import command_line, machine_lines, write_keeping_notes
+def about_lines(saved: dict) -> list[str]:
+    """A run's machine, load, wall time and command: what its JSON recorded (never this machine's)."""
+    return [*machine_lines(saved, saved.get("load_before"), saved.get("load_after")),
+            f"- total wall time: {wall_time_text(saved.get('wall_s'), saved.get('finished'))}",
+            f"- command: `{saved.get('command')}`", ""]
 
-    if runs and len(runs) > 1:
+
+def write_markdown(path: Path, runs: list[tuple[str | None, dict]]) -> None:
+    """The md from one or more runs, each (the JSON name shown, or None; the run as its JSON holds
+    it: rows, machine facts, load, wall time, command); rows in the order given."""
+    rows = [row | {"_json": name} for name, saved in runs for row in saved["rows"]]
+    if len(runs) > 1:
         source = " from " + ", ".join(f"`{name}`" for name, _ in runs)
-        about = []
-        for name, saved in runs:
-            about += [f"`{name}`:", "", *saved_machine_lines(saved),
-                      f"- total wall time: {wall_time_text(saved.get('wall_s'), saved.get('finished'))}",
-                      f"- command: `{saved.get('command')}`", ""]
+        about = [line for name, saved in runs for line in (f"`{name}`:", "", *about_lines(saved))]
     else:
-        source = f" from `{json_name}`" if json_name else ""
-        about = [*(machine or machine_lines(load_before, load_after)), f"- total wall time: {wall_time_text(wall_s, finished)}",
-                 f"- command: `{command or command_line()}`", ""]
+        name, saved = runs[0]
+        source, about = (f" from `{name}`" if name else ""), about_lines(saved)
     lines = [
         "# swarmloco exchange round vs hivemind all-reduce",
         "",
@@ -130,12 +119,3 @@ def write_markdown(path: Path, rows: list[dict], load_before: str, load_after: s
         *split_lines(rows),
     ]
     write_keeping_notes(path, "\n".join(lines))
-
-
-def write_saved_markdown(path: Path, runs: list[tuple[str, dict]]) -> None:
-    """The md from one or more saved runs (JSON name, its content); rows in the order given."""
-    rows = [row | {"_json": name} for name, saved in runs for row in saved["rows"]]
-    name, saved = runs[0]
-    write_markdown(path, rows, saved.get("load_before", "?"), saved.get("load_after") or "(not recorded)",
-                   saved.get("wall_s"), saved.get("command"), saved.get("finished"), saved_machine_lines(saved),
-                   json_name=name, runs=runs)

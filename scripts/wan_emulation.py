@@ -279,11 +279,11 @@ def landing_spread(result: dict) -> str:
     return f"{statistics.median(shares):.2f} ({min(shares):.2f}–{max(shares):.2f})"
 
 
-def write_markdown(path: Path, sources: list[dict], this_machine: bool = True) -> None:
+def write_markdown(path: Path, sources: list[dict]) -> None:
     """`sources`: one dict per JSON ({"json": its path as shown, "runs", "command", "load_before",
-    "load_after", optional "versions"}); every table row names the JSON it comes from.
-    `this_machine`: the runs were made here just now (else the machine is what the JSONs recorded)."""
-    from machine_info import machine_lines, write_keeping_notes
+    "load_after", optional "versions"}); every table row names the JSON it comes from, and the
+    machine is what the JSONs recorded (a run's own md too), never the machine writing the md."""
+    from machine_info import write_keeping_notes
 
     lines = ["# Compute utilization under an emulated WAN", "",
              "Written by `scripts/wan_emulation.py`: coordinator and peers each in their own network namespace,",
@@ -293,12 +293,9 @@ def write_markdown(path: Path, sources: list[dict], this_machine: bool = True) -
              "from the peers' round records, median (min–max) over peers and rounds (the last round has no next phase);",
              "`-` for synchronous runs and for JSONs written before the peers recorded it.",
              "Every row names the JSON it is generated from; each JSON's command and the load around it:", ""]
-    if this_machine:
-        lines += machine_lines(sources[0].get("load_before", "?"), sources[-1].get("load_after") or "(not recorded)")
-    else:
-        recorded = {json.dumps(s["versions"], sort_keys=True) for s in sources if s.get("versions")}
-        lines.append("- machine and library versions: " + (", ".join(sorted(recorded)) if recorded else
-                     "not recorded in these JSONs (report regenerated with --report-only)"))
+    recorded = {json.dumps(s["versions"], sort_keys=True) for s in sources if s.get("versions")}
+    lines.append("- machine and library versions: " + (", ".join(sorted(recorded)) if recorded else
+                 "not recorded in these JSONs (report regenerated with --report-only)"))
     for s in sources:
         lines.append(f"- `{s['json']}`: `{s.get('command', '?')}` (load average 1/5/15 min before: "
                      f"{s.get('load_before', '?')}; after: {s.get('load_after') or 'not recorded'})")
@@ -342,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.report_only:
         sources = [{"json": p, **json.loads(Path(p).read_text())} for p in args.report_only]
-        write_markdown(Path(args.write_md or ROOT / "benchmarks/wan.md"), sources, this_machine=False)
+        write_markdown(Path(args.write_md or ROOT / "benchmarks/wan.md"), sources)
         return 0
     reason = namespaces_permitted()
     if reason:
@@ -387,11 +384,12 @@ def main(argv: list[str] | None = None) -> int:
             bed.close()
             for s, handler in previous.items():
                 signal.signal(s, handler)
-    from machine_info import command_line, cpu_model, versions
+    from machine_info import command_line, machine_facts
 
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    facts = machine_facts()
     run = {"runs": results, "load_before": load_before, "load_after": load_average(), "command": command_line(),
-           "versions": {**versions(), "cpu": cpu_model(), "cores": str(os.cpu_count()),
+           "versions": {**facts["versions"], "cpu": facts["cpu"], "cores": str(facts["cores"]), "os": facts["os"],
                         "commit": head.stdout.strip() or "unknown"}}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -231,8 +231,7 @@ def _curves() -> dict:
 def test_wan_report_names_the_json_behind_each_row(tmp_path):
     source = ROOT / "benchmarks/wan_sync_h25_r6.json"
     saved = json.loads(source.read_text())
-    wan_emulation.write_markdown(tmp_path / "wan.md", [{"json": "benchmarks/wan_sync_h25_r6.json", **saved}],
-                                 this_machine=False)
+    wan_emulation.write_markdown(tmp_path / "wan.md", [{"json": "benchmarks/wan_sync_h25_r6.json", **saved}])
     text = (tmp_path / "wan.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| wan_sync_h25_r6.json | fp16 |"))
     # 6 rounds x 4 peers: rounds 1-5 ranged 59-79% per peer, the last round 67-72%
@@ -403,8 +402,7 @@ def test_wan_report_says_where_the_overlapped_average_landed(tmp_path):
     assert wan_emulation.landing_spread(synchronous) == wan_emulation.landing_spread(stored) == "-"
     assert "land" not in measure_bandwidth.format_table(stored).splitlines()[1]
     md = tmp_path / "wan.md"
-    wan_emulation.write_markdown(md, [{"json": "new.json", "runs": [overlapped, synchronous]}, {"json": "old.json", "runs": [stored]}],
-                                 this_machine=False)
+    wan_emulation.write_markdown(md, [{"json": "new.json", "runs": [overlapped, synchronous]}, {"json": "old.json", "runs": [stored]}])
     rows = [line for line in md.read_text().splitlines() if line.startswith("| ") and ".json |" in line]
     header = next(line for line in md.read_text().splitlines() if line.startswith("| JSON"))
     assert header.rstrip(" |").endswith("lands after (steps of H)")
