@@ -1,10 +1,10 @@
-"""Shared fixtures: the one tiny run config, a real swarm on loopback that is always torn down
-(also when a test fails), torch's thread count restored after every test, and a check at the
-end of the session that no process started by the tests is still running."""
+"""Shared fixtures: a real swarm of processes on loopback that is always torn down (also when a
+test fails), torch's thread count restored after every test, and a check at the end of the
+session that no process started by the tests is still running. Shared plain functions (the tiny
+run config, free_port, wait_line, summary) are in tests/helpers.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 
@@ -15,50 +15,16 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:  # `tests.helpers` below, and the tests' own `from tests.helpers import ...`
+    sys.path.insert(0, _ROOT)
 
-# The tests' small, fast run: ~60k parameters, 8 inner steps, a 1 MB corpus; rounds close in
-# about a second on 2 busy cores, and 3 rounds of 3 peers lower the validation loss by > 0.05.
-TINY_SECTIONS: dict[str, dict] = {
-    "model": {"d_model": 64, "n_layer": 1, "n_head": 2, "seq_len": 64},
-    "data": {"batch_size": 4, "val_batches": 4, "max_corpus_bytes": 1_000_000},
-    "inner": {"steps": 8, "warmup_steps": 4},
-    "rounds": {"rounds": 3, "min_deadline_s": 2.0, "deadline_s": 30.0, "peer_timeout_s": 6.0},
-}
-
-
-def tiny_run_config(**sections):
-    """The tiny RunConfig; each keyword is a section whose dict updates the tiny values
-    (`rounds={"rounds": 4}`), or a top-level field (`seed=3`). For module-level use too."""
-    from peer.run.config import RunConfig
-
-    data = RunConfig().to_dict()
-    for section, values in TINY_SECTIONS.items():
-        data[section].update(values)
-    for section, values in sections.items():
-        if isinstance(values, dict):
-            data[section].update(values)
-        else:
-            data[section] = values
-    return RunConfig.from_dict(data)
-
-
-@pytest.fixture
-def tiny_config():
-    """tiny_run_config, as a fixture: call it with the sections a test changes."""
-    return tiny_run_config
-
-
-def write_run_config(path: Path, **sections) -> Path:
-    """tiny_run_config(**sections) written as a config file for the CLI (`--config PATH`)."""
-    path.write_text(json.dumps(tiny_run_config(**sections).to_dict()))
-    return path
+from tests.helpers import ROOT, tiny_run_config, write_run_config  # noqa: E402,F401 (test_coordinator_unit imports tiny_run_config from here)
 
 
 @pytest.fixture
 def swarm(tmp_path):
+    """A peer.cli.launcher.Swarm in tmp_path: real coordinator and peer processes on loopback."""
     from peer.cli.launcher import Swarm
 
     s = Swarm(tmp_path / "swarm")
@@ -69,6 +35,26 @@ def swarm(tmp_path):
         for child in s.children:  # leave the logs where a failing test can show them
             if child.process.returncode not in (0, None):
                 print(f"--- {child.name} (rc={child.process.returncode}) ---\n{''.join(child.lines)[-2000:]}")
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """SWARMLOCO_CACHE in tmp_path: what the test trains or prepares (a BPE tokenizer) is not
+    read from a cache another test or run filled."""
+    monkeypatch.setenv("SWARMLOCO_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on 1 thread for a module (`pytestmark = pytest.mark.usefixtures("one_torch_thread")`).
+    WHY: on a busy 2-core box a tiny MKL matmul with 2 OpenMP threads waits ~15 ms for the
+    descheduled thread. Restored after the module."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(autouse=True)

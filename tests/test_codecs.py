@@ -13,6 +13,7 @@ from optim import codecs
 from optim.codecs import HEADER_SIZE, Codec, CodecError, ErrorFeedback, build
 from optim.bitpack import pack_bits, unpack_bits
 from optim.sparsify import offset_width
+from tests.helpers import ceil_div, round_trip, vector
 
 ALL_SPECS = [
     "fp32", "fp16", "bf16", "int8", "int4", "int2", "int8:128",
@@ -23,29 +24,7 @@ ALL_SPECS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """WHY: on a busy 2-core box a tiny MKL matmul with 2 OpenMP threads waits ~15 ms for the
-    descheduled thread; one thread keeps this file fast. Restored afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def vector(d: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(d, generator=torch.Generator().manual_seed(seed))
-
-
-def round_trip(spec: str, x: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    codec = build(spec)
-    payload = codec.encode(x, seed=seed)
-    assert len(payload) == codec.max_encoded_size(x.numel())
-    return codec.decode(payload, x.numel(), seed=seed)
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- exact sizes: header 4 bytes + index bytes + value bytes, nothing else -------------------------

@@ -12,9 +12,8 @@ import urllib.request
 
 import pytest
 
-from conftest import write_run_config
 from peer.cli.status import fetch_status
-from test_metrics import url_in
+from tests.helpers import wait_line, write_run_config
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +57,7 @@ def test_dashboard_renders_a_live_swarm_in_headless_chromium(swarm, tmp_path, ch
     config = write_run_config(tmp_path / "run.json", rounds={"rounds": 200, "expected_peers": 3})
     swarm.start_coordinator(["--config", str(config), "--dashboard-port", "0"])
     peers = [swarm.start_peer(f"p{i}", ["--shard", f"{i}/3"]) for i in range(3)]
-    url = url_in(swarm.children[0], "coordinator dashboard:")
+    url = wait_line(swarm.children[0], r"coordinator dashboard: (http://\S+)", 90).group(1)
     assert urllib.request.urlopen(url, timeout=10).read().startswith(b"<!doctype html>")
 
     deadline = time.monotonic() + 120

@@ -17,7 +17,7 @@ import pytest
 
 from protocol import discovery, lifetime
 from protocol.identity import Identity
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from optim import eager, outer
-from tests.test_simulate import simulate, tiny_config
+from tests.helpers import simulate, tiny_simulation_config
 
 
 def test_the_estimate_swaps_this_peers_stale_share_for_its_fresh_one():
@@ -29,15 +29,15 @@ def test_the_start_point_is_a_step_on_a_copy_of_the_outer_state():
 
 
 def _overlapped(peers: int, eager_updates: bool, estimate: str = "own", **kw) -> dict:
-    cfg = tiny_config(exchange={"mode": "all-to-all"}, rounds={"rounds": 3, "overlap_communication": True,
-                                                               "eager_updates": eager_updates, "eager_estimate": estimate})
+    cfg = tiny_simulation_config(exchange={"mode": "all-to-all"}, rounds={"rounds": 3, "overlap_communication": True,
+                                                                          "eager_updates": eager_updates, "eager_estimate": estimate})
     return simulate(peers=peers, codec="fp32", outer="nesterov", aggregator="mean", config=cfg, **kw)
 
 
 def test_with_one_peer_eager_overlap_is_the_synchronous_run_bit_for_bit():
     # One peer: its own Δ IS the average, so the eager start point is exactly θ_{r+1}.
     sync = simulate(peers=1, rounds=3, codec="fp32", outer="nesterov", aggregator="mean",
-                    config=tiny_config(exchange={"mode": "all-to-all"}))
+                    config=tiny_simulation_config(exchange={"mode": "all-to-all"}))
     assert _overlapped(1, True)["final_params_sha256"] == sync["final_params_sha256"]
     assert _overlapped(1, True, "share")["final_params_sha256"] == sync["final_params_sha256"]
     delayed = _overlapped(1, False)  # starts from the local model: not the same trajectory
@@ -65,7 +65,7 @@ def test_an_average_landing_at_the_phase_start_is_the_synchronous_run_and_later_
     # --overlap-arrival 0: the peer moves onto θ_{r+1} before its first inner step, which is what
     # the synchronous schedule does; the progress of a later arrival moves over mid-phase.
     sync = simulate(peers=3, rounds=3, codec="fp32", outer="nesterov", aggregator="mean",
-                    config=tiny_config(exchange={"mode": "all-to-all"}))
+                    config=tiny_simulation_config(exchange={"mode": "all-to-all"}))
     at_start = _overlapped(3, True, overlap_arrival=0.0)
     assert at_start["final_params_sha256"] == sync["final_params_sha256"]
     assert at_start["overlap_arrival"] == 0.0 and sync["overlap_arrival"] is None

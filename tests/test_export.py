@@ -18,21 +18,18 @@ from peer.learn.presets import PRESETS
 from peer.learn.training import InnerTrainer
 from peer.run import checkpoint
 from peer.run.config import RunConfig
-from tests.test_llama import FixedSampler, batch
-from tests.test_tokenizer import bpe_config, own_cache, text_folder  # noqa: F401 (own_cache: autouse fixture)
+from tests.helpers import FixedSampler, bpe_config, text_folder, token_batch
 
 import transformers  # noqa: E402  (the test extra: pip install -e .[dev])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "own_cache")
 
 
 def trained_checkpoint(tmp_path, cfg: RunConfig):
     """A few AdamW steps on a llama, saved as a swarmloco checkpoint with run.json beside it."""
     model = build_model(cfg.model, cfg.seed)
-    x, y = batch(rows=4, T=cfg.model.seq_len)
+    x, y = token_batch(rows=4, T=cfg.model.seq_len)
     InnerTrainer(model, cfg.inner, FixedSampler(x % cfg.model.vocab_size, y % cfg.model.vocab_size)).run(3)
     params = flat_params(model)
     path = tmp_path / "run.ckpt"

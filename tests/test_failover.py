@@ -11,8 +11,7 @@ import pytest
 
 from peer.cli.launcher import MADDR_RE, Swarm
 from protocol.identity import Identity
-from tests.conftest import write_run_config
-from tests.test_fault_tolerance import _free_port, _summary, _wait_line
+from tests.helpers import free_port, read_summary, wait_line, write_run_config
 
 pytestmark = pytest.mark.integration
 
@@ -28,13 +27,13 @@ def test_standby_takes_over_from_a_sigkilled_coordinator_and_the_old_one_comes_b
     with monkeypatch.context() as m:
         m.setenv("SWARMLOCO_FAIL_AT", "manifest-signed:2")
         active = swarm.start_coordinator(["--config", str(config), "--coordinators", standby_key.peer_id])
-    old_key = _wait_line(active, r"coordinator fingerprint: (\w+)", 30).group(1)
-    standby = swarm.start_standby("standby", ["--port", str(_free_port())])
-    _wait_line(standby, r"following run \S+'s active coordinator", 60)
+    old_key = wait_line(active, r"coordinator fingerprint: (\w+)", 30).group(1)
+    standby = swarm.start_standby("standby", ["--port", str(free_port())])
+    wait_line(standby, r"following run \S+'s active coordinator", 60)
     peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/4"]) for i in range(4)]
 
     assert swarm.wait(active, 240) == -signal.SIGKILL
-    took_over = _wait_line(standby, r"took over run \S+ with term (\d+) at round (\d+)", 60)
+    took_over = wait_line(standby, r"took over run \S+ with term (\d+) at round (\d+)", 60)
     assert int(took_over.group(1)) == 1 and int(took_over.group(2)) in (1, 2)  # the last closed round it held
     # Back at once, while the swarm (whose DHT nodes are its way in) is sure to be running.
     maddrs = sorted({m for child in (standby, *peers) for m in MADDR_RE.findall("".join(child.lines))})
@@ -42,19 +41,19 @@ def test_standby_takes_over_from_a_sigkilled_coordinator_and_the_old_one_comes_b
                                      "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--port", "0",
                                      "--identity-path", str(swarm.workdir / "coordinator.pem"), "--config", str(config),
                                      "--coordinators", standby_key.peer_id])
-    _wait_line(standby, r"round 3/12 closed", 120)  # the swarm closes rounds under the new coordinator
+    wait_line(standby, r"round 3/12 closed", 120)  # the swarm closes rounds under the new coordinator
 
     assert swarm.wait(standby, 300) == 0, "".join(standby.lines)[-3000:]
     for peer in peers:
         assert swarm.wait(peer, 90) == 0, "".join(peer.lines)[-3000:]
 
-    status = _summary(swarm, "standby")
+    status = read_summary(swarm, "standby")
     history = status["history"]
     assert [h["round"] for h in history] == list(range(12))
     final = history[-1]["param_hash"]
     for i in range(4):
-        assert _summary(swarm, f"peer{i}")["param_hash"] == final
-        _wait_line(peers[i], rf"finished: run \S+ ended at round 12, final hash {final}", 5)
+        assert read_summary(swarm, f"peer{i}")["param_hash"] == final
+        wait_line(peers[i], rf"finished: run \S+ ended at round 12, final hash {final}", 5)
     # The run is not split: no peer ever moved to the returned coordinator (peers follow the
     # highest term). It normally follows as a standby and leaves with the run; under heavy load its
     # DHT lookup has missed the live record, and then it runs as a term-0 coordinator nobody follows.
@@ -76,11 +75,11 @@ def test_an_endpoint_signing_with_another_key_is_refused(swarm, tmp_path):
     (control: the refusal is the key, nothing else)."""
     config = write_run_config(tmp_path / "run.json", rounds={"rounds": 1, "min_peers": 1})
     real = swarm.start_coordinator(["--config", str(config)])
-    real_key = _wait_line(real, r"coordinator fingerprint: (\w+)", 30).group(1)
+    real_key = wait_line(real, r"coordinator fingerprint: (\w+)", 30).group(1)
     impostor_swarm = Swarm(tmp_path / "impostor")
     try:
         impostor = impostor_swarm.start_coordinator(["--config", str(config)])
-        impostor_key = _wait_line(impostor, r"coordinator fingerprint: (\w+)", 30).group(1)
+        impostor_key = wait_line(impostor, r"coordinator fingerprint: (\w+)", 30).group(1)
         assert impostor_key != real_key
 
         dht_peer = swarm.start_peer("via-dht", ["--coordinator", impostor_swarm.coordinator_endpoint])  # + --initial-peers

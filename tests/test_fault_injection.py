@@ -4,7 +4,6 @@ exactly that point, so crash and slow-path tests need no log-timed kill."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 from peer.run import faults
 from peer.run.faults import Action, FailAt
 from protocol.rpc_errors import RpcAbort, guarded
-from tests.conftest import write_run_config
+from tests.helpers import read_summary, write_run_config
 
 
 @pytest.fixture(autouse=True)
@@ -336,10 +335,10 @@ def test_peer_dies_with_sigkill_right_after_its_round_1_commitment(swarm, tmp_pa
     assert swarm.wait(coordinator, 180) == 0, "".join(coordinator.lines)[-2000:]
     assert swarm.wait(survivor, 60) == 0, "".join(survivor.lines)[-2000:]
 
-    status = json.loads((swarm.workdir / "coordinator.json").read_text())
+    status = read_summary(swarm, "coordinator")
     assert [h["updates"] for h in status["history"]] == [2, 2, 1]  # its round-1 update counted
     assert all(h["excluded"] == {} for h in status["history"])
-    survivor_id = json.loads((swarm.workdir / "survivor.json").read_text())["peer_id"]
+    survivor_id = read_summary(swarm, "survivor")["peer_id"]
     (dead,) = [p for p in status["peers"] if p["peer_id"] != survivor_id]
     assert dead["last_round"] == 1 and dead["client_mode"] is True
     assert not (swarm.workdir / "doomed.json").exists()  # it never reached its summary

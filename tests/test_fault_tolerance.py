@@ -10,41 +10,14 @@ import json
 import re
 import shutil
 import signal
-import socket
 import time
 
 import pytest
 
 from peer.run import faults
-from tests.conftest import tiny_run_config, write_run_config
+from tests.helpers import free_port, read_summary, tiny_run_config, wait_line, write_run_config
 
 pytestmark = pytest.mark.integration
-
-
-def _wait_line(child, pattern: str, timeout_s: float) -> re.Match:
-    deadline = time.monotonic() + timeout_s
-    regex = re.compile(pattern)
-    exited = None
-    while time.monotonic() < deadline:
-        match = regex.search("".join(child.lines))
-        if match:
-            return match
-        if not child.alive():  # its output may still be in the pipe: read on a little
-            exited = exited or time.monotonic()
-            if time.monotonic() - exited > 2.0:
-                break
-        time.sleep(0.05)
-    raise AssertionError(f"{child.name} never printed {pattern!r}:\n{''.join(child.lines)[-3000:]}")
-
-
-def _summary(swarm, name: str) -> dict:
-    return json.loads((swarm.workdir / f"{name}.json").read_text())
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _coordinator_status(swarm) -> dict:
@@ -95,15 +68,15 @@ def test_sigkilled_peer_does_not_stall_the_round_and_rejoins_and_late_joiner_syn
     for name, child in peers.items():
         assert swarm.wait(child, 60) == 0, f"{name}:\n" + "".join(child.lines)[-2000:]
 
-    status = json.loads((swarm.workdir / "coordinator.json").read_text())
+    status = read_summary(swarm, "coordinator")
     history = status["history"]
     assert [h["round"] for h in history] == list(range(rounds))
     assert [h["updates"] for h in history[:2]] == [4, 3], history[:2]  # round 1 closed without peer3
     final_hash = history[-1]["param_hash"]
     for name in peers:
-        summary = _summary(swarm, name)
+        summary = read_summary(swarm, name)
         assert summary["param_hash"] == final_hash, name  # every live peer agrees, bit for bit
-    late = _summary(swarm, "late")
+    late = read_summary(swarm, "late")
     # Hash-identical within 2 rounds of joining: it ends every round it took part in with the
     # coordinator's hash (it started from the downloaded checkpoint).
     assert 2 <= len(late["history"]) < rounds
@@ -111,7 +84,7 @@ def test_sigkilled_peer_does_not_stall_the_round_and_rejoins_and_late_joiner_syn
     # It downloaded the swarm state part by part from the in-sync peers, not the coordinator alone.
     joined = re.search(r"resynchronised to round \d+ \(joining; from (\d+) peer", "".join(peers["late"].lines))
     assert joined and int(joined.group(1)) >= 2, "".join(peers["late"].lines)[-1500:]
-    rejoined = _summary(swarm, "peer3")
+    rejoined = read_summary(swarm, "peer3")
     assert rejoined["history"] and all(h["in_sync"] for h in rejoined["history"])
     # The coordinator saw peer3's contribution again after it came back.
     peer3 = next(p for p in status["peers"] if p["peer_id"] == rejoined["peer_id"])
@@ -123,28 +96,28 @@ def test_coordinator_restart_from_its_checkpoint(swarm, tmp_path, monkeypatch):
     a kill timed off its log): round 2 is half done, its checkpoint holds the start of round 2.
     Restarted on the same port, it resumes there and the peers finish the run with it."""
     config = write_run_config(tmp_path / "run.json", rounds={"rounds": 4, "expected_peers": 2})
-    port = _free_port()  # fixed across the restart, so peers reconnect to the same address
+    port = free_port()  # fixed across the restart, so peers reconnect to the same address
     args = ["--config", str(config), "--port", str(port), "--checkpoint", str(tmp_path / "coordinator.ckpt")]
     with monkeypatch.context() as m:
         m.setenv("SWARMLOCO_FAIL_AT", "manifest-signed:2")
         first = swarm.start_coordinator(args)
     peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/2"], via_dht=False) for i in range(2)]
     assert swarm.wait(first, 180) == -signal.SIGKILL
-    before = _wait_line(first, r"round 2/4 closed \| .*hash (\w+)", 10).group(1)  # printed before it died
+    before = wait_line(first, r"round 2/4 closed \| .*hash (\w+)", 10).group(1)  # printed before it died
 
     second = swarm.start_coordinator(args)
-    _wait_line(second, r"round 2/4", 60)  # it resumed at round index 2, not from scratch
+    wait_line(second, r"round 2/4", 60)  # it resumed at round index 2, not from scratch
     assert swarm.wait(second, 240) == 0, "".join(second.lines)[-2000:]
     for peer in peers:
         assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
 
-    status = json.loads((swarm.workdir / "coordinator.json").read_text())
+    status = read_summary(swarm, "coordinator")
     history = status["history"]
     assert [h["round"] for h in history] == [0, 1, 2, 3]
     assert history[1]["param_hash"].startswith(before)  # the restored history is the one before the crash
     assert all(h["updates"] >= 1 for h in history[2:])
     for i in range(2):
-        summary = _summary(swarm, f"peer{i}")
+        summary = read_summary(swarm, f"peer{i}")
         assert summary["param_hash"] == history[-1]["param_hash"]
 
 
@@ -156,7 +129,7 @@ def test_resume_continues_bit_for_bit(tmp_path):
     the start) must differ, or the comparison proves nothing.
     """
     from peer.node.node import PeerNode, PeerOptions
-    from tests.test_coordinator_unit import round_clock, serve_coordinator
+    from tests.test_coordinator_unit import round_clock, serve_coordinator  # owned there; not yet in tests/helpers.py
 
     cfg = tiny_run_config(rounds={"rounds": 4, "expected_peers": 1})
 

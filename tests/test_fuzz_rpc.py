@@ -26,7 +26,7 @@ from protocol.run_state import CoordinatorKeys
 from protocol.payload_service import push_chunks
 from protocol.ratelimit import CallerLimits
 from protocol.signing import sign_body
-from tests.conftest import tiny_run_config
+from tests.helpers import tiny_run_config
 from tests.test_coordinator_unit import heartbeat, join, join_body, make_update, serve_coordinator
 
 COORDINATOR = "/swarmloco.v1.Coordinator/"

@@ -12,11 +12,10 @@ from peer.learn.model import build_model, flat_params, layout_hash, num_params
 from peer.learn.presets import PRESETS, count_params, describe
 from peer.learn.training import InnerTrainer
 from peer.run.config import ConfigError, InnerConfig, ModelConfig, RunConfig
+from tests.helpers import FixedSampler, token_batch
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    torch.set_num_threads(1)  # tiny models: threads only fight over the shared cores (conftest restores)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: threads only fight over the cores
 
 
 def tiny_llama(**over) -> ModelConfig:
@@ -66,29 +65,15 @@ def test_build_is_deterministic_per_seed_and_tied_head_is_one_matrix():
     assert num_params(a) == count_params(d_model=32, n_layer=2, ffn_hidden=0, vocab_size=256, tie_embeddings=False)
 
 
-class FixedSampler:
-    def __init__(self, x, y):
-        self.x, self.y = x, y
-
-    def next_batch(self):
-        return self.x, self.y
-
-
-def batch(rows=8, T=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, 256, (rows, T + 1), generator=g)
-    return data[:, :-1], data[:, 1:]
-
-
 def test_tiny_llama_learns_a_repeated_batch():
     model = build_model(tiny_llama(), 0)
-    trainer = InnerTrainer(model, InnerConfig(lr=3e-3, warmup_steps=0), FixedSampler(*batch()))
+    trainer = InnerTrainer(model, InnerConfig(lr=3e-3, warmup_steps=0), FixedSampler(*token_batch()))
     stats = trainer.run(30)
     assert stats.last_loss < stats.mean_loss < 5.6  # ln 256 = 5.55 at the start
 
 
 def test_gradient_accumulation_equals_the_full_batch():
-    x, y = batch()
+    x, y = token_batch()
     runs = []
     for micro in (0, 2):
         model = build_model(tiny_llama(), 0)
@@ -99,7 +84,7 @@ def test_gradient_accumulation_equals_the_full_batch():
 
 def test_bf16_autocast_trains_on_cpu_and_loss_is_read_only_when_logging():
     model = build_model(tiny_llama(), 0)
-    trainer = InnerTrainer(model, InnerConfig(precision="bf16", warmup_steps=0, lr=3e-3), FixedSampler(*batch()))
+    trainer = InnerTrainer(model, InnerConfig(precision="bf16", warmup_steps=0, lr=3e-3), FixedSampler(*token_batch()))
     assert trainer.autocast_dtype == torch.bfloat16 and trainer.mfu(1e6) is None  # no peak FLOP/s known for a CPU
     seen = []
     stats = trainer.run(7, lambda step, loss: seen.append((step, loss)), log_every=3)

@@ -13,22 +13,11 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, write_run_config
+from tests.helpers import ROOT, read_summary, wait_line, write_run_config
 from peer.cli.status import fetch_status
 
 pytestmark = pytest.mark.integration
 ROUNDS = 20
-
-
-def url_in(child, pattern: str, timeout_s: float = 90.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        match = re.search(pattern + r" (http://\S+)", "".join(child.lines))
-        if match:
-            return match.group(1)
-        assert child.alive(), "".join(child.lines)[-3000:]
-        time.sleep(0.1)
-    raise TimeoutError(f"no {pattern!r} line:\n{''.join(child.lines)[-2000:]}")
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -78,8 +67,8 @@ def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path):
     log = tmp_path / "run.jsonl"
     coordinator = swarm.start_coordinator(["--config", str(config), "--metrics-port", "0", "--run-log", str(log)])
     peers = [swarm.start_peer(f"p{i}", ["--shard", f"{i}/2", "--metrics-port", "0"]) for i in range(2)]
-    metrics_url = url_in(coordinator, "coordinator metrics:")
-    peer_urls = [url_in(p, "metrics:") for p in peers]
+    metrics_url = wait_line(coordinator, r"coordinator metrics: (http://\S+)", 90).group(1)
+    peer_urls = [wait_line(p, r"metrics: (http://\S+)", 90).group(1) for p in peers]
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # two closed rounds, and both peers reported a round's bytes
@@ -125,7 +114,7 @@ def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path):
     assert swarm.wait(coordinator, 180) == 0
     for p in peers:
         assert swarm.wait(p, 60) == 0
-    summary = json.loads((swarm.workdir / "coordinator.json").read_text())
+    summary = read_summary(swarm, "coordinator")
     events = [json.loads(line) for line in log.read_text().splitlines()]
     kinds = [e["event"] for e in events]
     assert kinds[0] == "start" and kinds[-1] == "finished" and kinds.count("join") == 2

@@ -3,7 +3,6 @@ batch, and in a real swarm it ends every round on the coordinator's hash."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from peer.learn.data import ShardSampler, load_corpus
 from peer.learn.model import build_model, flat_params
 from peer.learn.training import InnerTrainer
 from peer.node.ranks import _without_nproc
-from tests.conftest import ROOT, tiny_run_config
+from tests.helpers import ROOT, read_summary, tiny_run_config
 
 RANKED = {"inner": {"steps": 6, "warmup_steps": 2}, "data": {"batch_size": 4}}
 
@@ -53,8 +52,8 @@ def test_a_two_rank_peer_ends_every_round_on_the_coordinators_hash(swarm, tmp_pa
     assert swarm.wait(coordinator, 300) == 0
     for peer in (ranked, single):
         assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-3000:]
-    final = json.loads((swarm.workdir / "coordinator.json").read_text())
+    final = read_summary(swarm, "coordinator")
     for name in ("ranked", "single"):
-        summary = json.loads((swarm.workdir / f"{name}.json").read_text())
+        summary = read_summary(swarm, name)
         assert len(summary["history"]) == 2 and all(h["in_sync"] for h in summary["history"])
         assert summary["param_hash"] == final["param_hash"]

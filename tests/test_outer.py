@@ -7,19 +7,9 @@ import torch
 
 from optim import codecs, dct, outer
 from optim.outer import OuterOptimizer, build
+from tests.helpers import vector
 
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """WHY: on a busy 2-core box tiny MKL matmuls with 2 OpenMP threads stall ~15 ms each."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def vector(d: int, seed: int) -> torch.Tensor:
-    return torch.randn(d, generator=torch.Generator().manual_seed(seed))
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("foreach", [False, True])

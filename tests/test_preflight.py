@@ -11,11 +11,11 @@ import sys
 import grpc
 import pytest
 
-from conftest import ROOT, write_run_config
 from peer.run.preflight_plan import TARGET, Link, Swarm, recommend
 from peer.run.preflight_probe import check_dial_back
 from protocol.channels import create_channel
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
+from tests.helpers import ROOT, free_port, write_run_config
 
 
 def swarm_of(**kw) -> Swarm:
@@ -47,7 +47,7 @@ def test_preflight_against_a_live_coordinator(swarm, tmp_path):
     swarm.start_coordinator(["--config", str(config)])
     out = tmp_path / "preflight.json"
     result = subprocess.run([sys.executable, "-m", "peer.cli.main", "preflight", "--initial-peers", *swarm.initial_peers,
-                             "--host", "127.0.0.1", "--port", str(_free_port()), "--threads", "1",
+                             "--host", "127.0.0.1", "--port", str(free_port()), "--threads", "1",
                              "--seconds", "0.5", "--json", str(out)], capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     r = json.loads(out.read_text())
@@ -64,7 +64,7 @@ def test_preflight_against_a_live_coordinator(swarm, tmp_path):
     try:
         stub = swarm_pb2_grpc.PreflightStub(channel)
         # Nothing listens on 127.0.0.2 -> the coordinator, dialling our address as it sees it (127.0.0.1), is refused.
-        port = _free_port()
+        port = free_port()
         dial = check_dial_back(stub, "127.0.0.2", port)
         assert not dial["reachable"] and dial["address"] == f"127.0.0.1:{port}" and "Refused" in dial["error"]
         with pytest.raises(grpc.RpcError) as bad:
@@ -75,10 +75,3 @@ def test_preflight_against_a_live_coordinator(swarm, tmp_path):
     finally:
         channel.close()
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -16,16 +16,11 @@ import pytest
 
 from peer.cli.launcher import Swarm
 from peer.cli.status import fetch_status
-from tests.conftest import ROOT, write_run_config
+from tests.helpers import ROOT, free_port, write_run_config
 
 pytestmark = pytest.mark.integration
 GONE_WITHIN_S = 20.0  # the parent-death signal acts at once; the watchdog within a second
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stat(pid: int) -> tuple[int, str, int] | None:
@@ -95,7 +90,7 @@ def _kill_all(processes: dict[int, int]) -> None:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process trees from /proc (Linux)")
 def test_sigkilled_coordinator_and_peer_leave_no_process_and_free_their_ports(tmp_path):
-    ports = {name: _free_port() for name in ("coordinator DHT", "coordinator gRPC", "peer DHT", "peer gRPC")}
+    ports = {name: free_port() for name in ("coordinator DHT", "coordinator gRPC", "peer DHT", "peer gRPC")}
     # Two expected peers and one started: the round never closes while the test looks.
     config = write_run_config(tmp_path / "run.json", rounds={"rounds": 5, "expected_peers": 2})
     trees: dict[int, int] = {}

@@ -3,7 +3,6 @@ one runs in a real swarm (coordinator + peers as processes) ending every round o
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from peer.cli.main import build_parser
 from peer.cli.run_flags import load_run_config
 from peer.run.config import ConfigError
 from peer.run.recipes import NAMES, RECIPES, recipe_overrides
-from tests.conftest import write_run_config
+from tests.helpers import read_summary, write_run_config
 
 
 def loaded(argv: list[str], verb: str = "simulate"):
@@ -74,11 +73,11 @@ def test_each_recipe_runs_a_real_swarm_in_step_with_the_coordinator(swarm, tmp_p
     assert swarm.wait(coordinator, 240) == 0
     for peer in peers:
         assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
-    status = json.loads((swarm.workdir / "coordinator.json").read_text())
+    status = read_summary(swarm, "coordinator")
     assert (status["codec"], status["outer"]) == (overrides["compression.codec"], overrides["outer.name"])
     history = status["history"]
     assert len(history) == 2 and all(h["updates"] == 2 for h in history), history
     for i in range(2):
-        summary = json.loads((swarm.workdir / f"peer{i}.json").read_text())
+        summary = read_summary(swarm, f"peer{i}")
         assert [h["in_sync"] for h in summary["history"]] == [True, True]
         assert summary["param_hash"] == history[-1]["param_hash"]

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import write_run_config
-from tests.test_fault_tolerance import _summary, _wait_line
+from tests.helpers import read_summary, wait_line, write_run_config
 
 pytestmark = pytest.mark.integration
 
@@ -19,12 +18,12 @@ def test_overlapped_peers_all_finish_on_the_final_hash(swarm, tmp_path):
     peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/3"]) for i in range(3)]
 
     assert swarm.wait(coordinator, 300) == 0, "".join(coordinator.lines)[-3000:]
-    history = _summary(swarm, "coordinator")["history"]
+    history = read_summary(swarm, "coordinator")["history"]
     assert [h["round"] for h in history] == [0, 1, 2]
     final = history[-1]["param_hash"]
     for peer in peers:
         assert swarm.wait(peer, 120) == 0, "".join(peer.lines)[-3000:]
-        finished = _wait_line(peer, r"finished: run \S+ ended at round (\d+), final hash (\w+)", 5)
+        finished = wait_line(peer, r"finished: run \S+ ended at round (\d+), final hash (\w+)", 5)
         assert finished.group(2) == final and int(finished.group(1)) == 3
         text = "".join(peer.lines)
         assert "Traceback" not in text, text[-3000:]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, write_run_config
+from tests.helpers import ROOT, read_summary, write_run_config
 from peer.cli.runs import table
 
 pytestmark = pytest.mark.integration
@@ -40,5 +40,5 @@ def test_runs_lists_the_announced_run_and_peer_joins_it_by_id(swarm, tmp_path):
     assert wrong.returncode == 1 and "no-such-run" in wrong.stderr and "Traceback" not in wrong.stderr
     joined = swarm.start_peer("volunteer", ["--run", "runs-test", "--shard", "0/1"])
     assert swarm.wait(coordinator, 180) == 0 and swarm.wait(joined, 60) == 0, "".join(joined.lines)[-2000:]
-    summary = json.loads((swarm.workdir / "coordinator.json").read_text())
+    summary = read_summary(swarm, "coordinator")
     assert [h["updates"] for h in summary["history"]] == [1, 1]

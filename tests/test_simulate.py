@@ -10,23 +10,12 @@ import pytest
 from optim import codecs
 from peer.run.config import RunConfig
 from peer.cli.main import main
-from peer.cli.simulate import SimulationOptions, run_simulation
-from tests.conftest import tiny_run_config
-
-def tiny_config(**sections) -> RunConfig:
-    """The one tiny run config (tests/conftest.py) with a smaller model: simulate runs it in-process, often."""
-    return tiny_run_config(seed=3, model={"seq_len": 32, "d_model": 32}, data={"batch_size": 8, "max_corpus_bytes": 300_000},
-                           inner={"lr": 3e-3}, **sections)
-
-
-def simulate(**kwargs) -> dict:
-    kwargs.setdefault("config", tiny_config())
-    kwargs.setdefault("threads", 1)
-    return run_simulation(SimulationOptions(**kwargs))
+from peer.cli.simulate import SimulationOptions
+from tests.helpers import simulate, tiny_simulation_config
 
 
 def all_to_all_config() -> RunConfig:
-    return tiny_config(exchange={"mode": "all-to-all"})
+    return tiny_simulation_config(exchange={"mode": "all-to-all"})
 
 
 def test_sliced_byte_accounting_follows_the_owner_draw():
@@ -36,7 +25,7 @@ def test_sliced_byte_accounting_follows_the_owner_draw():
     peers = 6
     sliced = simulate(peers=peers, rounds=1, codec="fp16", outer="nesterov")
     d = sliced["numel"]
-    math = RoundMath(tiny_config(), d)
+    math = RoundMath(tiny_simulation_config(), d)
     payload = math.codec.max_encoded_size(d)
     assert payload == 4 * math.layout.num_slices + 2 * d  # fp16, slice by slice: a 4-byte codec header each
     x = sliced["config"]["exchange"]
@@ -120,7 +109,7 @@ def test_nan_attacker_is_excluded_and_training_stays_finite():
 
 
 def spot_check_config(spot_checks: int) -> RunConfig:
-    return tiny_config(exchange={"spot_checks": spot_checks})
+    return tiny_simulation_config(exchange={"spot_checks": spot_checks})
 
 
 def test_a_lone_lying_owner_is_caught_every_time_and_changes_no_honest_parameter():
@@ -163,9 +152,9 @@ def test_lying_owner_needs_the_sliced_exchange_and_takes_no_options():
     with pytest.raises(ValueError, match="only the sliced exchange has"):
         SimulationOptions(config=all_to_all_config(), byzantine=1, attack="lying-owner").run_config()
     with pytest.raises(ValueError, match="takes no options"):
-        SimulationOptions(config=tiny_config(), byzantine=1, attack="lying-owner", attack_options={"scale": 2})
+        SimulationOptions(config=tiny_simulation_config(), byzantine=1, attack="lying-owner", attack_options={"scale": 2})
     # Lying owners send honest updates: the rule is not asked to tolerate them.
-    cfg = SimulationOptions(config=tiny_config(), peers=3, byzantine=2, attack="lying-owner").run_config()
+    cfg = SimulationOptions(config=tiny_simulation_config(), peers=3, byzantine=2, attack="lying-owner").run_config()
     assert cfg.aggregation.num_byzantine == 0
 
 
@@ -182,7 +171,7 @@ def test_lying_owner_needs_the_sliced_exchange_and_takes_no_options():
 )
 def test_bad_options_raise_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        SimulationOptions(config=tiny_config(), **kwargs).run_config()
+        SimulationOptions(config=tiny_simulation_config(), **kwargs).run_config()
 
 
 def run_cli(argv: list[str]) -> int:

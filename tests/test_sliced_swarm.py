@@ -3,19 +3,14 @@ that dies mid-round. Byzantine owners come from tests/byzantine_peer.py (`--lie`
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
 from protocol.identity import Identity
-from tests.conftest import write_run_config
+from tests.helpers import read_summary, write_run_config
 
 pytestmark = pytest.mark.integration
 BYZANTINE = "tests.byzantine_peer"
-
-
-def _summary(swarm, name):
-    return json.loads((swarm.workdir / f"{name}.json").read_text())
 
 
 def _run(swarm, tmp_path, *, peers: list[tuple[str, list[str], str]], rounds: int, **sections) -> dict:
@@ -25,7 +20,7 @@ def _run(swarm, tmp_path, *, peers: list[tuple[str, list[str], str]], rounds: in
     assert swarm.wait(coordinator, 240) == 0, "".join(coordinator.lines)[-3000:]
     for child in children:
         swarm.wait(child, 60)
-    return json.loads((swarm.workdir / "coordinator.json").read_text())
+    return read_summary(swarm, "coordinator")
 
 
 def test_a_lying_owner_is_banned_with_evidence_and_changes_no_honest_parameter(tmp_path):
@@ -42,8 +37,8 @@ def test_a_lying_owner_is_banned_with_evidence_and_changes_no_honest_parameter(t
         lying = _run(swarm, tmp_path / "lying", rounds=1,
                      peers=[("peer0", shards[0], "peer.cli.main"), ("peer1", shards[1], "peer.cli.main"),
                             ("liar", ["--lie", "lone", *shards[2]], BYZANTINE)])
-        honest = [_summary(swarm, f"peer{i}") for i in range(2)]
-        liar_id = _summary(swarm, "liar")["peer_id"]
+        honest = [read_summary(swarm, f"peer{i}") for i in range(2)]
+        liar_id = read_summary(swarm, "liar")["peer_id"]
     assert clean["history"][0]["updates"] == lying["history"][0]["updates"] == 3
     assert lying["history"][0]["param_hash"] == clean["history"][0]["param_hash"]
     for summary in honest:
@@ -71,7 +66,7 @@ def test_colluding_owners_are_caught_by_spot_checks(swarm, tmp_path):
     for record in banned.values():
         assert "false slice result in round 0" in record["banned_reason"]
         assert record["evidence"][0]["kind"] == "false-result"
-    honest = _summary(swarm, "honest")
+    honest = read_summary(swarm, "honest")
     assert honest["history"][0]["slices"]["liars"] >= 1  # its spot check named them
     assert honest["param_hash"] == status["history"][-1]["param_hash"]
     assert status["history"][1]["updates"] == 1  # round 1: the colluders are out
@@ -92,13 +87,13 @@ def test_an_owner_killed_mid_round_is_covered_and_the_round_closes(swarm, tmp_pa
     assert swarm.wait(victim, 60) == -9
     for peer in peers:
         assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
-    status = json.loads((swarm.workdir / "coordinator.json").read_text())
+    status = read_summary(swarm, "coordinator")
     history = status["history"]
     # listed in round 1's manifest (and drawn as an owner), but its update reached no slice
     assert [h["updates"] for h in history] == [4, 3, 3], history
-    victim_id = next(p["peer_id"] for p in status["peers"] if p["peer_id"] not in {_summary(swarm, f"peer{i}")["peer_id"] for i in range(3)})
+    victim_id = next(p["peer_id"] for p in status["peers"] if p["peer_id"] not in {read_summary(swarm, f"peer{i}")["peer_id"] for i in range(3)})
     assert history[1]["excluded"].get(victim_id) == "unreachable", history[1]
     for i in range(3):
-        summary = _summary(swarm, f"peer{i}")
+        summary = read_summary(swarm, f"peer{i}")
         assert all(h["in_sync"] for h in summary["history"]), summary["history"]
         assert summary["param_hash"] == history[-1]["param_hash"]

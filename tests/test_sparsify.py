@@ -12,7 +12,9 @@ from optim import dct
 from optim.bitpack import unpack_bits
 from optim.codecs import HEADER_SIZE, CodecError, build
 from optim.sparsify import ChunkTopK, DctTopK, offset_width, random_index_set
-from tests.test_codecs import ceil_div, round_trip, single_thread, vector  # noqa: F401 (single_thread: autouse fixture)
+from tests.helpers import ceil_div, round_trip, vector
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- sparsifiers ----------------------------------------------------------------------------------

@@ -155,7 +155,7 @@ def test_dnc_runs_per_slice_in_the_sliced_exchange():
 
 def test_simulate_reaches_the_new_attacks_and_dnc_by_name(tmp_path, capsys):
     from peer.cli.main import main
-    from tests.conftest import write_run_config
+    from tests.helpers import write_run_config
 
     config = write_run_config(tmp_path / "run.json", model={"d_model": 16, "seq_len": 16}, inner={"steps": 2},
                               rounds={"rounds": 2}, data={"max_corpus_bytes": 100_000})

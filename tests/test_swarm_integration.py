@@ -9,13 +9,9 @@ import time
 
 import pytest
 
-from tests.conftest import write_run_config
+from tests.helpers import read_summary, write_run_config
 
 pytestmark = pytest.mark.integration
-
-
-def _peer_summary(swarm, name):
-    return json.loads((swarm.workdir / f"{name}.json").read_text())
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["synchronous", "overlapped"])
@@ -27,14 +23,14 @@ def test_three_peers_train_in_lockstep(swarm, tmp_path, overlap):
     for peer in peers:
         assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
 
-    status = json.loads((swarm.workdir / "coordinator.json").read_text())
+    status = read_summary(swarm, "coordinator")
     history = status["history"]
     assert len(history) == 3
     assert all(h["updates"] == 3 for h in history), history
     # Validation loss fell.
     assert history[-1]["val_loss"] < status["initial_val_loss"] - 0.05
 
-    summaries = [_peer_summary(swarm, f"peer{i}") for i in range(3)]
+    summaries = [read_summary(swarm, f"peer{i}") for i in range(3)]
     for s in summaries:
         # Every peer ended every round with the coordinator's parameter hash.
         assert [h["in_sync"] for h in s["history"]] == [True, True, True]
@@ -80,9 +76,9 @@ def test_client_mode_and_direct_coordinator_and_status(swarm, tmp_path):
     assert swarm.wait(coordinator, 180) == 0
     for peer in (natted, direct):
         assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
-    status = json.loads((swarm.workdir / "coordinator.json").read_text())
+    status = read_summary(swarm, "coordinator")
     assert [h["updates"] for h in status["history"]] == [2, 2]
-    natted_summary = _peer_summary(swarm, "natted")
+    natted_summary = read_summary(swarm, "natted")
     assert all(h["in_sync"] for h in natted_summary["history"])
     by_id = {p["peer_id"]: p for p in status["peers"]}
     assert by_id[natted_summary["peer_id"]]["client_mode"] is True
@@ -134,8 +130,8 @@ def test_byzantine_peers_in_a_real_swarm_are_excluded_or_outvoted(swarm, tmp_pat
     for peer in (*honest, nan_peer, flipper):
         assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
 
-    status = json.loads((swarm.workdir / "coordinator.json").read_text())
-    ids = {name: _peer_summary(swarm, name)["peer_id"] for name in ("honest0", "honest1", "nan", "flip")}
+    status = read_summary(swarm, "coordinator")
+    ids = {name: read_summary(swarm, name)["peer_id"] for name in ("honest0", "honest1", "nan", "flip")}
     for h in status["history"]:
         assert h["excluded"] == {ids["nan"]: "non-finite"}
         assert h["updates"] == 3

@@ -11,7 +11,7 @@ import pytest
 
 from peer.cli.launcher import Swarm, make_loopback_tls
 from peer.cli.main import main
-from tests.conftest import ROOT, write_run_config
+from tests.helpers import ROOT, read_summary, write_run_config
 
 pytestmark = pytest.mark.integration
 
@@ -51,8 +51,8 @@ def test_a_swarm_runs_over_tls_and_clients_without_its_ca_are_refused(tmp_path):
         assert swarm.wait(coordinator, 240) == 0, "".join(coordinator.lines)[-3000:]
         for peer in peers:
             assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
-        status = json.loads((swarm.workdir / "coordinator.json").read_text())
-        summaries = [json.loads((swarm.workdir / f"peer{i}.json").read_text()) for i in range(2)]
+        status = read_summary(swarm, "coordinator")
+        summaries = [read_summary(swarm, f"peer{i}") for i in range(2)]
     assert [h["updates"] for h in status["history"]] == [2, 2]
     assert len(status["peers"]) == 2  # the stranger never joined
     assert all(h["excluded"] == {} for h in status["history"]), status["history"]  # nobody unreachable over TLS

@@ -15,8 +15,9 @@ from peer.cli.main import main
 from peer.learn.data import CorpusError, ShardSampler, load_corpus, validation_batches
 from peer.learn.token_shards import TokenStream, open_shards
 from peer.learn.tokenizer import TokenizerMismatch
-from tests.conftest import tiny_run_config
-from tests.test_tokenizer import bpe_config, own_cache, text_folder  # noqa: F401 (own_cache: autouse fixture)
+from tests.helpers import bpe_config, text_folder, tiny_run_config
+
+pytestmark = pytest.mark.usefixtures("own_cache")  # BPE training for real, not from a shared cache
 
 
 def prepare(tmp_path, cfg, shard_tokens=20_000):

@@ -3,39 +3,14 @@ whose tokenizer differs is refused before it joins, with what to do (a real swar
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 
-from peer.learn.data import load_corpus, stdlib_sources, with_tokenizer_hash
+from peer.learn.data import load_corpus, with_tokenizer_hash
 from peer.learn.tokenizer import ByteCodec, TokenizerMismatch, text_chunks, train_bpe
 from peer.run.config import RunConfig
-from tests.conftest import tiny_run_config
+from tests.helpers import bpe_config, read_summary, text_folder
 
-BPE_TINY = {"model": {"arch": "llama", "d_model": 32, "n_layer": 1, "n_head": 2, "seq_len": 32, "vocab_size": 0},
-            "data": {"tokenizer": "bpe", "bpe_vocab_size": 512, "max_corpus_bytes": 150_000}}
-
-
-def bpe_config(path, model=None, **sections):
-    return tiny_run_config(model={**BPE_TINY["model"], **(model or {})}, data={**BPE_TINY["data"], "path": str(path)}, **sections)
-
-
-def text_folder(path, skip: int, size: int = 160_000):
-    """A folder of stdlib sources (skipping the first `skip` files) of about `size` bytes."""
-    root, files = stdlib_sources()
-    path.mkdir()
-    total = 0
-    for i, source in enumerate(files[skip:]):
-        shutil.copyfile(source, path / f"{i:04d}.py")
-        total += source.stat().st_size
-        if total > size:
-            return path
-
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SWARMLOCO_CACHE", str(tmp_path / "cache"))  # train for real, in every test
+pytestmark = pytest.mark.usefixtures("own_cache")  # every test trains its tokenizer for real
 
 
 def test_same_corpus_same_hash_other_corpus_other_hash(tmp_path):
@@ -73,7 +48,7 @@ def test_peer_with_another_tokenizer_is_refused_and_the_same_one_trains(swarm, t
     peer = swarm.start_peer("peer", [])
     assert swarm.wait(coordinator, 240) == 0
     assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
-    history = json.loads((swarm.workdir / "peer.json").read_text())["history"]
+    history = read_summary(swarm, "peer")["history"]
     assert len(history) == 1 and all(h["in_sync"] for h in history)
 
 

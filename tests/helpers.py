@@ -1,0 +1,158 @@
+"""What several test files share, in one place: the tiny run config, a free loopback port, and
+reading a real swarm's children (a line they print, the JSON summary they write).
+
+Fixtures live in tests/conftest.py; this module holds plain functions, imported by name."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The tests' small, fast run: ~60k parameters, 8 inner steps, a 1 MB corpus; rounds close in
+# about a second on 2 busy cores, and 3 rounds of 3 peers lower the validation loss by > 0.05.
+TINY_SECTIONS: dict[str, dict] = {
+    "model": {"d_model": 64, "n_layer": 1, "n_head": 2, "seq_len": 64},
+    "data": {"batch_size": 4, "val_batches": 4, "max_corpus_bytes": 1_000_000},
+    "inner": {"steps": 8, "warmup_steps": 4},
+    "rounds": {"rounds": 3, "min_deadline_s": 2.0, "deadline_s": 30.0, "peer_timeout_s": 6.0},
+}
+
+
+def tiny_run_config(**sections):
+    """The tiny RunConfig; each keyword is a section whose dict updates the tiny values
+    (`rounds={"rounds": 4}`), or a top-level field (`seed=3`)."""
+    from peer.run.config import RunConfig
+
+    data = RunConfig().to_dict()
+    for section, values in TINY_SECTIONS.items():
+        data[section].update(values)
+    for section, values in sections.items():
+        if isinstance(values, dict):
+            data[section].update(values)
+        else:
+            data[section] = values
+    return RunConfig.from_dict(data)
+
+
+def tiny_simulation_config(**sections):
+    """tiny_run_config with a smaller model still: `swarmloco simulate` runs it in-process, often."""
+    return tiny_run_config(seed=3, model={"seq_len": 32, "d_model": 32}, data={"batch_size": 8, "max_corpus_bytes": 300_000},
+                           inner={"lr": 3e-3}, **sections)
+
+
+# A BPE run as small as the byte-level one: a llama whose vocabulary is the trained tokenizer's.
+BPE_TINY = {"model": {"arch": "llama", "d_model": 32, "n_layer": 1, "n_head": 2, "seq_len": 32, "vocab_size": 0},
+            "data": {"tokenizer": "bpe", "bpe_vocab_size": 512, "max_corpus_bytes": 150_000}}
+
+
+def bpe_config(path, model=None, **sections):
+    """tiny_run_config with a 512-token BPE tokenizer trained on the text folder `path`."""
+    return tiny_run_config(model={**BPE_TINY["model"], **(model or {})}, data={**BPE_TINY["data"], "path": str(path)}, **sections)
+
+
+def text_folder(path: Path, skip: int, size: int = 160_000) -> Path:
+    """A folder of stdlib sources (skipping the first `skip` files) of about `size` bytes."""
+    from peer.learn.data import stdlib_sources
+
+    _, files = stdlib_sources()
+    path.mkdir()
+    total = 0
+    for i, source in enumerate(files[skip:]):
+        shutil.copyfile(source, path / f"{i:04d}.py")
+        total += source.stat().st_size
+        if total > size:
+            break
+    return path
+
+
+def vector(d: int, seed: int = 0):
+    """(d,) float32 standard-normal values, the same for the same seed."""
+    import torch
+
+    return torch.randn(d, generator=torch.Generator().manual_seed(seed))
+
+
+def round_trip(spec: str, x, seed: int = 0):
+    """x through the codec `spec` and back; the payload is exactly the codec's max_encoded_size."""
+    from optim.codecs import build
+
+    codec = build(spec)
+    payload = codec.encode(x, seed=seed)
+    assert len(payload) == codec.max_encoded_size(x.numel())
+    return codec.decode(payload, x.numel(), seed=seed)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def token_batch(rows: int = 8, T: int = 16, seed: int = 0):
+    """(x, y): (rows, T) random byte tokens and the same shifted by one (next-token targets)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, 256, (rows, T + 1), generator=g)
+    return data[:, :-1], data[:, 1:]
+
+
+class FixedSampler:
+    """A sampler whose every batch is the same (x, y): for trainers that must see one batch only."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def next_batch(self):
+        return self.x, self.y
+
+
+def simulate(**options) -> dict:
+    """`swarmloco simulate` in-process (SimulationOptions keywords), on the tiny simulation
+    config and one thread unless told otherwise; its result dict."""
+    from peer.cli.simulate import SimulationOptions, run_simulation
+
+    options.setdefault("config", tiny_simulation_config())
+    options.setdefault("threads", 1)
+    return run_simulation(SimulationOptions(**options))
+
+
+def write_run_config(path: Path, **sections) -> Path:
+    """tiny_run_config(**sections) written as a config file for the CLI (`--config PATH`)."""
+    path.write_text(json.dumps(tiny_run_config(**sections).to_dict()))
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (for a flag that needs a fixed one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_line(child, pattern: str, timeout_s: float) -> re.Match:
+    """The first match of `pattern` in a Swarm child's output so far, waiting up to `timeout_s`;
+    an AssertionError with the child's last output when it never prints it (or exits first)."""
+    deadline = time.monotonic() + timeout_s
+    regex = re.compile(pattern)
+    exited = None
+    while time.monotonic() < deadline:
+        match = regex.search("".join(child.lines))
+        if match:
+            return match
+        if not child.alive():  # its output may still be in the pipe: read on a little
+            exited = exited or time.monotonic()
+            if time.monotonic() - exited > 2.0:
+                break
+        time.sleep(0.05)
+    raise AssertionError(f"{child.name} never printed {pattern!r}:\n{''.join(child.lines)[-3000:]}")
+
+
+def read_summary(swarm, name: str) -> dict:
+    """The JSON summary the Swarm child `name` wrote when it exited (coordinator, standby or peer)."""
+    return json.loads((swarm.workdir / f"{name}.json").read_text())
+
