@@ -2,20 +2,21 @@
 byzantine.png (heatmap), from the runs that scripts/byzantine_bench.py stored in byzantine.json.
 
 The grid (aggregators, attacks, codecs) and the reading of results (gap vs the clean `mean` run
-of the same seed, worst case over attacks) live in the bench; this module only lays them out and
-picks the default aggregator from them.
+of the same seed, worst case over attacks) live in scripts/byzantine_cases.py; this module only lays
+them out and picks the default aggregator from them. The strong-attack grid's section is passed in
+by the caller (scripts/byzantine_strong.py's strong_section).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from scripts.byzantine_bench import (
-    AGGREGATORS, ALL_AGGREGATORS, ATTACK_OPTIONS, CLASSIC_ATTACKS, CLEAN, COMPRESSION, COMPRESSION_ATTACKS, DENSE, PEERS, Case,
-    _attack_label, gap, loss_of, refusal, worst_case,
+from scripts.byzantine_cases import (
+    AGGREGATORS, ALL_AGGREGATORS, ATTACK_OPTIONS, CLASSIC_ATTACKS, CLEAN, COMPRESSION, COMPRESSION_ATTACKS, DENSE,
+    LYING_OWNER, PEERS, WHOLE_VECTOR_RULES, Case, attack_label, gap, load, loss_of, refusal,
+    worst_case,
 )
 
 
@@ -58,7 +59,9 @@ def pick_default(results: dict[str, dict]) -> tuple[str | None, list[str]]:
     return (best[0] if best else None), lines
 
 
-def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict[str, Any]], out: Path) -> None:
+def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict[str, Any]], out: Path,
+                 strong: list[str]) -> None:
+    """byzantine.md and byzantine.png in `out`; `strong`: the strong-attack grid's section (lines, may be empty)."""
     names = list(CLASSIC_ATTACKS)
     md = ["# Byzantine robustness: attacks x aggregators (8 simulated peers)", ""]
     md += ["Produced by `scripts/byzantine_bench.py` through `swarmloco simulate` (peer/cli/simulate.py: the real "
@@ -101,7 +104,7 @@ def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict
     md += ["- `nan` updates never reach the aggregator: the receiver excludes non-finite updates before "
            "aggregation (as the round manifest does), so `mean` averages the 6 honest ones.", ""]
 
-    fnames = sorted({_attack_label(r) for r in results.values() if r["phase"] == "fvalues" and r["attack"] != CLEAN})
+    fnames = sorted({attack_label(r) for r in results.values() if r["phase"] == "fvalues" and r["attack"] != CLEAN})
     if fnames:
         md += ["## f = 1 and f = 3 (reduced grid: the attacks that hurt the robust rules most at f = 2)", ""]
         header = ["f", "aggregator", "no attacker", *fnames, "worst case"]
@@ -163,12 +166,7 @@ def write_report(results: dict[str, dict], meta: dict[str, Any], demo: list[dict
                      if r["status"] == "error"})
     if errors:
         md += ["", "## Runs that stopped", ""] + [f"- {e}" for e in errors]
-    strong = out / "byzantine_strong.json"
-    if strong.exists():  # the strong-attack grid (scripts/byzantine_strong.py), its own JSON
-        from scripts.byzantine_bench import load
-        from scripts.byzantine_strong import section
-
-        md += ["", *section(load(strong), json.loads(strong.read_text())["meta"])]
+    md += strong
     (out / "byzantine.md").write_text("\n".join(md) + "\n")
     heatmap(results, out / "byzantine.png")
 
@@ -246,7 +244,6 @@ def _exchange_of(r: dict) -> str:
 def write_sliced_report(results: dict[str, dict], meta: dict[str, Any], path: Path) -> None:
     """benchmarks/byzantine_sliced.md: the grid re-run with exchange.mode = "sliced"."""
     from peer.run.config import AggregationConfig, ExchangeConfig
-    from scripts.byzantine_bench import LYING_OWNER, WHOLE_VECTOR_RULES, load
 
     x, names, ex = "sliced", list(CLASSIC_ATTACKS), ExchangeConfig()
     default = AggregationConfig().name
@@ -308,7 +305,7 @@ def write_sliced_report(results: dict[str, dict], meta: dict[str, Any], path: Pa
                       + f" | {'-' if w is None else ('diverged' if not math.isfinite(w) or w > 10 else f'{100 * w:+.1f}%')} ({attack}) |")
     md += ["", *versus]
 
-    fnames = sorted({_attack_label(r) for r in results.values() if r["phase"] == "fvalues" and r["attack"] != CLEAN})
+    fnames = sorted({attack_label(r) for r in results.values() if r["phase"] == "fvalues" and r["attack"] != CLEAN})
     if fnames:
         md += ["## f = 1 and f = 3 (the attacks that hurt the robust rules most at f = 2)", ""]
         header = ["f", "aggregator", "no attacker", *fnames, "worst case"]

@@ -15,7 +15,8 @@ is shrunk (profile `strong`: d_model 32, seq 16, batch 4, H = 4, 6 rounds); the 
 
 Writes benchmarks/byzantine_strong.json (one record per run, each with a fingerprint of its run
 config and attack: a run whose config changed since it was stored runs again) and rewrites
-benchmarks/byzantine.md (scripts/byzantine_report.py adds this grid's section from the JSON).
+benchmarks/byzantine.md (strong_section: this grid's section from the JSON, laid into the md by
+scripts/byzantine_report.py).
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.byzantine_bench import (  # noqa: E402
-    ATTACK_OPTIONS, CLASSIC_ATTACKS, CLEAN, OUT, PEERS, Case, Profile, _run_all, gap, load, refusal, run_case, save,
-    worst_case,
+from scripts.byzantine_cases import (  # noqa: E402
+    ATTACK_OPTIONS, CLASSIC_ATTACKS, CLEAN, OUT, PEERS, Case, Profile, gap, load, refusal, save, worst_case,
 )
+from scripts.byzantine_report import write_report  # noqa: E402
+from scripts.byzantine_runs import run_all, run_case  # noqa: E402
 
 PROFILES = {
     "strong": Profile(d_model=32, n_head=2, seq_len=16, batch_size=4, val_batches=4, inner_steps=4, warmup_steps=4,
@@ -205,6 +207,14 @@ def section(results: dict[str, dict], meta: dict[str, Any]) -> list[str]:
     return md + [""]
 
 
+def strong_section(out: Path) -> list[str]:
+    """byzantine.md's lines for this grid from out/byzantine_strong.json (none when it does not exist)."""
+    path = out / "byzantine_strong.json"
+    if not path.exists():
+        return []
+    return ["", *section(load(path), json.loads(path.read_text())["meta"])]
+
+
 # --- CLI -------------------------------------------------------------------------------------
 
 
@@ -238,16 +248,14 @@ def main(argv: list[str] | None = None) -> int:
         if previous.get("command"):
             meta["invocations"] = [*previous.get("invocations", []), f"`{previous['command']}` ({previous.get('wall_min', 0):.1f} min)"]
         print(f"{len(todo)} runs to do ({len(results)} already in {path})", flush=True)
-        _run_all(todo, profile, args.workers, results, lambda: save(path, results, meta), run)
+        run_all(todo, profile, args.workers, results, lambda: save(path, results, meta), run)
         meta.update(machine=machine_lines(machine_facts(), load_before, load_average()), command=command_line(),
                     wall_min=(time.perf_counter() - started) / 60)
         save(path, results, meta)
     if out.joinpath("byzantine.json").exists():
-        from scripts.byzantine_report import write_report
-
         main_results = load(out / "byzantine.json")
         main_meta = json.loads((out / "byzantine.json").read_text())["meta"]
-        write_report(main_results, main_meta, main_meta.get("support_demo", []), out)
+        write_report(main_results, main_meta, main_meta.get("support_demo", []), out, strong_section(out))
         print(f"wrote {out / 'byzantine.md'}")
     return 0
 

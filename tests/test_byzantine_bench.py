@@ -9,6 +9,7 @@ import math
 import pytest
 
 from scripts import byzantine_bench as bench
+from scripts import byzantine_cases as cases
 from scripts import byzantine_report as report
 
 
@@ -30,7 +31,7 @@ def test_gap_is_relative_to_the_clean_mean_run_of_the_same_seed_then_averaged():
     results = _results(_record("median", 2, "alie", 0, 4.2), _record("median", 2, "alie", 1, 2.0))
     g, status = bench.gap(results, "median", 2, "alie")
     assert status == "ok" and g == pytest.approx(0.025)
-    assert bench.loss_of(results, "median", 2, "alie") == pytest.approx(3.1)
+    assert cases.loss_of(results, "median", 2, "alie") == pytest.approx(3.1)
     assert bench.gap(results, "krum", 2, "alie") == (None, "missing")
 
 
@@ -89,7 +90,7 @@ def test_sliced_cells_are_keyed_apart_and_measured_against_the_sliced_clean_run(
     both = {**a2a, **sliced}
     assert bench.gap(both, "median", 2, "alie") == (pytest.approx(0.05), "ok")  # (4.2 - 4.0) / 4.0
     assert bench.gap(both, "median", 2, "alie", exchange="sliced") == (pytest.approx(0.10), "ok")  # (5.5 - 5.0) / 5.0
-    assert bench.loss_of(both, "median", 2, "alie", exchange="sliced") == 5.5
+    assert cases.loss_of(both, "median", 2, "alie", exchange="sliced") == 5.5
 
 
 def test_the_sliced_exchange_refuses_whole_vector_rules_and_plans_the_lying_owner():
