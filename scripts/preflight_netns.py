@@ -30,7 +30,8 @@ TOLERANCE = 0.20
 
 def run_rate(rate: float, rtt_ms: float, workdir: Path, seconds: float) -> dict:
     from measure_bandwidth import write_run_config
-    from wan_emulation import COORD_DHT, COORD_GRPC, PEER_GRPC, Testbed, _wait_for_maddr, measure_link_mbit, shaping_text
+    from netns_testbed import Testbed, measure_link_mbit
+    from wan_emulation import COORD_DHT, COORD_GRPC, PEER_GRPC, shaping_text, wait_for_maddr
 
     bed = Testbed(2, rate_mbit=rate, rtt_ms=rtt_ms)
     try:
@@ -42,7 +43,7 @@ def run_rate(rate: float, rtt_ms: float, workdir: Path, seconds: float) -> dict:
                                     "--host", "0.0.0.0", "--port", str(COORD_GRPC), "--announce-host", bed.ip_of(0),
                                     "--host-maddrs", f"/ip4/0.0.0.0/tcp/{COORD_DHT}", "--identity-path", str(workdir / "coordinator.pem")],
                                 workdir / "coordinator.log")
-        _wait_for_maddr(workdir / "coordinator.log", coordinator, bed.ip_of(0), 120)
+        wait_for_maddr(workdir / "coordinator.log", coordinator, bed.ip_of(0), 120)
         out = workdir / "preflight.json"
         preflight = bed.spawn(1, [python, "-m", "peer.cli.main", "preflight", "--coordinator", f"{bed.ip_of(0)}:{COORD_GRPC}",
                                   "--port", str(PEER_GRPC), "--threads", "1", "--seconds", str(seconds), "--json", str(out)],
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         write_markdown(Path(args.write_md or ROOT / "benchmarks/preflight.md"), json.loads(Path(args.report_only).read_text()), args.report_only)
         return 0
     from machine_info import command_line, load_average
-    from wan_emulation import namespaces_permitted
+    from netns_testbed import namespaces_permitted
 
     reason = namespaces_permitted()
     if reason:

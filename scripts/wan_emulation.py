@@ -3,8 +3,8 @@
     sudo .venv/bin/python scripts/wan_emulation.py --rate-mbit 100 --rtt-ms 50 --codec fp32 fp16 --write-md
     .venv/bin/python scripts/wan_emulation.py --check          # can this machine do it? (exits 0 either way)
 
-Topology (all inside namespaces this script creates and always deletes, also on failure or ^C;
-the host's own network namespace is never touched):
+Topology (scripts/netns_testbed.py; all inside namespaces this script creates and always deletes,
+also on failure or ^C; the host's own network namespace is never touched):
 
     swl<pid>-hub: bridge br0 -- veth h<i>  <->  eth0 in swl<pid>-n<i>: 10.77.0.<i+1>/24
     n0 = coordinator, n1..nN = peers
@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
-import os
+import os  # noqa: F401 (tests stub os.geteuid through this module)
 import re
 import signal
 import statistics
@@ -40,160 +40,9 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
     if extra not in sys.path:
         sys.path.insert(0, extra)
 
-SUBNET = "10.77.0"
+from netns_testbed import BURST, Testbed, measure_link_mbit, namespaces_permitted, netem_available, run_ip  # noqa: E402
+
 COORD_GRPC, COORD_DHT, PEER_GRPC = 31338, 31337, 31400
-BURST = "32kb"
-
-
-class NetnsError(RuntimeError):
-    pass
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
-    if check and result.returncode != 0:
-        raise NetnsError(f"ip {' '.join(args)}: {result.stderr.strip()}")
-    return result
-
-
-class Testbed:
-    """The namespaces, bridge, veths and qdiscs of one emulation; `close()` deletes all of it."""
-
-    def __init__(self, nodes: int, *, rate_mbit: float, rtt_ms: float) -> None:
-        self.prefix = f"swl{os.getpid()}"
-        self.hub = f"{self.prefix}-hub"
-        self.names = [f"{self.prefix}-n{i}" for i in range(nodes)]
-        self.rate_mbit, self.rtt_ms = rate_mbit, rtt_ms
-        self.created: list[str] = []
-        self.processes: list[subprocess.Popen] = []
-        self.delay_mode = "none"
-
-    def ip_of(self, i: int) -> str:
-        return f"{SUBNET}.{i + 1}"
-
-    def proxy_ip_of(self, i: int) -> str:
-        return f"{SUBNET}.{i + 101}"
-
-    def up(self) -> None:
-        for ns in [self.hub, *self.names]:
-            _ip("netns", "add", ns)
-            self.created.append(ns)
-            _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.hub, "link", "set", "br0", "up")
-        netem = self.rtt_ms > 0 and netem_available(self.names[0])
-        self.delay_mode = "netem" if netem else ("proxy" if self.rtt_ms > 0 else "none")
-        for i, ns in enumerate(self.names):
-            veth = f"h{i}"
-            _ip("-n", self.hub, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("-n", self.hub, "link", "set", veth, "master", "br0")
-            _ip("-n", self.hub, "link", "set", veth, "up")
-            _ip("-n", ns, "addr", "add", f"{self.ip_of(i)}/24", "dev", "eth0")
-            if self.delay_mode == "proxy":
-                _ip("-n", ns, "addr", "add", f"{self.proxy_ip_of(i)}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            if self.rate_mbit > 0:
-                for where, dev in ((ns, "eth0"), (self.hub, veth)):  # uplink, downlink
-                    tbf = ["tbf", "rate", f"{self.rate_mbit}mbit", "burst", BURST, "latency", "200ms"]
-                    if netem:  # netem for delay (half the RTT per direction), tbf below it for rate
-                        self._tc(where, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", f"{self.rtt_ms / 2}ms")
-                        self._tc(where, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *tbf)
-                    else:
-                        self._tc(where, "qdisc", "add", "dev", dev, "root", *tbf)
-
-    def _tc(self, ns: str, *args: str) -> None:
-        result = subprocess.run(["ip", "netns", "exec", ns, "tc", *args], capture_output=True, text=True, timeout=20)
-        if result.returncode != 0:
-            raise NetnsError(f"tc {' '.join(args)} in {ns}: {result.stderr.strip()}")
-
-    def spawn(self, i: int, argv: list[str], log_path: Path) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-        log = open(log_path, "w")
-        process = subprocess.Popen(["ip", "netns", "exec", self.names[i], *argv], stdout=log, stderr=subprocess.STDOUT,
-                                   env=env, cwd=ROOT, start_new_session=True)
-        self.processes.append(process)
-        return process
-
-    def close(self) -> None:
-        """Kill every process this testbed started (their whole groups), then delete the namespaces."""
-        for process in self.processes:
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 5
-        for process in self.processes:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.processes.clear()
-        for ns in reversed(self.created):
-            _ip("netns", "del", ns, check=False)
-        self.created.clear()
-
-
-def netem_available(ns: str) -> bool:
-    probe = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
-                           capture_output=True, text=True, timeout=20)
-    if probe.returncode == 0:
-        subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True, timeout=20)
-    return probe.returncode == 0
-
-
-def namespaces_permitted() -> str:
-    """'' when this process may create network namespaces and tbf qdiscs, else why not."""
-    if os.geteuid() != 0:
-        return "network namespaces need root (run with sudo)"
-    name = f"swl{os.getpid()}-probe"
-    try:
-        _ip("netns", "add", name)
-    except (NetnsError, OSError, subprocess.SubprocessError) as exc:
-        return f"cannot create a network namespace here: {exc}"
-    try:
-        tbf = subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "100mbit",
-                              "burst", BURST, "latency", "50ms"], capture_output=True, text=True, timeout=20)
-        if tbf.returncode != 0:
-            return f"tc tbf is not available: {tbf.stderr.strip()}"
-        return ""
-    finally:
-        _ip("netns", "del", name, check=False)
-
-
-_SINK = """
-import socket, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", 31999)); s.listen(1)
-c, _ = s.accept(); n, t0 = 0, None
-while (d := c.recv(1 << 16)):
-    t0 = t0 or time.monotonic(); n += len(d)
-print(n * 8 / (time.monotonic() - t0) / 1e6)
-"""
-_SOURCE = """
-import socket, sys, time
-for _ in range(100):
-    try:
-        c = socket.create_connection((sys.argv[1], 31999)); break
-    except OSError:
-        time.sleep(0.05)
-c.sendall(b"x" * (16 << 20)); c.close()
-"""
-
-
-def measure_link_mbit(bed: Testbed, src: int, dst: int) -> float:
-    """Raw TCP throughput from node src to node dst (16 MiB): checks that the shaping holds."""
-    sink = subprocess.Popen(["ip", "netns", "exec", bed.names[dst], sys.executable, "-c", _SINK], stdout=subprocess.PIPE, text=True)
-    try:
-        subprocess.run(["ip", "netns", "exec", bed.names[src], sys.executable, "-c", _SOURCE, bed.ip_of(dst)], timeout=60, check=True)
-        out, _ = sink.communicate(timeout=60)
-        return float(out.strip())
-    finally:
-        if sink.poll() is None:
-            sink.kill()
 
 
 # --- one swarm run on the testbed ------------------------------------------------------------
@@ -220,7 +69,7 @@ def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec:
                                 "--host-maddrs", f"/ip4/0.0.0.0/tcp/{COORD_DHT}", "--announce-maddrs", f"/ip4/{bed.ip_of(0)}/tcp/{COORD_DHT}",
                                 "--identity-path", str(workdir / "coordinator.pem"), "--summary-json", str(workdir / "coordinator.json")],
                             workdir / "coordinator.log")
-    maddr = _wait_for_maddr(workdir / "coordinator.log", coordinator, bed.ip_of(0), 120)
+    maddr = wait_for_maddr(workdir / "coordinator.log", coordinator, bed.ip_of(0), 120)
     children = [bed.spawn(i, [python, "-m", "peer.cli.main", "peer", "--initial-peers", maddr, *grpc_args(i, PEER_GRPC),
                               "--host-maddrs", "/ip4/0.0.0.0/tcp/0", "--identity-path", str(workdir / f"peer{i}.pem"),
                               "--summary-json", str(workdir / f"peer{i}.json"), "--threads", "1", "--shard", f"{i - 1}/{peers}",
@@ -235,7 +84,7 @@ def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec:
     return {**read_workdir(workdir), "wall_s": time.monotonic() - started, "workdir": str(workdir)}
 
 
-def _wait_for_maddr(log: Path, process: subprocess.Popen, ip: str, timeout_s: float) -> str:
+def wait_for_maddr(log: Path, process: subprocess.Popen, ip: str, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         text = log.read_text() if log.exists() else ""
@@ -348,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         bed = Testbed(1, rate_mbit=0, rtt_ms=0)
         try:
-            _ip("netns", "add", bed.names[0])
+            run_ip("netns", "add", bed.names[0])
             bed.created.append(bed.names[0])
             netem = netem_available(bed.names[0])
         finally:
