@@ -60,7 +60,7 @@ def step_worker(preset: str, seq_len: int, steps: int) -> dict:
 
 
 def measure_presets(seq_len: int, steps: int, memory_gb: float) -> list[dict]:
-    from peer.learn.presets import PRESETS, count_params
+    from peer.run.presets import PRESETS, count_params
 
     rows = []
     for name, p in PRESETS.items():

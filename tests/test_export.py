@@ -14,7 +14,7 @@ from peer.cli.main import main
 from peer.learn.hf_export import ExportError, export_model, hf_config
 from peer.learn.llama import LlamaLM
 from peer.learn.model import build_model, flat_params, param_hash
-from peer.learn.presets import PRESETS
+from peer.run.presets import PRESETS
 from peer.learn.training import InnerTrainer
 from peer.run import checkpoint
 from peer.run.config import RunConfig

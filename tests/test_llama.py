@@ -9,7 +9,7 @@ import torch
 
 from peer.learn.llama import LlamaLM, build_llama
 from peer.learn.model import build_model, flat_params, layout_hash, num_params
-from peer.learn.presets import PRESETS, count_params, describe
+from peer.run.presets import PRESETS, count_params, describe
 from peer.learn.training import InnerTrainer
 from peer.run.config import ConfigError, InnerConfig, ModelConfig, RunConfig
 from tests.helpers import FixedSampler, token_batch

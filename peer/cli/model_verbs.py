@@ -54,7 +54,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from peer.learn.presets import PRESETS, describe
+    from peer.run.presets import PRESETS, describe
 
     print("model.preset (data.tokenizer = \"bpe\"; the default model is the byte-level gpt, 0.45M parameters):")
     for name in PRESETS:

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from peer.learn.llama import RMS_EPS, vocab_of
-from peer.learn.presets import ffn_width
+from peer.run.presets import ffn_width
 from peer.run.config import RunConfig
 
 

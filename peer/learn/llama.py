@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from peer.learn.presets import ffn_width
+from peer.run.presets import ffn_width
 from peer.run.config import ModelConfig
 
 INIT_STD = 0.02
