@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -50,12 +49,7 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
     if extra not in sys.path:
         sys.path.insert(0, extra)
 
-PRECISIONS = {  # wire precision -> (swarmloco codec, hivemind compression class)
-    "fp32": ("fp32", "NoCompression"),
-    "fp16": ("fp16", "Float16Compression"),
-    "8-bit": ("int8", "Uniform8BitQuantization"),
-}
-SPLIT_KEYS = ("encode_s", "manifest_s", "reduce_s", "results_s", "gather_s")
+from vs_hivemind_workers import PRECISIONS, SPLIT_KEYS, WorkerPool  # noqa: E402
 
 
 def parse_numel(text: str) -> int:
@@ -80,197 +74,6 @@ def parse_sliced(text: str) -> dict:
     if len(parts) > 4 or (len(parts) == 4 and parts[3] != "noef"):
         raise argparse.ArgumentTypeError(f"--sliced {text!r}: the only option after S:R:K is noef")
     return {"slices": slices, "replicas": replicas, "spot_checks": spot_checks, "error_feedback": len(parts) == 3}
-
-
-# --- worker process ------------------------------------------------------------------------
-
-
-def _worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[dict], conn, barrier, match_s: float,
-            profile_path: str) -> None:
-    os.setsid()  # own process group: the parent can kill hivemind's p2pd with us
-    mp.set_start_method("fork", force=True)  # hivemind forks its DHT and averager processes
-    import hashlib
-    import resource
-
-    import torch
-    import hivemind
-    from hivemind.averaging.control import AveragingStage
-
-    torch.set_num_threads(1)
-    initial_peers = conn.recv()
-    dht = hivemind.DHT(initial_peers=initial_peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True)
-    if rank == 0:
-        conn.send([str(m) for m in dht.get_visible_maddrs()])
-
-    def update_of(r: int) -> torch.Tensor:
-        return torch.randn(numel, generator=torch.Generator().manual_seed(r))  # (d,) peer r's update
-
-    local = update_of(rank)
-    exact_mean = sum(update_of(r) for r in range(n)) / n  # (d,) what both systems must compute
-    compression = getattr(hivemind.compression, PRECISIONS[precision][1])()
-    averager = hivemind.averaging.DecentralizedAverager(
-        [local.clone()], dht, start=True, prefix="bench", target_group_size=n, min_group_size=n,
-        min_matchmaking_time=match_s, request_timeout=max(0.5, match_s / 2), compression=compression,
-    )
-
-    # gRPC only now: hivemind's DHT and averager have forked their children.
-    from exchange_round import ExchangePeer, ExchangeSpec
-    from profiling import ThreadProfiles
-
-    specs = [ExchangeSpec(**fields) for fields in spec_fields]
-    peers = [ExchangePeer(local, spec) for spec in specs]
-    profiles = [ThreadProfiles.attach(p) if profile_path and rank == 0 else None for p in peers]
-    conn.send(("ready", [(p.peer_id, p.endpoint) for p in peers]))
-
-    def swarm_round(i: int, round_: int, coordinator_key: bytes) -> dict:
-        peer, profile = peers[i], profiles[i]
-        barrier.wait()
-        before = peer.counter.total()
-        t0 = time.perf_counter()
-        with profile or _nothing():
-            conn.send(("header", *peer.commit(round_)))
-            t_encoded = time.perf_counter()
-            signed_manifest = conn.recv()
-            t_manifest = time.perf_counter()
-            peer.open(signed_manifest, coordinator_key, round_)
-            conn.send(("results", peer.reduce()))
-            t_reduced = time.perf_counter()
-            results = conn.recv()
-            t_results = time.perf_counter()
-            params = peer.gather(results, round_)
-            t_end = time.perf_counter()
-        after = peer.counter.total()
-        outcome = peer.outcome
-        return {
-            "round_s": t_end - t0, "encode_s": t_encoded - t0, "manifest_s": t_manifest - t_encoded,
-            "reduce_s": t_reduced - t_manifest, "results_s": t_results - t_reduced, "gather_s": t_end - t_results,
-            "max_abs_error": float((params + exact_mean).abs().max()),  # fedavg lr 1 stepped θ = 0 to -aggregate
-            "params_sha256": hashlib.sha256(params.numpy().tobytes()).hexdigest(),
-            "payload_bytes": len(peer.payload), "sent_bytes": after.sent - before.sent,
-            "received_bytes": after.received - before.received,
-            "recomputed": len(outcome.recomputed) if outcome is not None else 0,
-            "liars": len(outcome.liars) if outcome is not None else 0,
-            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        }
-
-    def hivemind_round() -> dict:
-        with averager.get_tensors() as tensors:
-            tensors[0].copy_(local)
-        control = averager.step(require_trigger=True, wait=False, timeout=120)
-        while control.stage != AveragingStage.AWAITING_TRIGGER and not control.done():
-            time.sleep(0.005)
-        barrier.wait()
-        t0 = time.perf_counter()
-        control.allow_allreduce()
-        group = control.result()
-        t_end = time.perf_counter()
-        with averager.get_tensors() as tensors:
-            error = float((tensors[0] - exact_mean).abs().max())
-        return {"round_s": t_end - t0, "group_size": len(group) if group else 0, "max_abs_error": error}
-
-    try:
-        while True:
-            command = conn.recv()
-            if command[0] == "stop":
-                break
-            if command[0] == "swarm":
-                conn.send(("result", swarm_round(*command[1:])))
-            elif command[0] == "hivemind":
-                conn.send(("result", hivemind_round()))
-    finally:
-        if profile_path and rank == 0:
-            ThreadProfiles.write(profile_path, [(s.label, p) for s, p in zip(specs, profiles)],
-                                 header=f"worker 0 of {n} peers x {numel:,} floats, {precision}")
-        for p in peers:
-            p.close()
-        averager.shutdown()
-        dht.shutdown()
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-# --- parent ---------------------------------------------------------------------------------
-
-
-class WorkerPool:
-    """N workers that each host swarmloco peers and a hivemind averager; the parent is the coordinator."""
-
-    def __init__(self, n: int, numel: int, precision: str, specs: list, match_s: float, profile_path: str = "") -> None:
-        from exchange_round import BenchCoordinator
-
-        ctx = mp.get_context("spawn")
-        self.barrier = ctx.Barrier(n)
-        self.conns, self.procs = [], []
-        self.rounds = 0
-        try:
-            for rank in range(n):
-                parent_end, child_end = ctx.Pipe()
-                proc = ctx.Process(target=_worker, args=(rank, n, numel, precision, [asdict(s) for s in specs], child_end, self.barrier, match_s, profile_path))
-                proc.start()
-                self.conns.append(parent_end)
-                self.procs.append(proc)
-                if rank == 0:
-                    parent_end.send([])
-                    initial = self._recv(parent_end, 120)
-                else:
-                    parent_end.send(initial)
-            for c in self.conns:
-                self._recv(c, 180)
-            # gRPC in the parent only after every worker has forked its hivemind children.
-            self.coordinators = [BenchCoordinator(spec, numel) for spec in specs]
-        except BaseException:
-            self.close()
-            raise
-
-    def _recv(self, conn, timeout_s: float):
-        if not conn.poll(timeout_s):
-            raise TimeoutError(f"a benchmark worker did not answer within {timeout_s:.0f}s (overloaded machine?)")
-        return conn.recv()
-
-    def swarm_round(self, i: int) -> tuple[list[dict], float]:
-        """One round of variant i; (each worker's figures, the coordinator's manifest seconds)."""
-        self.rounds += 1
-        coordinator = self.coordinators[i]
-        for c in self.conns:
-            c.send(("swarm", i, self.rounds, coordinator.public_key))
-        headers = [tuple(self._recv(c, 300)[1:]) for c in self.conns]
-        t = time.perf_counter()
-        signed_manifest = coordinator.manifest(headers, self.rounds)
-        coordinator_s = time.perf_counter() - t
-        for c in self.conns:
-            c.send(signed_manifest)
-        results = [r for c in self.conns for r in self._recv(c, 600)[1]]
-        for c in self.conns:
-            c.send(results)
-        return [self._recv(c, 600)[1] for c in self.conns], coordinator_s
-
-    def hivemind_round(self) -> list[dict]:
-        for c in self.conns:
-            c.send(("hivemind",))
-        return [self._recv(c, 600)[1] for c in self.conns]
-
-    def close(self) -> None:
-        for c in self.conns:
-            try:
-                c.send(("stop",))
-            except (OSError, BrokenPipeError):
-                pass
-        deadline = time.monotonic() + 20
-        for p in self.procs:
-            p.join(timeout=max(0.1, deadline - time.monotonic()))
-        for p in self.procs:
-            if p.is_alive() or p.pid:
-                try:
-                    os.killpg(p.pid, 9)  # the worker's group: p2pd daemons and averager children too
-                except (ProcessLookupError, PermissionError):
-                    pass
-            p.join(timeout=5)
 
 
 def run_config(n: int, numel: int, precision: str, repeats: int, specs: list, match_s: float, profile: str) -> list[dict]:
