@@ -71,6 +71,16 @@ def text_folder(path: Path, skip: int, size: int = 160_000) -> Path:
     return path
 
 
+# Every codec spec form the codec tests run through (value formats, sparsifiers, chains).
+ALL_CODEC_SPECS = [
+    "fp32", "fp16", "bf16", "int8", "int4", "int2", "int8:128",
+    "topk:0.01", "topk:0.3", "topk:0.01+int8", "chunk-topk:64:4", "chunk-topk:300:20+int4",
+    "randk:0.1", "randk:0.1+fp16", "dct-topk:64:4", "dct-topk:64:4+int8", "dct-topk:512:16+int2",
+    "sign", "sign:7", "topk:0.01+sign", "chunk-topk:32:1+sign", "randk:0.2+sign",
+    "stat2", "stat2:64", "chunk-topk:512:8+stat2", "chunk-topk:64:4+stat2:16",
+]
+
+
 def vector(d: int, seed: int = 0):
     """(d,) float32 standard-normal values, the same for the same seed."""
     import torch

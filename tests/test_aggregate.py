@@ -1,18 +1,14 @@
-"""Robust aggregators: hand-computed golden values, reports, validation, and
-property tests (order independence, bounded output under huge Byzantine rows)."""
+"""Robust aggregators: hand-computed golden values, reports, row order, validation. Property
+tests (order independence, bounded output under huge Byzantine rows): test_aggregate_properties.py."""
 
 import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from optim import aggregate
 from optim.aggregate_mixing import bucketing, canonical_order, nearest_neighbour_mixing
 from optim.aggregate_rules import krum_scores
-
-ROBUST = ("median", "trimmed-mean", "krum", "multi-krum", "geometric-median", "centered-clip")
 
 
 def t(rows):
@@ -271,139 +267,6 @@ def test_non_finite_rows_are_refused():
     # float64 input beyond the float32 range would become Inf: refused too.
     with pytest.raises(ValueError, match="NaN or Inf"):
         aggregate.build("mean")(torch.tensor([[1e300], [0.0]], dtype=torch.float64))
-
-
-# ------------------------------------------------------------ property tests
-
-CONFIGS = [
-    ("mean", {}),
-    *[(name, {}) for name in ROBUST],
-    ("trimmed-mean", {"nnm": True}),
-    ("median", {"bucket_size": 2}),
-    ("krum", {"nnm": True}),
-    ("centered-clip", {"tau": 0.5}),
-    ("dnc", {}),
-    ("dnc", {"subsample": 2}),  # random coordinate subsets (d up to 4): drawn from the seed, not the row order
-]
-
-
-@st.composite
-def rows_and_permutation(draw):
-    n = draw(st.integers(5, 9))
-    d = draw(st.integers(1, 4))
-    # Small integers: many exact ties and duplicate rows, the hard case for order independence;
-    # mixed with arbitrary floats, whose sums round differently in different orders.
-    value = st.one_of(st.integers(-3, 3).map(float), st.floats(-1e3, 1e3, width=32))
-    rows = torch.tensor(draw(st.lists(value, min_size=n * d, max_size=n * d)), dtype=torch.float32).reshape(n, d)
-    for source, target in draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=3)):
-        rows[target] = rows[source]  # duplicate rows
-    perm = draw(st.permutations(list(range(n))))
-    return rows, torch.tensor(perm)
-
-
-def _report_by_content(rows, report):
-    """Report fields summed over identical rows: which copy of a duplicated row gets the
-    share may follow input order, but each distinct content must get the same total."""
-    grouped = {}
-    for row, weight, selected, scale in zip(
-        rows.tolist(), report.weights, report.selected, report.clip_scale, strict=True
-    ):
-        total = grouped.setdefault(tuple(row), [0.0, 0, []])
-        total[0] += weight
-        total[1] += selected
-        total[2].append(scale)
-    return {key: (pytest.approx(w, abs=1e-12), s, sorted(c)) for key, (w, s, c) in grouped.items()}
-
-
-@pytest.mark.parametrize(("name", "options"), CONFIGS)
-@settings(max_examples=25, deadline=None)
-@given(case=rows_and_permutation())
-def test_permutation_invariance(name, options, case):
-    rows, perm = case
-    f = 1
-    if rows.shape[0] < aggregate.minimum_rows(name, f) + (2 if options.get("bucket_size") else 0):
-        f = 0
-    agg = aggregate.build(name, f, **options)
-    out = agg(rows)
-    report = agg.last_report
-    agg_permuted = aggregate.build(name, f, **options)
-    out_permuted = agg_permuted(rows[perm])
-    # Bit for bit: every honest peer must reach the same parameters.
-    assert torch.equal(out_permuted, out)
-    assert _report_by_content(rows[perm], agg_permuted.last_report) == _report_by_content(rows, report)
-
-
-def _bound(name, n, f, max_honest_norm):
-    """Worst-case output norm with f arbitrary rows, from each rule's guarantee."""
-    if name in ("krum", "multi-krum"):  # averages honest rows only
-        return max_honest_norm
-    if name in ("median", "trimmed-mean"):  # each coordinate inside the honest range
-        return math.sqrt(n) * max_honest_norm
-    if name == "geometric-median":  # |z - mean_h| <= 2(n-f)/(n-2f) * max |h - mean_h|
-        return (1 + 4 * (n - f) / (n - 2 * f)) * max_honest_norm
-    # centered-clip, 3 iterations from the median, radius <= largest honest distance.
-    return (8 * math.sqrt(n) + 7) * max_honest_norm
-
-
-@st.composite
-def honest_and_byzantine(draw):
-    f = draw(st.integers(1, 3))
-    n = draw(st.integers(2 * f + 3, 2 * f + 6))
-    d = draw(st.integers(1, 5))
-    honest = draw(st.lists(st.floats(-1, 1, width=32), min_size=(n - f) * d, max_size=(n - f) * d))
-    huge = draw(st.lists(st.sampled_from([1e30, -1e30]), min_size=f * d, max_size=f * d))
-    where = draw(st.permutations(list(range(n))))
-    rows = torch.cat([torch.tensor(honest).reshape(n - f, d), torch.tensor(huge).reshape(f, d)])
-    return rows[torch.tensor(where)].float(), f, torch.tensor(honest).reshape(n - f, d)
-
-
-@pytest.mark.parametrize("name", ROBUST)
-@settings(max_examples=30, deadline=None)
-@given(case=honest_and_byzantine())
-def test_bounded_output_under_huge_byzantine_rows(name, case):
-    rows, f, honest = case
-    max_norm = torch.linalg.vector_norm(honest, dim=1).max().item()
-    out = aggregate.build(name, f)(rows)
-    bound = _bound(name, rows.shape[0], f, max_norm)
-    assert torch.linalg.vector_norm(out).item() <= bound * (1 + 1e-5) + 1e-6
-
-
-@settings(max_examples=20, deadline=None)
-@given(case=honest_and_byzantine())
-def test_bounded_output_with_nnm_and_bucketing(case):
-    rows, f, honest = case
-    n = rows.shape[0]
-    # Per coordinate the result stays inside the honest range: honest rows'
-    # neighbourhoods (n - f nearest) hold only honest rows, and at most f mixed
-    # rows or buckets are spoiled, which the trimmed mean / median discard.
-    coordinate_bound = torch.linalg.vector_norm(honest.abs().max(dim=0).values).item()
-    out = aggregate.build("trimmed-mean", f, nnm=True)(rows)
-    assert torch.linalg.vector_norm(out).item() <= coordinate_bound * (1 + 1e-5) + 1e-6
-    if -(-n // 2) >= 2 * f + 1:
-        out = aggregate.build("median", f, bucket_size=2, seed=5)(rows)
-        assert torch.linalg.vector_norm(out).item() <= coordinate_bound * (1 + 1e-5) + 1e-6
-
-
-@pytest.mark.parametrize(("name", "options"), CONFIGS)
-@settings(max_examples=15, deadline=None)
-@given(case=rows_and_permutation())
-def test_report_is_consistent(name, options, case):
-    rows, _ = case
-    n = rows.shape[0]
-    agg = aggregate.build(name, 1 if n >= aggregate.minimum_rows(name, 1) + 2 else 0, **options)
-    out = agg(rows)
-    report = agg.last_report
-    assert len(report.weights) == len(report.selected) == len(report.clip_scale) == n
-    # Fresh aggregator: every rule is a (coordinate-averaged) convex combination of the rows.
-    assert sum(report.weights) == pytest.approx(1.0)
-    assert all(0.0 <= w <= 1.0 + 1e-12 for w in report.weights)
-    assert all(0.0 <= c <= 1.0 for c in report.clip_scale)
-    expected = torch.linalg.vector_norm(rows.double() - out.double(), dim=1)
-    assert report.distance_to_aggregate == pytest.approx(expected.tolist())
-    if name in ("mean", "krum", "multi-krum", "geometric-median") and not options:
-        # Whole-vector rules: the weights reproduce the output exactly.
-        weights = torch.tensor(report.weights, dtype=torch.float64)
-        torch.testing.assert_close((weights @ rows.double()).float(), out, atol=1e-5, rtol=1e-5)
 
 
 def test_centered_clip_centre_can_be_handed_over():
