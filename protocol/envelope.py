@@ -11,27 +11,18 @@ from __future__ import annotations
 import base64
 import hashlib
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from protocol._generated import swarm_pb2
+from protocol.envelope_error import EnvelopeError
 from protocol.identity import Identity
+from protocol.keys import CoordinatorKeys
 from protocol.signing import SignatureError, open_signed, sign_body
-
-if TYPE_CHECKING:
-    from protocol.run_state import CoordinatorKeys
 
 UPDATE_TAG = "swarmloco/update-header/v1"
 MANIFEST_TAG = "swarmloco/round-manifest/v1"
 JOIN_TAG = "swarmloco/join/v1"
 HEARTBEAT_TAG = "swarmloco/heartbeat/v1"
-
-
-class EnvelopeError(ValueError):
-    """An update or manifest that must be refused; `reason` is counted in status."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +177,7 @@ def sign_manifest(identity: Identity, manifest: RoundManifest) -> swarm_pb2.Sign
     return sign_body(identity, MANIFEST_TAG, asdict(manifest))
 
 
-def open_manifest(signed: swarm_pb2.Signed, *, keys: "CoordinatorKeys", run_id: str, round_: int) -> RoundManifest:
+def open_manifest(signed: swarm_pb2.Signed, *, keys: CoordinatorKeys, run_id: str, round_: int) -> RoundManifest:
     """A round manifest signed by one of the run's coordinator keys (ImpersonationError otherwise)."""
     keys.check(signed, f"the manifest of round {round_}")
     try:

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from protocol._generated import swarm_pb2
 from protocol.envelope import EnvelopeError, open_envelope
 from protocol.identity import Identity
-from protocol.run_state import CoordinatorKeys
+from protocol.keys import CoordinatorKeys
 from protocol.signing import sign_body
 
 STATE_MANIFEST_TAG = "swarmloco/state-manifest/v1"

@@ -39,7 +39,7 @@ from peer.node.round_exchange import ManifestFetcher
 from peer.run.config import RunConfig
 from peer.run.round_math import RoundMath
 from peer.run.slice_exchange import SliceExchange, SliceRound, sliced_manifest
-from protocol.run_state import CoordinatorKeys
+from protocol.keys import CoordinatorKeys
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
 from protocol.envelope import (ManifestEntry, RoundManifest, UpdateHeader, open_manifest, sign_manifest, sign_update,

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from protocol.run_state import CoordinatorKeys
+from protocol.keys import CoordinatorKeys
 from protocol.envelope import (
     EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, check_payload, open_manifest, open_update,
     sha256_hex, sign_manifest, sign_update, signed_to_json,

@@ -9,7 +9,8 @@ import pytest
 from protocol.discovery import RunRecord, vouched
 from protocol.envelope import EnvelopeError
 from protocol.identity import Identity
-from protocol.run_state import CoordinatorKeys, ImpersonationError, RunState, check_fingerprint, newer, open_run_state, sign_run_state
+from protocol.keys import CoordinatorKeys, ImpersonationError, check_fingerprint
+from protocol.run_state import RunState, newer, open_run_state, sign_run_state
 
 
 def state(identity: Identity, *, term: int = 0, round_: int = 3) -> RunState:

@@ -10,7 +10,7 @@ import torch
 
 from optim.slicing import SliceLayout
 from peer.run import state_sync
-from protocol.run_state import CoordinatorKeys
+from protocol.keys import CoordinatorKeys
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
 from protocol.envelope import EnvelopeError

@@ -188,7 +188,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     from peer.coordinator.operations import OperationsOptions
 
     from peer.run.config import ConfigError
-    from protocol.run_state import check_fingerprint
+    from protocol.keys import check_fingerprint
 
     cfg = load_run_config(args)
     if args.coordinators:
@@ -227,7 +227,7 @@ def cmd_peer(args: argparse.Namespace, make_node=None) -> int:
 
     if (follower_exit := ranks.before_peer(args)) is not None:  # --nproc / torchrun: ranks 1.. only train
         return follower_exit
-    from protocol.run_state import check_fingerprint
+    from protocol.keys import check_fingerprint
 
     options = PeerOptions(
         coordinator=args.coordinator,
