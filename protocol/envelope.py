@@ -23,6 +23,7 @@ UPDATE_TAG = "swarmloco/update-header/v1"
 MANIFEST_TAG = "swarmloco/round-manifest/v1"
 JOIN_TAG = "swarmloco/join/v1"
 HEARTBEAT_TAG = "swarmloco/heartbeat/v1"
+GATHERED_TAG = "swarmloco/gathered/v1"  # a peer gathered a sliced round (Coordinator.ReportGathered)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,12 +18,13 @@ import grpc
 
 from peer import VERSION
 from peer.coordinator.state import Coordinator
-from protocol.envelope import HEARTBEAT_TAG, JOIN_TAG
+from protocol.envelope import GATHERED_TAG, HEARTBEAT_TAG, JOIN_TAG
+from protocol.reasons import Reason
 from peer.coordinator.registry import PeerRecord, RegistryFull
 from protocol import streaming
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.ratelimit import CallerLimits, RateLimiter
-from protocol.rpc_errors import RpcAbort, caller_of, guarded, refusal_for
+from protocol.rpc_errors import RpcAbort, guarded, refusal_for
 from protocol.signing import SignatureError, open_signed
 from protocol.envelope import EnvelopeError
 from protocol.slice_result import open_mismatch_report
@@ -253,13 +254,27 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
     def GetSliceResults(self, request, context):
         sliced = self._sliced()
         wait_s = self._long_poll_s(request.wait_s, context)
-        caller = caller_of(context)  # self-declared: at worst a forger makes us apply a little sooner
         if wait_s <= 0 or not self.long_polls.acquire(blocking=False):
-            return sliced.wait_results(request.round, 0.0, request.until_applied, caller)
+            return sliced.wait_results(request.round, 0.0, request.until_applied)
         try:
-            return sliced.wait_results(request.round, wait_s, request.until_applied, caller)
+            return sliced.wait_results(request.round, wait_s, request.until_applied)
         finally:
             self.long_polls.release()
+
+    @_guarded
+    def ReportGathered(self, request, context):
+        sliced = self._sliced()
+        c = self.coordinator
+        fields, peer_id = self._open(request, GATHERED_TAG, "gathered report")
+        round_ = fields.get("round")
+        if fields.get("run_id") != c.cfg.run_id:
+            return c.refuse(Reason.WRONG_RUN, f"wrong-run: this coordinator runs {c.cfg.run_id!r}, not {fields.get('run_id')!r}")
+        if fields.get("peer_id") != peer_id:  # the body must name its signer: nobody reports for another peer
+            return c.refuse(Reason.FORGED, f"forged: the report names peer {str(fields.get('peer_id'))[:8]} but is signed by {peer_id[:8]}")
+        if not isinstance(round_, int) or isinstance(round_, bool):
+            return c.refuse(Reason.MALFORMED, "malformed: a gathered report needs an integer round")
+        with c.lock:
+            return sliced.report_gathered(peer_id, round_)
 
     @_guarded
     def ReportEvidence(self, request, context):

@@ -154,6 +154,12 @@ class CoordinatorClient:
     def report_evidence(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
         return self.call("report", lambda: self.stub.ReportEvidence(signed, timeout=DEFAULT_DEADLINE.total_seconds()))
 
+    def report_gathered(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
+        """Our signed "gathered round r" (protocol.envelope.GATHERED_TAG); the reply says whether it
+        was taken (never raises Refused: a refused report only means the coordinator applies the
+        round at its result timeout instead of once we are done)."""
+        return self.call("gathered", lambda: self.stub.ReportGathered(signed, timeout=DEFAULT_DEADLINE.total_seconds()))
+
     def push(self, chunks) -> swarm_pb2.PushReply:
         """Client mode: hand our payload to the coordinator; raises Refused as submit() does."""
         stub = swarm_pb2_grpc.PeerStub(self.channel)

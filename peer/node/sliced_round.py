@@ -26,7 +26,8 @@ from peer.run.faults import fail_point
 from peer.run import slice_plan
 from peer.run.round_math import RoundMath
 from peer.run.slice_exchange import SliceExchange
-from protocol.envelope import EnvelopeError, RoundManifest
+from protocol.envelope import GATHERED_TAG, EnvelopeError, RoundManifest
+from protocol.signing import sign_body
 from protocol.slice_result import sign_mismatch_report
 from protocol.wire import swarm_pb2
 
@@ -84,6 +85,12 @@ def sliced_exchange(
         by_slice.setdefault(lie.result.slice, []).append(lie.signed)
     for slice_, signed_results in by_slice.items():
         client.report_evidence(sign_mismatch_report(identity, run_id=math.cfg.run_id, round_=r, slice_=slice_, results=signed_results))
+    # Only now that its reports are in: the coordinator applies the round once every live peer has
+    # said it gathered, so that a lie caught here never reaches θ_{r+1}.
+    gathered = client.report_gathered(sign_body(identity, GATHERED_TAG, {
+        "run_id": math.cfg.run_id, "round": r, "peer_id": identity.peer_id, "timestamp": time.time()}))
+    if not gathered.accepted:
+        log.warning("round %d: our gathered report was refused: %s", r, gathered.reason)
     fetch_s = reduce_s + time.monotonic() - t_gather
 
     t_agg = time.monotonic()

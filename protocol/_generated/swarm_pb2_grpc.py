@@ -84,6 +84,11 @@ class CoordinatorStub:
                 request_serializer=swarm__pb2.Signed.SerializeToString,
                 response_deserializer=swarm__pb2.CommitReply.FromString,
                 _registered_method=True)
+        self.ReportGathered = channel.unary_unary(
+                '/swarmloco.v1.Coordinator/ReportGathered',
+                request_serializer=swarm__pb2.Signed.SerializeToString,
+                response_deserializer=swarm__pb2.CommitReply.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -153,6 +158,15 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportGathered(self, request, context):
+        """Signed {run_id, round, peer_id, timestamp} (tag swarmloco/gathered/v1): this peer has gathered
+        round `round` and reported what it found false; the coordinator applies the round once every
+        live listed peer has said so (or its result timeout). GetSliceResults is only a read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -203,6 +217,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
             ),
             'ReportEvidence': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportEvidence,
+                    request_deserializer=swarm__pb2.Signed.FromString,
+                    response_serializer=swarm__pb2.CommitReply.SerializeToString,
+            ),
+            'ReportGathered': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportGathered,
                     request_deserializer=swarm__pb2.Signed.FromString,
                     response_serializer=swarm__pb2.CommitReply.SerializeToString,
             ),
@@ -475,6 +494,33 @@ class Coordinator:
             request,
             target,
             '/swarmloco.v1.Coordinator/ReportEvidence',
+            swarm__pb2.Signed.SerializeToString,
+            swarm__pb2.CommitReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportGathered(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/swarmloco.v1.Coordinator/ReportGathered',
             swarm__pb2.Signed.SerializeToString,
             swarm__pb2.CommitReply.FromString,
             options,

@@ -1,0 +1,169 @@
+"""The coordinator's side of a sliced round, in process: who gathered, and when a round is applied.
+
+"Gathered" is its own signed message (ReportGathered, tag swarmloco/gathered/v1): a peer says it
+has gathered round r and reported what it found false, and the coordinator applies the round once
+every live listed peer has (or the result timeout has passed). GetSliceResults is a read only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import grpc
+import pytest
+
+from peer.run.config import RunConfig
+from protocol.accounting import PEER_HEADER
+from protocol.envelope import GATHERED_TAG
+from protocol.identity import Identity
+from protocol.rpc_errors import refusal_of
+from protocol.signing import sign_body
+from protocol.slice_result import SliceResult, sign_slice_result
+from protocol.wire import swarm_pb2
+from tests.conftest import tiny_run_config
+from tests.test_coordinator_unit import Served, join, make_update, serve_coordinator
+
+RESULT_TIMEOUT_S = 30.0
+
+
+def sliced_config() -> RunConfig:
+    return tiny_run_config(
+        data={"val_batches": 2, "max_corpus_bytes": 300_000},
+        rounds={"rounds": 3, "deadline_s": 30.0, "peer_timeout_s": 60.0},
+        exchange={"mode": "sliced", "slices": 4, "replicas": 2, "result_timeout_s": RESULT_TIMEOUT_S, "result_grace_s": 1.0},
+    )
+
+
+def sliced_side(served: Served):
+    """The coordinator's sliced-exchange object (its slice rounds by round number)."""
+    return served.coordinator.sliced
+
+
+@dataclass
+class FinalRound:
+    served: Served
+    round: int
+    listed: list[Identity]  # committed and in the manifest
+    bystander: Identity  # joined, not listed
+
+    @property
+    def state(self):
+        return sliced_side(self.served).rounds[self.round]
+
+
+@contextmanager
+def final_sliced_round() -> Iterator[FinalRound]:
+    """Two listed peers (a, b) whose owners' results are all in and final; c joined and stayed out."""
+    with serve_coordinator(sliced_config(), generous_limits=True) as served:
+        c = served.coordinator
+        a, b, bystander = Identity.generate(), Identity.generate(), Identity.generate()
+        for i, peer in enumerate((a, b)):
+            assert join(served, peer, f"127.0.0.1:{9 + i}").accepted
+            signed, _, _ = make_update(served, peer, seed=i)
+            reply = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=signed, endpoint=f"127.0.0.1:{9 + i}"), timeout=10)
+            assert reply.accepted, reply.reason
+        assert join(served, bystander).accepted
+        assert c.close_round("test") is None and c.book.closed
+        r = c.book.round
+        manifest_sha = hashlib.sha256(c.manifests[r].body).hexdigest()
+        by_id = {p.peer_id: p for p in (a, b)}
+        state = sliced_side(served).rounds[r]
+        for j, owners in enumerate(state.slice_round.owners):
+            for owner in owners:
+                result = SliceResult(run_id=c.cfg.run_id, round=r, slice=j, owner=owner, manifest_sha256=manifest_sha,
+                                     result_sha256="ab" * 32, result_size=8, inputs=tuple(sorted(by_id)), excluded={})
+                assert served.stub.SubmitSliceResult(sign_slice_result(by_id[owner], result), timeout=10).accepted
+        with c.lock:
+            assert sliced_side(served).should_finalize(time.monotonic()) == (True, "every owner reported")
+            sliced_side(served).finalize()
+        yield FinalRound(served, r, [a, b], bystander)
+
+
+def gathered_report(identity: Identity, run_id: str, round_: int, **fields) -> swarm_pb2.Signed:
+    body = {"run_id": run_id, "round": round_, "peer_id": identity.peer_id, "timestamp": time.time(), **fields}
+    return sign_body(identity, GATHERED_TAG, body)
+
+
+def test_reading_the_results_marks_nobody_gathered():
+    with final_sliced_round() as fr:
+        for peer in fr.listed:
+            # The old side effect's trigger: a named caller's until_applied long-poll on a final round.
+            reply = fr.served.stub.GetSliceResults(swarm_pb2.SliceResultsRequest(round=fr.round, wait_s=0.0, until_applied=True),
+                                                   metadata=((PEER_HEADER, peer.peer_id),), timeout=10)
+            assert reply.ready and not reply.applied and len(reply.results) == sum(map(len, fr.state.slice_round.owners)) == 8
+        assert fr.state.gathered == set()
+        with fr.served.coordinator.lock:
+            assert sliced_side(fr.served).ready_to_apply(fr.state.final_at + 1.0) == (False, "")
+
+
+def test_report_gathered_counts_the_signer_only_and_refuses_bad_reports():
+    with final_sliced_round() as fr:
+        served, c = fr.served, fr.served.coordinator
+        a, b = fr.listed
+        run = c.cfg.run_id
+
+        def refused(signed: swarm_pb2.Signed) -> int:
+            reply = served.stub.ReportGathered(signed, timeout=10)
+            assert not reply.accepted
+            return reply.refusal
+
+        # a says b gathered: the body must name its signer
+        assert refused(gathered_report(a, run, fr.round, peer_id=b.peer_id)) == swarm_pb2.BAD_SIGNATURE
+        assert refused(gathered_report(a, run, fr.round + 1)) == swarm_pb2.STALE_ROUND
+        assert refused(gathered_report(a, run, fr.round - 1)) == swarm_pb2.STALE_ROUND
+        assert refused(gathered_report(a, "another-run", fr.round)) == swarm_pb2.WRONG_RUN
+        assert refused(gathered_report(a, run, str(fr.round))) == swarm_pb2.MALFORMED
+        assert refused(gathered_report(Identity.generate(), run, fr.round)) == swarm_pb2.UNKNOWN_PEER
+        good = gathered_report(a, run, fr.round)
+        for tampered in (swarm_pb2.Signed(body=good.body, signature=bytes(64), public_key=good.public_key),
+                         swarm_pb2.Signed(body=good.body, signature=good.signature, public_key=b.public_key)):
+            with pytest.raises(grpc.RpcError) as err:
+                served.stub.ReportGathered(tampered, timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED and refusal_of(err.value) == swarm_pb2.BAD_SIGNATURE
+        assert fr.state.gathered == set()
+
+        assert served.stub.ReportGathered(good, timeout=10).accepted
+        assert served.stub.ReportGathered(good, timeout=10).reason == "already reported"  # idempotent
+        assert fr.state.gathered == {a.peer_id}
+        with c.lock:
+            assert sliced_side(served).ready_to_apply(fr.state.final_at + 1.0) == (False, "")
+        assert served.stub.ReportGathered(gathered_report(b, run, fr.round), timeout=10).accepted
+        with c.lock:
+            assert sliced_side(served).ready_to_apply(fr.state.final_at + 1.0) == (True, "every live peer gathered")
+        assert served.rejections().get("internal-error", 0) == 0
+
+
+def test_ready_to_apply_waits_for_live_peers_until_the_result_timeout():
+    with final_sliced_round() as fr:
+        c, side = fr.served.coordinator, sliced_side(fr.served)
+        a, b = fr.listed
+        final_at = fr.state.final_at
+        with c.lock:
+            assert side.report_gathered(a.peer_id, fr.round).accepted
+            # b has not gathered: wait, up to the result timeout counted from when the results went final
+            assert side.ready_to_apply(final_at + RESULT_TIMEOUT_S - 0.1) == (False, "")
+            assert side.ready_to_apply(final_at + RESULT_TIMEOUT_S) == (True, "1 peer(s) did not gather within 30s")
+            # a peer that is gone is not waited for; a bystander's report changes nothing
+            assert side.report_gathered(fr.bystander.peer_id, fr.round).accepted
+            assert side.ready_to_apply(final_at + 1.0) == (False, "")
+            c.registry.get(b.peer_id).state = "gone"
+            assert side.ready_to_apply(final_at + 1.0) == (True, "every live peer gathered")
+
+
+def test_a_gathered_report_before_the_results_are_final_is_stale():
+    with serve_coordinator(sliced_config(), generous_limits=True) as served:
+        c, a = served.coordinator, Identity.generate()
+        assert join(served, a, "127.0.0.1:9").accepted
+        signed, _, _ = make_update(served, a)
+        assert served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=signed, endpoint="127.0.0.1:9"), timeout=10).accepted
+        r = c.round
+        reply = served.stub.ReportGathered(gathered_report(a, c.cfg.run_id, r), timeout=10)
+        assert not reply.accepted and reply.refusal == swarm_pb2.STALE_ROUND  # the commit phase is still open
+        c.close_round("test")
+        reply = served.stub.ReportGathered(gathered_report(a, c.cfg.run_id, r), timeout=10)
+        assert not reply.accepted and reply.refusal == swarm_pb2.STALE_ROUND  # reducing: results not final yet
+        assert sliced_side(served).rounds[r].gathered == set()
