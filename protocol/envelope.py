@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,6 +44,14 @@ class UpdateHeader:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def build_update_header(*, run_id: str, round_: int, peer_id: str, codec: str, numel: int, layout_hash: str,
+                        base_param_hash: str, payload: bytes, slices: Iterable[str] = ()) -> UpdateHeader:
+    """The one way an update header is made: its payload's sha256 and size come from the bytes."""
+    return UpdateHeader(run_id=run_id, round=round_, peer_id=peer_id, codec=codec, numel=numel, layout_hash=layout_hash,
+                        base_param_hash=base_param_hash, payload_sha256=sha256_hex(payload), payload_size=len(payload),
+                        slices=tuple(slices))
 
 
 def open_envelope(signed: swarm_pb2.Signed, tag: str, what: str) -> tuple[dict[str, Any], str]:
@@ -161,6 +170,12 @@ class ManifestEntry:
     header: dict[str, str]  # the author's signed header, so anyone can check authorship
     holders: list[str]  # HOST:PORT endpoints known to serve the payload (author first)
     serves: bool = False  # the author serves (not client-mode): it may own slices
+
+
+def check_entry(entry: ManifestEntry, header: UpdateHeader) -> None:
+    """A manifest entry must name the update its signed header commits to (EnvelopeError "forged")."""
+    if header.payload_sha256 != entry.payload_sha256 or header.peer_id != entry.peer_id:
+        raise EnvelopeError("forged", f"manifest entry of {entry.peer_id[:8]} does not match its signed header")
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,6 @@ Import only after any hivemind DHT of the process has started: gRPC is not fork-
 
 from __future__ import annotations
 
-import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +41,8 @@ from peer.run.slice_exchange import SliceExchange, SliceRound, sliced_manifest
 from protocol.keys import CoordinatorKeys
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
-from protocol.envelope import (ManifestEntry, RoundManifest, UpdateHeader, open_manifest, sign_manifest, sign_update,
-                               signed_to_json)
+from protocol.envelope import (ManifestEntry, RoundManifest, UpdateHeader, build_update_header, open_manifest, sign_manifest,
+                               sign_update, signed_to_json)
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload
@@ -146,9 +145,8 @@ class ExchangePeer:
     def commit(self, round_: int) -> Header:
         payload = self.math.encode(self.update, round_)
         slices = tuple(self.exchange.slice_hashes(payload)) if self.math.sliced else ()
-        header = UpdateHeader(run_id=RUN_ID, round=round_, peer_id=self.peer_id, codec=self.spec.codec, numel=self.numel,
-                              layout_hash=LAYOUT, base_param_hash=BASE_HASH, payload_sha256=hashlib.sha256(payload).hexdigest(),
-                              payload_size=len(payload), slices=slices)
+        header = build_update_header(run_id=RUN_ID, round_=round_, peer_id=self.peer_id, codec=self.spec.codec, numel=self.numel,
+                                     layout_hash=LAYOUT, base_param_hash=BASE_HASH, payload=payload, slices=slices)
         signed = sign_update(self.identity, header)
         self.store.put(StoredPayload(header, signed, payload), verified=True)  # we just hashed it
         if self.math.sliced:

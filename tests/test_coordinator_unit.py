@@ -32,7 +32,7 @@ from peer.run.round_math import RoundMath
 from protocol.accounting import ByteCounter
 from tests.conftest import tiny_run_config
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
-from protocol.envelope import HEARTBEAT_TAG, JOIN_TAG, UpdateHeader, sign_update
+from protocol.envelope import HEARTBEAT_TAG, JOIN_TAG, UpdateHeader, build_update_header, sign_update
 from protocol.identity import Identity, verify_signature
 from protocol.payload_service import PayloadServicer, push_chunks
 from protocol.ratelimit import CallerLimits
@@ -138,10 +138,9 @@ def make_update(served: Served, identity: Identity, *, seed: int = 0, round_: in
     r = c.round if round_ is None else round_
     math = RoundMath(c.cfg, c.numel)
     payload = math.encode(torch.randn(c.numel, generator=torch.Generator().manual_seed(seed)) * 1e-3, r)
-    header = UpdateHeader(
-        run_id=c.cfg.run_id, round=r, peer_id=identity.peer_id, codec=c.cfg.compression.codec, numel=c.numel,
-        layout_hash=c.layout_hash, base_param_hash=c.param_hash,
-        payload_sha256=hashlib.sha256(payload).hexdigest(), payload_size=len(payload),
+    header = build_update_header(
+        run_id=c.cfg.run_id, round_=r, peer_id=identity.peer_id, codec=c.cfg.compression.codec, numel=c.numel,
+        layout_hash=c.layout_hash, base_param_hash=c.param_hash, payload=payload,
         slices=tuple(hashlib.sha256(part).hexdigest() for part in math.sliced_codec.split(payload)) if math.sliced else (),
     )
     return sign_update(identity, header), payload, header

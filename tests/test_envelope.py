@@ -6,7 +6,7 @@ import pytest
 
 from protocol.keys import CoordinatorKeys
 from protocol.envelope import (
-    EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, check_payload, open_manifest, open_update,
+    EnvelopeError, ManifestEntry, RoundManifest, build_update_header, check_entry, check_payload, open_manifest, open_update,
     sha256_hex, sign_manifest, sign_update, signed_to_json,
 )
 from protocol.identity import Identity
@@ -16,8 +16,8 @@ EXPECT = dict(run_id="run", round_=3, codec="fp16", numel=1000, layout_hash="L",
 
 
 def header_for(identity, **changes):
-    base = UpdateHeader(run_id="run", round=3, peer_id=identity.peer_id, codec="fp16", numel=1000, layout_hash="L",
-                        base_param_hash="B", payload_sha256=sha256_hex(PAYLOAD), payload_size=len(PAYLOAD))
+    base = build_update_header(run_id="run", round_=3, peer_id=identity.peer_id, codec="fp16", numel=1000, layout_hash="L",
+                               base_param_hash="B", payload=PAYLOAD)
     return dataclasses.replace(base, **changes)
 
 
@@ -82,3 +82,16 @@ def test_manifest_signed_by_coordinator_only():
         open_manifest(sign_manifest(other, manifest), keys=CoordinatorKeys.of_key(coordinator.public_key), run_id="run", round_=3)
     with pytest.raises(EnvelopeError):
         open_manifest(sign_manifest(coordinator, manifest), keys=CoordinatorKeys.of_key(coordinator.public_key), run_id="run", round_=4)
+
+
+def test_build_update_header_hashes_its_payload_and_check_entry_catches_a_swapped_entry():
+    peer, other = Identity.generate(), Identity.generate()
+    header = header_for(peer)
+    assert (header.payload_sha256, header.payload_size, header.round, header.slices) == (sha256_hex(PAYLOAD), 1000, 3, ())
+    entry = ManifestEntry(peer_id=peer.peer_id, payload_sha256=header.payload_sha256, payload_size=header.payload_size,
+                          header=signed_to_json(sign_update(peer, header)), holders=[])
+    check_entry(entry, header)
+    for forged in (dataclasses.replace(entry, payload_sha256=sha256_hex(b"other")), dataclasses.replace(entry, peer_id=other.peer_id)):
+        with pytest.raises(EnvelopeError) as err:
+            check_entry(forged, header)
+        assert err.value.reason == "forged"

@@ -8,7 +8,6 @@ throwaway coordinator identity exactly as the coordinator signs it.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +21,7 @@ from peer.run.round_math import RoundMath
 from peer.run.slice_exchange import SliceExchange, sliced_manifest
 from protocol.accounting import ByteCounter
 from protocol.channels import create_server
-from protocol.envelope import ManifestEntry, UpdateHeader, sign_manifest, sign_update, signed_to_json
+from protocol.envelope import ManifestEntry, build_update_header, sign_manifest, sign_update, signed_to_json
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload
@@ -82,9 +81,8 @@ def make_round(cfg: RunConfig, nodes: list[Node], r: int = 0, nan_author: int | 
             parts[5] = bytes(bad)
             payload = b"".join(parts)
         slices = node.exchange.slice_hashes(payload)
-        header = UpdateHeader(run_id=cfg.run_id, round=r, peer_id=node.identity.peer_id, codec=cfg.compression.codec, numel=NUMEL,
-                              layout_hash=LAYOUT, base_param_hash="0" * 64, payload_sha256=hashlib.sha256(payload).hexdigest(),
-                              payload_size=len(payload), slices=tuple(slices))
+        header = build_update_header(run_id=cfg.run_id, round_=r, peer_id=node.identity.peer_id, codec=cfg.compression.codec,
+                                     numel=NUMEL, layout_hash=LAYOUT, base_param_hash="0" * 64, payload=payload, slices=slices)
         signed = sign_update(node.identity, header)
         node.store.put(StoredPayload(header, signed, payload), verified=True)
         node.exchange.serve_slices(header, payload)

@@ -26,7 +26,7 @@ from optim import slicing
 from peer.run import slice_plan
 from peer.run.round_math import RoundMath
 from peer.run.slice_exchange import SliceExchange, sliced_manifest
-from protocol.envelope import ManifestEntry, UpdateHeader, sign_manifest, sign_update, signed_to_json
+from protocol.envelope import ManifestEntry, build_update_header, sign_manifest, sign_update, signed_to_json
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadStore
@@ -73,10 +73,9 @@ class LocalSlicedRound:
             if payload is None:
                 continue
             identity = self.identities[i]
-            header = UpdateHeader(run_id=cfg.run_id, round=r, peer_id=identity.peer_id, codec=cfg.compression.codec,
-                                  numel=self.math.numel, layout_hash=LAYOUT, base_param_hash="0" * 64,
-                                  payload_sha256=hashlib.sha256(payload).hexdigest(), payload_size=len(payload),
-                                  slices=tuple(self.exchanges[i].slice_hashes(payload)))
+            header = build_update_header(run_id=cfg.run_id, round_=r, peer_id=identity.peer_id, codec=cfg.compression.codec,
+                                         numel=self.math.numel, layout_hash=LAYOUT, base_param_hash="0" * 64, payload=payload,
+                                         slices=self.exchanges[i].slice_hashes(payload))
             signed = sign_update(identity, header)
             self.exchanges[i].serve_slices(header, payload)
             entries.append(ManifestEntry(peer_id=identity.peer_id, payload_sha256=header.payload_sha256, payload_size=len(payload),

@@ -25,7 +25,7 @@ import torch
 from peer.run import slice_plan
 from peer.run.round_math import RoundMath, UpdateRejected
 from protocol.reasons import FOR_CAUSE
-from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, signed_from_json
+from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, check_entry, signed_from_json
 from protocol.payload_fetch import ChannelPool, FetchError, fetch_blob
 from protocol.payload_service import PayloadStore
 from protocol.slice_result import SliceResult, open_slice_result, sign_slice_result
@@ -142,8 +142,7 @@ class SliceExchange:
         headers: dict[str, UpdateHeader] = {}
         for entry in manifest.entries:
             header = verify_header(signed_from_json(entry.header), r)
-            if header.payload_sha256 != entry.payload_sha256 or header.peer_id != entry.peer_id:
-                raise EnvelopeError("forged", f"manifest entry of {entry.peer_id[:8]} does not match its signed header")
+            check_entry(entry, header)
             if len(header.slices) != self.math.layout.num_slices:
                 raise EnvelopeError("malformed", f"update of {entry.peer_id[:8]} commits to {len(header.slices)} slices, the run has {self.math.layout.num_slices}")
             headers[entry.peer_id] = header
