@@ -22,6 +22,9 @@ then runs through peer/cli/simulate_slices.py (the real engine: owner draw, sign
 honest peer's gather with recomputation and spot checks) and the JSON counts the lies told and
 caught. `--baseline ddp` runs synchronous data-parallel on the same peers instead
 (peer/cli/simulate_ddp.py), logging val loss every H steps so its curve lines up with the rounds.
+
+The options are peer/cli/simulate_options.py; the per-round curve, log line and result dict
+peer/cli/simulate_result.py.
 """
 
 from __future__ import annotations
@@ -31,113 +34,26 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from optim import aggregate, attacks
+from optim import attacks
 from optim import eager as eager_math
-from peer.cli.run_flags import load_run_config, resolve_run_config
+from peer.cli.run_flags import load_run_config
 from peer.run.config import RunConfig
 from peer.learn.data import ShardSampler, load_corpus, validation_batches
 from peer.learn.model import build_model, flat_params, load_flat_params, num_params
 from peer.cli.simulate_ddp import ConcatenatedSampler, ring_allreduce_bytes
+from peer.cli.simulate_options import SimulationOptions
+from peer.cli.simulate_result import Curve, human_bytes, log_round, simulation_result
 from peer.cli.simulate_slices import LYING_OWNER, LocalSlicedRound
-from peer.run.progress import format_bytes
 from peer.run.slice_plan import expected_traffic
 from peer.run.round_math import RoundMath, UpdateRejected
 from protocol.reasons import count_for_cause
 from peer.learn.training import InnerTrainer, evaluate
-
-Baseline = Literal["diloco", "ddp"]
-ATTACK_NAMES = (*attacks.NAMES, LYING_OWNER)
-
-
-@dataclass(kw_only=True)
-class SimulationOptions:
-    """What to simulate: simulate's own options and the run config.
-
-    The CLI passes `config` as loaded from its run-config flags (peer/cli/run_flags.py, the same
-    loader every verb uses). Scripts may name overrides here instead (None keeps the config's
-    value); run_config() applies them through that loader.
-    """
-
-    peers: int = 4
-    rounds: int | None = None  # None: config.rounds.rounds
-    inner_steps: int | None = None  # H; None: config.inner.steps
-    codec: str | None = None  # e.g. "topk:0.01+int8"; None: config.compression.codec
-    outer: str | None = None  # nesterov | demo | fedavg; None: config.outer.name
-    aggregator: str | None = None  # None: config.aggregation.name
-    seed: int | None = None  # None: config.seed (model init, shards' sampling streams, codec seeds)
-    # The first `byzantine` peers attack; the aggregator tolerates as many unless the config says more.
-    byzantine: int = 0
-    attack: str | None = None
-    attack_options: dict[str, Any] = field(default_factory=dict)
-    baseline: Baseline = "diloco"
-    # torch intra-op threads. 1 by default: the model's 128-wide matmuls gain ~25% from a second
-    # thread on an idle machine, but with any other process on the cores OpenMP's spinning threads
-    # slowed an 8-round run from 47 s to over 10 minutes here. None: leave torch's setting.
-    threads: int | None = 1
-    # Overlapped rounds (--overlap): the share of the next phase's inner steps done before the
-    # average in flight lands and the peer moves onto θ_{r+1} (peer/node/overlap.py does so after
-    # the inner step during which its exchange finished). 1.0: at the phase's end, the worst case,
-    # an exchange as long as a whole phase; 0.5: an exchange half as long as the phase.
-    overlap_arrival: float = 1.0
-    config: RunConfig = field(default_factory=RunConfig)
-    log: Callable[[str], None] | None = None  # receives one dense line per round
-
-    def __post_init__(self) -> None:
-        if self.peers < 1:
-            raise ValueError(f"--peers {self.peers}: simulate at least 1 peer")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"--threads {self.threads}: use at least 1 thread")
-        if not 0 <= self.overlap_arrival <= 1:
-            raise ValueError(f"--overlap-arrival {self.overlap_arrival}: use a share of the phase in [0, 1] (1: at its end)")
-        if self.baseline not in ("diloco", "ddp"):
-            raise ValueError(f"--baseline {self.baseline!r}: choose diloco or ddp")
-        if not 0 <= self.byzantine < self.peers:
-            raise ValueError(
-                f"--num-byzantine {self.byzantine} attackers with --peers {self.peers}: need 0 <= attackers < peers "
-                "(at least one honest peer must remain)"
-            )
-        if self.byzantine > 0 and self.attack is None:
-            raise ValueError(f"{self.byzantine} Byzantine peers need --attack NAME; valid names: {', '.join(ATTACK_NAMES)}")
-        if self.attack is not None and self.byzantine == 0:
-            raise ValueError(f"--attack {self.attack} needs --num-byzantine F (the first F peers attack), F >= 1")
-        if self.baseline == "ddp" and self.byzantine:
-            raise ValueError("--baseline ddp has no aggregation to attack; drop --attack")
-        if self.attack == LYING_OWNER and self.attack_options:
-            raise ValueError(f"--attack {LYING_OWNER} takes no options (each liar shifts its honest result by 0.01)")
-        if self.attack is not None and self.attack != LYING_OWNER:
-            attacks.build(self.attack, **self.attack_options)  # unknown name/option -> ValueError here
-
-    def run_config(self) -> RunConfig:
-        """The run config with this simulation's overrides applied, validated like every verb's."""
-        named = {
-            "rounds.rounds": self.rounds, "inner.steps": self.inner_steps, "compression.codec": self.codec,
-            "outer.name": self.outer, "aggregation.name": self.aggregator, "seed": self.seed,
-        }
-        overrides = {path: value for path, value in named.items() if value is not None}
-        # Lying owners send honest updates: the rule has nothing of theirs to tolerate.
-        if self.byzantine and not self.config.aggregation.num_byzantine and self.attack != LYING_OWNER:
-            overrides["aggregation.num_byzantine"] = self.byzantine
-        cfg = resolve_run_config(self.config, overrides)
-        if self.attack == LYING_OWNER and cfg.exchange.mode != "sliced":
-            raise ValueError(
-                f"--attack {LYING_OWNER} lies as a slice owner, which only the sliced exchange has; "
-                f"this run config has exchange.mode = {cfg.exchange.mode!r}: set it to \"sliced\""
-            )
-        f = cfg.aggregation.num_byzantine
-        need = aggregate.minimum_rows(cfg.aggregation.name, f)
-        if self.baseline == "diloco" and self.peers < need:
-            raise ValueError(
-                f"--aggregator {cfg.aggregation.name} tolerating {f} Byzantine peer(s) needs at least {need} "
-                f"peers, got --peers {self.peers}: add peers or lower --num-byzantine"
-            )
-        return cfg
 
 
 @dataclass
@@ -166,25 +82,10 @@ def run_simulation(opts: SimulationOptions) -> dict[str, Any]:
         wall_s = time.perf_counter() - started
     finally:
         torch.set_num_threads(previous_threads)
-    return _result(opts, cfg, curve, wall_s)
+    return simulation_result(opts, cfg, curve, wall_s)
 
 
 # --- DiLoCo ----------------------------------------------------------------------------------
-
-
-@dataclass
-class _Curve:
-    """What both baselines measure, one entry per round (all byte counts are per round)."""
-
-    numel: int
-    initial_val_loss: float
-    val_loss: list[float] = field(default_factory=list)
-    train_loss: list[float] = field(default_factory=list)  # mean inner loss over peers and steps
-    upload_bytes: list[list[int]] = field(default_factory=list)  # [round][peer]
-    download_bytes: list[list[int]] = field(default_factory=list)  # [round][peer]
-    excluded: list[dict[str, str]] = field(default_factory=list)  # [round] {peer index: reason}
-    final_params_sha256: str | None = None  # θ after the last round (diloco): bit-identity checks
-    lies: dict[str, Any] | None = None  # lying-owner: lies told / caught (simulate_slices.LieCount)
 
 
 def _samplers(cfg: RunConfig, peers: int) -> tuple[list[ShardSampler], list]:
@@ -199,7 +100,7 @@ def _samplers(cfg: RunConfig, peers: int) -> tuple[list[ShardSampler], list]:
     return samplers, validation_batches(corpus, cfg.data.batch_size, cfg.model.seq_len, cfg.data.val_batches)
 
 
-def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
+def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
     samplers, val_batches = _samplers(cfg, opts.peers)
     global_model = build_model(cfg.model, cfg.seed)  # holds θ_r for evaluation only
     params = flat_params(global_model)  # θ_r, (d,) float32
@@ -214,7 +115,7 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
         trainer = InnerTrainer(model, cfg.inner, sampler)
         peers.append(VirtualPeer(i, model, trainer, RoundMath(cfg, numel)))
     receiver = RoundMath(cfg, numel)  # aggregator + outer global state, shared by all honest nodes
-    curve = _Curve(numel=numel, initial_val_loss=evaluate(global_model, val_batches))
+    curve = Curve(numel=numel, initial_val_loss=evaluate(global_model, val_batches))
     exchange = LocalSlicedRound(receiver, opts.peers, seed=cfg.seed) if lying else None
     try:
         for r in range(cfg.rounds.rounds):
@@ -281,7 +182,7 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
             curve.train_loss.append(sum(losses) / len(losses))
             curve.excluded.append(excluded)
             lies = exchange.lies.rounds[-1] if exchange is not None else None
-            _log_round(opts, cfg, curve, r, time.perf_counter() - t0, lies)
+            log_round(opts, cfg, curve, r, time.perf_counter() - t0, lies)
     finally:
         if exchange is not None:
             exchange.close()
@@ -320,12 +221,12 @@ def _craft_attacks(
 # --- DDP -------------------------------------------------------------------------------------
 
 
-def _run_ddp(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
+def _run_ddp(opts: SimulationOptions, cfg: RunConfig) -> Curve:
     samplers, val_batches = _samplers(cfg, opts.peers)
     model = build_model(cfg.model, cfg.seed)
     numel = num_params(model)
     trainer = InnerTrainer(model, cfg.inner, ConcatenatedSampler(samplers))  # type: ignore[arg-type]
-    curve = _Curve(numel=numel, initial_val_loss=evaluate(model, val_batches))
+    curve = Curve(numel=numel, initial_val_loss=evaluate(model, val_batches))
     per_round = ring_allreduce_bytes(numel, opts.peers) * cfg.inner.steps  # sent + received, per peer
     for r in range(cfg.rounds.rounds):
         t0 = time.perf_counter()
@@ -335,78 +236,8 @@ def _run_ddp(opts: SimulationOptions, cfg: RunConfig) -> _Curve:
         curve.upload_bytes.append([per_round // 2] * opts.peers)
         curve.download_bytes.append([per_round - per_round // 2] * opts.peers)
         curve.excluded.append({})
-        _log_round(opts, cfg, curve, r, time.perf_counter() - t0)
+        log_round(opts, cfg, curve, r, time.perf_counter() - t0)
     return curve
-
-
-# --- results ---------------------------------------------------------------------------------
-
-
-def _log_round(opts: SimulationOptions, cfg: RunConfig, curve: _Curve, r: int, seconds: float, lies: dict | None = None) -> None:
-    if opts.log is None:
-        return
-    up, down = curve.upload_bytes[-1], curve.download_bytes[-1]
-    moved = (sum(up) + sum(down)) / len(up)
-    excluded = curve.excluded[-1]
-    opts.log(
-        f"round {r + 1:>3}/{cfg.rounds.rounds} | val {curve.val_loss[-1]:.4f} | train {curve.train_loss[-1]:.4f} | "
-        f"up {_human(sum(up) / len(up))}/peer | up+down {_human(moved)}/peer | "
-        f"excluded {len(excluded)}{' ' + str(sorted(excluded.items())) if excluded else ''} | "
-        + (f"lies told {lies['told']} caught {lies['caught']} (liar-only slices {lies['slices_with_only_liars']}) | " if lies else "")
-        + f"{seconds:.1f}s"
-    )
-
-
-def _human(n: float) -> str:
-    return format_bytes(n, digits=1)
-
-
-def _result(opts: SimulationOptions, cfg: RunConfig, curve: _Curve, wall_s: float) -> dict[str, Any]:
-    n, rounds, steps = opts.peers, cfg.rounds.rounds, cfg.inner.steps
-    per_round_total = [sum(u) + sum(d) for u, d in zip(curve.upload_bytes, curve.download_bytes)]
-    total = sum(per_round_total)
-    uploads = sum(sum(u) for u in curve.upload_bytes)
-    ddp_bytes = ring_allreduce_bytes(curve.numel, n) * steps * rounds * n
-    cumulative, running = [], 0
-    for b in per_round_total:
-        running += b
-        cumulative.append(running)
-    return {
-        "baseline": opts.baseline,
-        "peers": n,
-        "overlap_arrival": opts.overlap_arrival if cfg.rounds.overlap_communication else None,
-        "rounds": rounds,
-        "inner_steps": steps,
-        "numel": curve.numel,
-        "seed": cfg.seed,
-        "codec": cfg.compression.codec if opts.baseline == "diloco" else "fp32-allreduce",
-        "outer": cfg.outer.name if opts.baseline == "diloco" else None,
-        "aggregator": cfg.aggregation.name if opts.baseline == "diloco" else None,
-        "attack": opts.attack,
-        "attack_options": dict(opts.attack_options),
-        "byzantine": opts.byzantine,
-        "initial_val_loss": curve.initial_val_loss,
-        "final_val_loss": curve.val_loss[-1],
-        "val_loss_per_round": curve.val_loss,
-        "train_loss_per_round": curve.train_loss,
-        "bytes_per_peer_per_round": total / (n * rounds),
-        "upload_bytes_per_peer_per_round": uploads / (n * rounds),
-        "bytes_per_round": per_round_total,  # all peers, up + down
-        "cumulative_bytes_per_round": cumulative,
-        "total_bytes": total,
-        "ddp_equivalent_bytes": ddp_bytes,
-        "ratio_vs_ddp": ddp_bytes / total if total else None,
-        "excluded_per_round": curve.excluded,
-        "final_params_sha256": curve.final_params_sha256,
-        "lying_owner": curve.lies,
-        "bytes_note": (
-            "measured len(payload): each peer uploads its own once and downloads the n-1 others"
-            if opts.baseline == "diloco"
-            else "ring all-reduce of dense fp32 gradients every step: 2*2(n-1)/n*4*numel per peer per step"
-        ),
-        "wall_s": wall_s,
-        "config": cfg.to_dict(),
-    }
 
 
 # --- CLI -------------------------------------------------------------------------------------
@@ -453,8 +284,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     print(
         f"done in {result['wall_s']:.1f}s | val {result['initial_val_loss']:.4f} -> {result['final_val_loss']:.4f} | "
-        f"{_human(result['bytes_per_peer_per_round'])}/peer/round (up {_human(result['upload_bytes_per_peer_per_round'])}) | "
-        f"total {_human(result['total_bytes'])} | ddp-equivalent {_human(result['ddp_equivalent_bytes'])} "
+        f"{human_bytes(result['bytes_per_peer_per_round'])}/peer/round (up {human_bytes(result['upload_bytes_per_peer_per_round'])}) | "
+        f"total {human_bytes(result['total_bytes'])} | ddp-equivalent {human_bytes(result['ddp_equivalent_bytes'])} "
         f"({result['ratio_vs_ddp'] or 0:.1f}x fewer)"
     )
     if result["lying_owner"]:
