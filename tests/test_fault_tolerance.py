@@ -1,4 +1,6 @@
-"""Crashes, late joiners, coordinator restarts and --resume, with real processes on loopback.
+"""Crashes, late joiners, coordinator restarts and --resume, with real processes on loopback: a
+peer SIGKILLed at three points of a round (before committing, after committing as a server, after
+committing in client mode), a coordinator SIGKILLed and restarted from its checkpoint.
 
 The swarm must keep training through all of it and end with every live peer holding the
 coordinator's parameters, bit for bit (same sha256).
@@ -11,10 +13,12 @@ import re
 import shutil
 import signal
 import time
+from dataclasses import dataclass
 
 import pytest
 
 from peer.run import faults
+from protocol.identity import Identity
 from tests.helpers import free_port, read_summary, tiny_run_config, wait_line, write_run_config
 
 pytestmark = pytest.mark.integration
@@ -43,39 +47,85 @@ def _wait_for_round(swarm, round_: int, timeout_s: float) -> dict:
     raise AssertionError(f"round {round_} never opened within {timeout_s:.0f} s; last status round {status.get('round')}")
 
 
-def test_sigkilled_peer_does_not_stall_the_round_and_rejoins_and_late_joiner_syncs(swarm, tmp_path, monkeypatch):
-    # Enough rounds for the late joiner and the restarted peer to start (a Python + torch process
-    # takes several seconds) and then train a few rounds; with 48 inner steps a round here takes
-    # about a second.
-    rounds = 24
-    config = write_run_config(tmp_path / "run.json", rounds={"rounds": rounds, "expected_peers": 4}, inner={"steps": 48})
+@dataclass(frozen=True)
+class Crash:
+    """Where in round 1 the fourth peer (peer3) SIGKILLs itself, and what round 1 then holds."""
+
+    fail_at: str  # SWARMLOCO_FAIL_AT: a fail point, not a kill timed off a log line
+    client_mode: bool  # no server of its own: its payload is pushed before its commit is accepted
+    counted: bool  # its round-1 update took part in round 1
+    excluded: str | None  # why every owner left its listed round-1 update out, if it did
+    rejoins: bool  # then restarted with --resume, while a late joiner starts too
+
+
+CRASHES = {
+    # Before it commits: round 1 closes without it (no round waits on a dead peer). It comes back
+    # with the same identity and its saved local state, and a late joiner starts meanwhile.
+    "before-commit-then-rejoins": Crash("trained:1", client_mode=False, counted=False, excluded=None, rejoins=True),
+    # A serving peer right after its commitment is accepted: round 1's manifest lists it and draws
+    # it as an owner; each of its slices still has its other owner, its own update cannot be
+    # fetched and is left out by every owner alike.
+    "after-commit-serving": Crash("committed:1", client_mode=False, counted=False, excluded="unreachable", rejoins=False),
+    # A client-mode peer right after its commitment: its payload was pushed and verified before
+    # the commit was accepted, so round 1 aggregates its update and round 2 closes without it.
+    "after-commit-client-mode": Crash("committed:1", client_mode=True, counted=True, excluded=None, rejoins=False),
+}
+
+
+@pytest.mark.parametrize("crash", CRASHES.values(), ids=CRASHES.keys())
+def test_a_peer_sigkilled_mid_round_does_not_stall_the_swarm(swarm, tmp_path, monkeypatch, crash):
+    # Rejoining: enough rounds for the late joiner and the restarted peer to start (a Python +
+    # torch process takes several seconds) and then train a few rounds; with 48 inner steps a
+    # round here takes about a second.
+    rounds = 24 if crash.rejoins else 3
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": rounds, "expected_peers": 4},
+                              inner={"steps": 48} if crash.rejoins else {})
     coordinator = swarm.start_coordinator(["--config", str(config)])
     peers = {f"peer{i}": swarm.start_peer(f"peer{i}", ["--shard", f"{i}/4"], via_dht=False) for i in range(3)}
-    # peer3 SIGKILLs itself right after training round 1, before it commits: a crash mid-round,
-    # with no goodbye, at a point fixed by the fail point rather than by when a log line shows.
+    victim_id = Identity.load_or_create(swarm.workdir / "peer3.pem").peer_id  # the key start_peer gives it
     with monkeypatch.context() as env:
-        env.setenv(faults.ENV, "trained:1")  # the child's environment is copied when it starts
-        peers["peer3"] = swarm.start_peer("peer3", ["--shard", "3/4"], via_dht=False)
-    assert swarm.wait(peers["peer3"], 180) == -signal.SIGKILL, "".join(peers["peer3"].lines)[-2000:]
-    assert f"{faults.ENV}: reached trained:1" in "".join(peers["peer3"].lines)
+        env.setenv(faults.ENV, crash.fail_at)  # only this child sees it: its environment is copied when it starts
+        victim = swarm.start_peer("peer3", ["--shard", "3/4", *(["--client-mode"] if crash.client_mode else [])], via_dht=False)
+    assert swarm.wait(victim, 180) == -signal.SIGKILL, "".join(victim.lines)[-2000:]
+    log = "".join(victim.lines)
+    assert f"{faults.ENV}: reached {crash.fail_at}" in log
+    assert f"round 1/{rounds} done" in log and f"round 2/{rounds} done" not in log  # round 0 finished, round 1 did not
+    assert not (swarm.workdir / "peer3.json").exists()  # it never reached its summary
 
-    # The survivors close round 1 without peer3: no round waits on a dead peer. Then peer3 comes
-    # back with the same identity and its saved local state, and a late joiner starts too.
-    _wait_for_round(swarm, 2, 90)
-    peers["peer3"] = swarm.start_peer("peer3", ["--shard", "3/4", "--resume"], via_dht=False)
-    peers["late"] = swarm.start_peer("late", ["--shard", "0/4"], via_dht=False)
-    assert swarm.wait(coordinator, 240) == 0
+    if crash.rejoins:
+        _wait_for_round(swarm, 2, 90)  # the survivors closed round 1 without it
+        peers["peer3"] = swarm.start_peer("peer3", ["--shard", "3/4", "--resume"], via_dht=False)
+        peers["late"] = swarm.start_peer("late", ["--shard", "0/4"], via_dht=False)
+    assert swarm.wait(coordinator, 240) == 0, "".join(coordinator.lines)[-3000:]
     for name, child in peers.items():
         assert swarm.wait(child, 60) == 0, f"{name}:\n" + "".join(child.lines)[-2000:]
 
     status = read_summary(swarm, "coordinator")
     history = status["history"]
     assert [h["round"] for h in history] == list(range(rounds))
-    assert [h["updates"] for h in history[:2]] == [4, 3], history[:2]  # round 1 closed without peer3
+    # Round 1 without or with its update; later rounds without it (until it rejoins).
+    expected = [4, 4 if crash.counted else 3] + ([] if crash.rejoins else [3] * (rounds - 2))
+    assert [h["updates"] for h in history[:len(expected)]] == expected, history
+    round_1_excluded = {victim_id: crash.excluded} if crash.excluded else {}
+    assert [h["excluded"] for h in history[:len(expected)]] == [{}, round_1_excluded] + [{}] * (len(expected) - 2), history
     final_hash = history[-1]["param_hash"]
+    for name in ("peer0", "peer1", "peer2"):
+        survivor = read_summary(swarm, name)
+        assert all(h["in_sync"] for h in survivor["history"]), (name, survivor["history"])
     for name in peers:
-        summary = read_summary(swarm, name)
-        assert summary["param_hash"] == final_hash, name  # every live peer agrees, bit for bit
+        assert read_summary(swarm, name)["param_hash"] == final_hash, name  # every live peer agrees, bit for bit
+    record = next(p for p in status["peers"] if p["peer_id"] == victim_id)
+    assert record["client_mode"] is crash.client_mode and not record["banned_reason"]
+    if not crash.rejoins:
+        assert record["last_round"] == 1
+        return
+
+    # Back with --resume: in sync every round it took part in, and the coordinator saw its
+    # contribution again.
+    rejoined = read_summary(swarm, "peer3")
+    assert rejoined["peer_id"] == victim_id
+    assert rejoined["history"] and all(h["in_sync"] for h in rejoined["history"])
+    assert record["last_round"] == rounds - 1
     late = read_summary(swarm, "late")
     # Hash-identical within 2 rounds of joining: it ends every round it took part in with the
     # coordinator's hash (it started from the downloaded checkpoint).
@@ -84,11 +134,6 @@ def test_sigkilled_peer_does_not_stall_the_round_and_rejoins_and_late_joiner_syn
     # It downloaded the swarm state part by part from the in-sync peers, not the coordinator alone.
     joined = re.search(r"resynchronised to round \d+ \(joining; from (\d+) peer", "".join(peers["late"].lines))
     assert joined and int(joined.group(1)) >= 2, "".join(peers["late"].lines)[-1500:]
-    rejoined = read_summary(swarm, "peer3")
-    assert rejoined["history"] and all(h["in_sync"] for h in rejoined["history"])
-    # The coordinator saw peer3's contribution again after it came back.
-    peer3 = next(p for p in status["peers"] if p["peer_id"] == rejoined["peer_id"])
-    assert peer3["last_round"] == rounds - 1 and not peer3["banned_reason"]
 
 
 def test_coordinator_restart_from_its_checkpoint(swarm, tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
-"""The sliced exchange in real swarms on loopback: lying and colluding slice owners, an owner
-that dies mid-round. Byzantine owners come from tests/byzantine_peer.py (`--lie`)."""
+"""The sliced exchange in real swarms on loopback: lying and colluding slice owners. Byzantine
+owners come from tests/byzantine_peer.py (`--lie`). An owner that dies mid-round:
+tests/test_fault_tolerance.py (test_a_peer_sigkilled_mid_round_does_not_stall_the_swarm)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,13 @@ def _run(swarm, tmp_path, *, peers: list[tuple[str, list[str], str]], rounds: in
     coordinator = swarm.start_coordinator(["--config", str(config)])
     children = [swarm.start_peer(name, args, module=module) for name, args, module in peers]
     assert swarm.wait(coordinator, 240) == 0, "".join(coordinator.lines)[-3000:]
-    for child in children:
-        swarm.wait(child, 60)
+    for child, (_, _, module) in zip(children, peers):
+        rc = swarm.wait(child, 60)
+        # An honest peer ends the run cleanly. A banned liar exits 0 or 1 depending on whether its
+        # ban (a heartbeat reply) reached it before the run ended: what it did is asserted from
+        # the coordinator's ban record instead.
+        if module != BYZANTINE:
+            assert rc == 0, f"{child.name}:\n" + "".join(child.lines)[-2000:]
     return read_summary(swarm, "coordinator")
 
 
@@ -70,30 +76,3 @@ def test_colluding_owners_are_caught_by_spot_checks(swarm, tmp_path):
     assert honest["history"][0]["slices"]["liars"] >= 1  # its spot check named them
     assert honest["param_hash"] == status["history"][-1]["param_hash"]
     assert status["history"][1]["updates"] == 1  # round 1: the colluders are out
-
-
-def test_an_owner_killed_mid_round_is_covered_and_the_round_closes(swarm, tmp_path, monkeypatch):
-    """peer3 SIGKILLs itself right after its round-1 commitment is accepted, so round 1's manifest
-    lists it and draws it as an owner: each of its slices still has its other owner, its own
-    update cannot be fetched and is left out by every owner alike, and the survivors end every
-    round on the coordinator's hash."""
-    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 3, "expected_peers": 4, "peer_timeout_s": 6.0})
-    coordinator = swarm.start_coordinator(["--config", str(config)])
-    peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/4"]) for i in range(3)]
-    with monkeypatch.context() as m:
-        m.setenv("SWARMLOCO_FAIL_AT", "committed:1")
-        victim = swarm.start_peer("peer3", ["--shard", "3/4"])
-    assert swarm.wait(coordinator, 240) == 0, "".join(coordinator.lines)[-3000:]
-    assert swarm.wait(victim, 60) == -9
-    for peer in peers:
-        assert swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
-    status = read_summary(swarm, "coordinator")
-    history = status["history"]
-    # listed in round 1's manifest (and drawn as an owner), but its update reached no slice
-    assert [h["updates"] for h in history] == [4, 3, 3], history
-    victim_id = next(p["peer_id"] for p in status["peers"] if p["peer_id"] not in {read_summary(swarm, f"peer{i}")["peer_id"] for i in range(3)})
-    assert history[1]["excluded"].get(victim_id) == "unreachable", history[1]
-    for i in range(3):
-        summary = read_summary(swarm, f"peer{i}")
-        assert all(h["in_sync"] for h in summary["history"]), summary["history"]
-        assert summary["param_hash"] == history[-1]["param_hash"]
