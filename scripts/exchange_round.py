@@ -17,7 +17,7 @@ sliced (`exchange.mode = "sliced"`, peer/run/slice_exchange.py):
                                 gRPC and checked against the signed slice hashes, decoded, reduced, signed
     ExchangePeer.gather()       SliceExchange.gather over all owners' signed results (one claim: fetch the
                                 aggregated slice from an owner; spot checks recompute) -> step_with_aggregate
-all-to-all (`exchange.mode = "all-to-all"`, peer/node/round_exchange.py ManifestFetcher):
+all-to-all (`exchange.mode = "all-to-all"`, peer/exchange/all_to_all_peer.py AllToAllPeer):
     commit() without slice hashes, open() the manifest; reduce() does nothing; gather() fetches every
     other payload in parallel, decodes each and RoundMath.apply aggregates the (n, d) rows.
 
@@ -28,13 +28,16 @@ Import only after any hivemind DHT of the process has started: gRPC is not fork-
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from peer.node.round_exchange import ManifestFetcher
+from peer.exchange.all_to_all_peer import AllToAllPeer
+from peer.exchange.peer_side import PeerExchangeContext
+from peer.run.timeouts import PeerTimeouts
 from peer.run.config import RunConfig
 from peer.run.round_math import RoundMath
 from peer.run.slice_exchange import SliceExchange, SliceRound, sliced_manifest
@@ -64,7 +67,7 @@ class ExchangeSpec:
     mode: str = "sliced"  # or "all-to-all"
     slices: int = 32
     replicas: int = 2
-    spot_checks: int = 1  # slices every peer recomputes per round (peer/node/sliced_round.py uses the config's)
+    spot_checks: int = 1  # slices every peer recomputes per round (peer/exchange/sliced_peer.py uses the config's)
     aggregator: str = "mean"
     error_feedback: bool = True  # the node's default for a lossy codec (hivemind's compression has none)
 
@@ -177,7 +180,10 @@ class ExchangePeer:
             self.math.step_with_aggregate(params, self.outcome.combined, round_=round_)
             return params
         assert self.manifest is not None
-        fetcher = ManifestFetcher(self.store, self.pool, self.workers, self.math, self.verify_header, self.endpoint)
+        # Only the fetch-and-decode half of the all-to-all mode: no coordinator to wait on here.
+        fetcher = AllToAllPeer(PeerExchangeContext(
+            client=None, math=self.math, identity=self.identity, store=self.store, pool=self.pool, workers=self.workers,
+            verify_header=self.verify_header, own_endpoint=self.endpoint, stop=threading.Event(), timeouts=PeerTimeouts()))
         updates = fetcher.updates(self.manifest, round_)
         self.math.apply(params, updates, round_=round_)
         return params

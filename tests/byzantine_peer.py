@@ -17,9 +17,11 @@ import torch
 
 from optim import attacks
 from peer.cli.main import build_parser, cmd_peer
+from peer.exchange.peer_side import PeerExchange
+from peer.exchange.sliced_peer import SlicedPeer
 from peer.node.node import PeerNode, PeerOptions
 from peer.cli.simulate_slices import sign_false_result
-from peer.node.round_exchange import Update
+from peer.node.round import Update
 from peer.run import slice_plan
 from peer.run.slice_exchange import SliceExchange, SliceRound
 from protocol.slice_result import sign_slice_result
@@ -48,13 +50,13 @@ class ByzantinePeer(PeerNode):
         self.attack = attack
         self.lie = lie
 
-    def make_slice_exchange(self) -> SliceExchange:
+    def make_exchange(self) -> PeerExchange:
         if self.lie is None:
-            return super().make_slice_exchange()
-        exchange = LyingOwner(self.math, self.pool, self.store, self.fetchers, own_endpoint=self.endpoint, identity=self.identity)
+            return super().make_exchange()
+        engine = LyingOwner(self.math, self.pool, self.store, self.fetchers, own_endpoint=self.endpoint, identity=self.identity)
         mode, _, ids = self.lie.partition(":")
-        exchange.colluders = frozenset(ids.split(",")) if mode == "collude" else frozenset()
-        return exchange
+        engine.colluders = frozenset(ids.split(",")) if mode == "collude" else frozenset()
+        return SlicedPeer(self.exchange_context(), engine=engine)
 
     def connect(self) -> None:
         super().connect()

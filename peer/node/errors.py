@@ -5,3 +5,12 @@ from __future__ import annotations
 
 class PeerExit(Exception):
     """The peer must stop; the message says why and what to do."""
+
+
+class NotAdmitted(PeerExit):
+    """The coordinator refused to admit this peer (`refusal`: the swarm_pb2.Refusal, e.g. BANNED)."""
+
+    def __init__(self, message: str, refusal: int, reason: str) -> None:
+        super().__init__(message)
+        self.refusal = refusal
+        self.reason = reason

@@ -1,88 +1,167 @@
 """A peer's heartbeat: liveness, progress and its own byte counters, to the coordinator.
 
-Every 2 s, and at once when a round ends (node.heartbeat_now), so `status` shows that round's
-bytes. The reply carries bans and the end of the run; a coordinator that lost us gets a rejoin.
-The same loop keeps the peer's DHT record alive: it is rewritten well before it expires.
+Every 2 s, and at once when a round ends (`Heartbeat.now`), so `status` shows that round's
+bytes. It reads the node only through a frozen `NodeSnapshot` the node republishes when
+something changes, and reports what the reply says (a ban, the end of the run) as events the
+node drains on its own thread: the heartbeat thread writes nothing of the node's. A coordinator
+that lost us gets a rejoin. The same loop keeps the peer's DHT record alive: it is rewritten
+well before it expires.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import grpc
 
+from peer.node.errors import NotAdmitted
+from protocol.accounting import ByteCounter
+from protocol.coordinator_port import CoordinatorPort
 from protocol.discovery import RECORD_TTL_S
 from protocol.envelope import HEARTBEAT_TAG
+from protocol.identity import Identity
 from protocol.rpc_errors import Refused
 from protocol.signing import sign_body
 from protocol.wire import swarm_pb2
 
-if TYPE_CHECKING:
-    from peer.node.node import PeerNode
-
 log = logging.getLogger("swarmloco.peer")
+EVERY_S = 2.0
 
 
-def heartbeat_body(node: "PeerNode") -> dict[str, Any]:
-    total = node.counter.total()
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """What the node says about itself, frozen: replaced whole, never changed in place."""
+
+    round: int = 0
+    param_hash: str = ""
+    state: str = "starting"  # RoundPhase.value
+    step: int = 0
+    loss: float | None = None
+    round_bytes: tuple[tuple[str, int], ...] = ()  # the last round's own traffic: (("round", r), ("sent", n), ...)
+    left_out: tuple[int, ...] = ()  # rounds whose manifest left our valid commitment out without a reason
+    compute_s: float = 0.0  # inner-step seconds since the first one
+    training_started: float | None = None  # time.monotonic() of the first inner step
+
+    def utilization(self, now: float) -> float:
+        """Share of wall time spent in inner steps since the first one (start-up excluded)."""
+        if self.training_started is None:
+            return 0.0
+        return self.compute_s / max(1e-9, now - self.training_started)
+
+
+@dataclass(frozen=True, slots=True)
+class Banned:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinished:
+    pass
+
+
+HeartbeatEvent = Banned | RunFinished
+
+
+def heartbeat_body(peer_id: str, snapshot: NodeSnapshot, counter: ByteCounter) -> dict[str, Any]:
+    total = counter.total()
     return {
-        "peer_id": node.identity.peer_id,
-        "round": node.round,
-        "param_hash": node.current_hash,
-        "state": node.phase.value,
-        "step": node.step,
-        "loss": node.last_loss,
+        "peer_id": peer_id,
+        "round": snapshot.round,
+        "param_hash": snapshot.param_hash,
+        "state": snapshot.state,
+        "step": snapshot.step,
+        "loss": snapshot.loss,
         "bytes_sent": total.sent,
         "bytes_received": total.received,
-        "round_bytes": node.round_traffic,
-        "utilization": round(node.utilization(), 4),
-        "left_out": node.left_out[-16:],
+        "round_bytes": dict(snapshot.round_bytes),
+        "utilization": round(snapshot.utilization(time.monotonic()), 4),
+        "left_out": list(snapshot.left_out[-16:]),
         "timestamp": time.time(),
     }
 
 
-def beat(node: "PeerNode"):
-    """One signed heartbeat; the reply, or None when it did not land (the next one retries)."""
-    try:
-        reply = node.client.heartbeat(sign_body(node.identity, HEARTBEAT_TAG, heartbeat_body(node)))
-    except Refused as exc:
-        if exc.refusal == swarm_pb2.UNKNOWN_PEER:  # a restarted coordinator that lost us: rejoin
-            try:
-                node.send_join()
-            except Exception as join_exc:  # noqa: BLE001 - the main loop sees a refusal on its next commit
-                log.info("rejoin after heartbeat failed: %s", join_exc)
-        else:
-            log.info("heartbeat refused: %s", exc)
-        return None
-    except grpc.RpcError as exc:  # transient: the main loop has its own retries
-        log.debug("heartbeat failed: %s", exc)
-        return None
-    except Exception as exc:  # noqa: BLE001
-        log.debug("heartbeat failed: %s", exc)
-        return None
-    return reply
+class Heartbeat:
+    def __init__(self, *, client: CoordinatorPort, identity: Identity, counter: ByteCounter,
+                 snapshot: Callable[[], NodeSnapshot], announce: Callable[[], None], rejoin: Callable[[], None],
+                 stop: threading.Event) -> None:
+        self.client = client
+        self.identity = identity
+        self.counter = counter
+        self.snapshot = snapshot
+        self.announce = announce
+        self.rejoin = rejoin
+        self.stop = stop
+        self.now = threading.Event()  # set: beat at once (a round ended)
+        self.events: queue.SimpleQueue[HeartbeatEvent] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
 
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.loop, name="swarmloco-heartbeat", daemon=True)
+        self.thread.start()
 
-def heartbeat_loop(node: "PeerNode") -> None:
-    announced = time.monotonic()  # node.connect() wrote the first record
-    while not node.stop.is_set():
-        # Every 2 s, and at once when a round ends, so status shows that round's bytes.
-        node.heartbeat_now.wait(2.0)
-        node.heartbeat_now.clear()
-        if node.stop.is_set():
-            break
-        if time.monotonic() - announced > RECORD_TTL_S / 3:
-            announced = time.monotonic()
+    def join(self, timeout: float = 15.0) -> None:
+        self.now.set()
+        if self.thread is not None:
+            self.thread.join(timeout=timeout)
+
+    def drain(self) -> list[HeartbeatEvent]:
+        """The events since the last drain, oldest first (the node's thread calls this)."""
+        events = []
+        while True:
             try:
-                node.announce()
-            except Exception as exc:  # noqa: BLE001 - the next refresh retries; the gRPC path works without it
-                log.info("refreshing the DHT record failed: %s", exc)
-        reply = beat(node)
-        if reply is None:
-            continue
+                events.append(self.events.get_nowait())
+            except queue.Empty:
+                return events
+
+    def beat(self) -> swarm_pb2.HeartbeatReply | None:
+        """One signed heartbeat; the reply (its ban / end of run also posted as events), or None
+        when it did not land (the next one retries)."""
+        body = heartbeat_body(self.identity.peer_id, self.snapshot(), self.counter)
+        try:
+            reply = self.client.heartbeat(sign_body(self.identity, HEARTBEAT_TAG, body))
+        except Refused as exc:
+            if exc.refusal == swarm_pb2.UNKNOWN_PEER:  # a restarted coordinator that lost us: rejoin
+                try:
+                    self.rejoin()
+                except NotAdmitted as join_exc:
+                    if join_exc.refusal == swarm_pb2.BANNED:
+                        self.events.put(Banned(join_exc.reason or "banned"))
+                    log.info("rejoin after heartbeat refused: %s", join_exc)
+                except Exception as join_exc:  # noqa: BLE001 - the main loop sees a refusal on its next commit
+                    log.info("rejoin after heartbeat failed: %s", join_exc)
+            elif exc.refusal == swarm_pb2.BANNED:
+                self.events.put(Banned(exc.reason or "banned"))
+            else:
+                log.info("heartbeat refused: %s", exc)
+            return None
+        except grpc.RpcError as exc:  # transient: the main loop has its own retries
+            log.debug("heartbeat failed: %s", exc)
+            return None
+        except Exception as exc:  # noqa: BLE001
+            log.debug("heartbeat failed: %s", exc)
+            return None
         if reply.banned:
-            node.banned_reason = reply.reason or "banned"
+            self.events.put(Banned(reply.reason or "banned"))
         if reply.finished:
-            node.finished = True
+            self.events.put(RunFinished())
+        return reply
+
+    def loop(self) -> None:
+        announced = time.monotonic()  # node.connect() wrote the first record
+        while not self.stop.is_set():
+            self.now.wait(EVERY_S)
+            self.now.clear()
+            if self.stop.is_set():
+                break
+            if time.monotonic() - announced > RECORD_TTL_S / 3:
+                announced = time.monotonic()
+                try:
+                    self.announce()
+                except Exception as exc:  # noqa: BLE001 - the next refresh retries; the gRPC path works without it
+                    log.info("refreshing the DHT record failed: %s", exc)
+            self.beat()

@@ -8,20 +8,40 @@ exchange, finish_round), so only the schedule differs.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Protocol
 
 import torch
 
 from optim import eager as eager_math
 from peer.learn.model import flat_params, load_flat_params
-from peer.node.errors import PeerExit
+from peer.exchange.outcome import Applied, RoundOutcome
+from peer.node.round import PeerRound, Update
+from protocol.accounting import Traffic
 
-if TYPE_CHECKING:
-    from peer.node.node import PeerNode
+
+class RoundPhases(Protocol):
+    """What the overlapped schedule needs of a peer: its round phases and the state they move."""
+
+    cfg: Any
+    options: Any
+    model: torch.nn.Module
+    params: torch.Tensor
+    round: int
+    finished: bool
+    math: Any
+
+    def running(self, done: int, max_rounds: int | None) -> bool: ...
+    def open_round(self, r: int) -> PeerRound: ...
+    def train(self, r: int, *, steps: int | None = None, stop: Callable[[], bool] | None = None) -> tuple[Any, float]: ...
+    def make_update(self, r: int, delta: torch.Tensor) -> Update: ...
+    def commit(self, update: Update, r: int) -> bool: ...
+    def exchange(self, rnd: PeerRound) -> RoundOutcome: ...
+    def finish_round(self, rnd: PeerRound, outcome: RoundOutcome, *, round_s: float | None = None,
+                     after: Traffic | None = None) -> None: ...
 
 
-def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
+def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
     """Rounds with the exchange of round r running in the background while round r+1 trains.
 
     The inner steps of round r+1 start before θ_{r+1} is known, from a point P: with
@@ -33,65 +53,62 @@ def run_overlapped(node: "PeerNode", max_rounds: int | None = None) -> int:
     Δ_{r+1} = −(progress made in round r+1). The round record's landed_after_steps says when.
     """
     done = 0
-    pending = None  # (future, round, update, stats, compute, started, before)
+    pending: tuple[Future, PeerRound] | None = None  # the exchange in flight and its round
     anchor = node.params.clone()  # where the current inner phase started, (d,)
     eager = EagerStart(node.cfg.rounds.eager_updates)
+    steps = node.cfg.inner.steps
+    device = node.options.device
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-exchange") as background:
-        while not node.finished and not node.stop.is_set():
-            if node.banned_reason:
-                raise PeerExit(f"banned from the run: {node.banned_reason}")
-            if max_rounds is not None and done >= max_rounds:
-                break
-            r = node.round + (1 if pending is not None else 0)  # the round this phase's update is for
-            started, before = time.monotonic(), node.counter.total()
+        while node.running(done, max_rounds):
+            rnd = node.open_round(node.round + (1 if pending is not None else 0))  # the round this phase's update is for
+            r = rnd.r
             # The phase stops early when the exchange in flight finishes: θ_r is then known, and the
             # rest of the phase runs from θ_r + progress instead of from the estimated start.
             stats, compute = node.train(r, stop=None if pending is None else pending[0].done)
             progress = flat_params(node.model).cpu() - anchor  # (d,)
             if pending is not None:
-                future, *context = pending
-                pending = None
+                (future, previous), pending = pending, None
                 t_join = time.monotonic()
-                result = future.result()
-                eager.joined(result.updates)
-                # Idle time is only what the join costs; the exchange itself ran beside training.
-                result.exchange_s, result.wait_s = result.wait_s + result.fetch_s + result.aggregate_s, time.monotonic() - t_join
-                result.landed_after_steps = stats.steps
-                previous_started = context[4]
+                outcome = future.result()
+                if isinstance(outcome, Applied):
+                    eager.joined(outcome.updates)
+                    # Idle time is only what the join costs; the exchange itself ran beside training.
+                    outcome.exchange_s = outcome.wait_s + outcome.fetch_s + outcome.aggregate_s
+                    outcome.wait_s, outcome.landed_after_steps = time.monotonic() - t_join, stats.steps
                 # The round's own share of time and traffic: from its phase's start to this one's.
-                node.finish_round(*context[:1], result, *context[1:], round_s=started - previous_started, after=before)
+                node.finish_round(previous, outcome, round_s=rnd.started - previous.started, after=rnd.before)
                 done += 1
                 if node.round != r or node.finished or (max_rounds is not None and done >= max_rounds):
                     # Resynchronised or finished: this phase's progress has no valid base.
                     anchor = node.params.clone()
                     eager.forget()
                     continue
-                if stats.steps < node.cfg.inner.steps:  # θ_r landed mid-phase: move the progress onto it
+                if stats.steps < steps:  # θ_r landed mid-phase: move the progress onto it
                     anchor = node.params.clone()
-                    load_flat_params(node.model, (anchor + progress).to(node.options.device))
-                    more, more_compute = node.train(r, steps=node.cfg.inner.steps - stats.steps)
+                    load_flat_params(node.model, (anchor + progress).to(device))
+                    more, more_compute = node.train(r, steps=steps - stats.steps)
                     stats, compute = stats.then(more), compute + more_compute
                     progress = flat_params(node.model).cpu() - anchor
+            rnd.base, rnd.stats, rnd.compute_s = node.params.clone(), stats, compute
             local = node.params + progress  # θ_r + this phase's progress
-            load_flat_params(node.model, local.to(node.options.device))
-            update = node.make_update(r, -progress)
-            if not node.commit(update, r):
+            load_flat_params(node.model, local.to(device))
+            rnd.update = node.make_update(r, -progress)
+            if not node.commit(rnd.update, r):
                 anchor = node.params.clone()
-                load_flat_params(node.model, anchor.to(node.options.device))
+                load_flat_params(node.model, anchor.to(device))
                 eager.forget()
                 continue
             # Before the exchange runs: it steps node.math's outer state in the background.
             start = eager.start(node, -progress, r) if r + 1 < node.cfg.rounds.rounds else None
             if start is not None:
-                load_flat_params(node.model, start.to(node.options.device))
+                load_flat_params(node.model, start.to(device))
             anchor = local if start is None else start
-            future = background.submit(node.exchange, r, node.params.clone(), update)
-            pending = (future, r, update, stats, compute, started, before)
+            pending = (background.submit(node.exchange, rnd), rnd)
             if r + 1 >= node.cfg.rounds.rounds:
                 break  # the last round: nothing left to overlap with
         if pending is not None:
-            future, *context = pending
-            node.finish_round(*context[:1], future.result(), *context[1:])
+            future, previous = pending
+            node.finish_round(previous, future.result())
             done += 1
     return done
 
@@ -112,7 +129,7 @@ class EagerStart:
         """After a resync the last Δ no longer belongs to the average that will be known."""
         self.own_previous, self.peers = None, 0
 
-    def start(self, node: "PeerNode", own: torch.Tensor, round_: int) -> torch.Tensor | None:
+    def start(self, node: RoundPhases, own: torch.Tensor, round_: int) -> torch.Tensor | None:
         """The next phase's starting point given round `round_`'s own Δ (d,): the eager outer step
         from θ_r (node.params); None when disabled (the phase goes on from the local parameters)."""
         if not self.enabled:

@@ -1,9 +1,7 @@
-"""What one round hands between a peer's phases; waiting for the round's signed manifest and
-checking that it lists our update; the all-to-all exchange: fetch a manifest's payloads, verify,
-aggregate (the sliced exchange is peer/node/sliced_round.py).
-
-Fetching touches neither the model nor the peer's parameters, so the overlapped schedule can
-run it beside the next inner phase.
+"""A peer's round from its commit on: commit (push in client mode), wait for the signed manifest, check that it lists our update,
+hand it to the run's exchange mode (peer/exchange/), and restart there when the run's
+coordinator changed mid-round (failover). One RoundOutcome comes out, never an exception: it
+runs in the overlapped schedule's background thread too.
 """
 
 from __future__ import annotations
@@ -11,137 +9,152 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
-import torch
+import grpc
 
+from peer.exchange.outcome import Fatal, Finished, Resync, RoundOutcome, Unreachable
+from peer.exchange.peer_side import ManifestInHand, PeerExchange
+from peer.node.coordinator_client import CoordinatorUnavailable
+from peer.node.errors import PeerExit
+from peer.node.round import PeerRound, Update
 from peer.run.faults import fail_point
-from peer.run.round_math import RoundMath, UpdateRejected
-from protocol.reasons import count_for_cause
-from protocol.envelope import EnvelopeError, RoundManifest, UpdateHeader, signed_from_json
-from protocol.payload_fetch import ChannelPool, fetch_payload
-from protocol.payload_service import PayloadStore, StoredPayload
+from peer.run.timeouts import PeerTimeouts
+from protocol.coordinator_port import CoordinatorPort
+from protocol.envelope import RoundManifest, open_manifest
+from protocol.long_poll import PollEnd, long_poll
+from protocol.payload_service import push_chunks
+from protocol.rpc_errors import Refused
+from protocol.run_state import CoordinatorKeys, ImpersonationError
+from protocol.wire import swarm_pb2
 
 log = logging.getLogger("swarmloco.peer")
-MANIFEST_POLL_S = 5.0  # long-poll slice; between slices the peer re-checks that its commitment is held
+REJOIN = {swarm_pb2.UNKNOWN_PEER, swarm_pb2.WRONG_ENDPOINT}  # join again, then commit the same update
+RESYNC = {swarm_pb2.STALE_ROUND, swarm_pb2.WRONG_BASE}  # download the swarm's state instead
+FATAL = {swarm_pb2.EQUIVOCATION, swarm_pb2.BANNED}
+PUSH_FAILED = "PUSH_FAILED"  # commit()'s answer when a client-mode push broke twice
 
 
-@dataclass(slots=True)
-class Update:
-    signed: Any
-    payload: bytes
-    encode_s: float
-
-
-@dataclass(slots=True)
-class Exchange:
-    params: torch.Tensor | None = None  # θ_{r+1}, or None when we must resynchronise
-    updates: int = 0
-    excluded: dict[str, str] = field(default_factory=dict)
-    wait_s: float = 0.0  # idle: waiting for the manifest (overlapped: for the background exchange)
-    exchange_s: float = 0.0  # overlapped: time the background exchange took beside training
-    landed_after_steps: int | None = None  # overlapped: inner steps of the next phase run before it finished
-    fetch_s: float = 0.0
-    aggregate_s: float = 0.0
-    resync: str = ""
-    finished: bool = False
-    unreachable: str = ""  # no coordinator of the run answered: the peer gives up with this message
-    fatal: str = ""  # the peer must stop (e.g. the coordinator signs with a key that is not the run's)
-    slices: dict[str, int] = field(default_factory=dict)  # sliced exchange: owned, recomputed, spot-checked, liars
-
-
-def await_manifest(client: Any, r: int, *, stop: threading.Event, changed: Callable[[], bool],
-                   recommit: Callable[[], bool]) -> tuple[Any, float] | Exchange:
-    """Long-poll the coordinator (`client`) for round r's signed manifest: (the ready reply, seconds
-    waited), or the Exchange that ends the round here: the coordinator changed (`changed()`), our
-    update was refused on re-commit, the run finished, or the round closed without the manifest.
-    Between polls `recommit()` makes sure the coordinator holds our commitment: a restarted one has
-    forgotten it (re-committing the same header is idempotent)."""
-    t_wait = time.monotonic()
-    reply = None
-    while not stop.is_set():
-        reply = client.manifest(r, wait_s=MANIFEST_POLL_S)
-        if changed():
-            return Exchange(resync="coordinator changed")
-        if reply.ready or reply.current_round > r or reply.finished:
-            break
-        if not recommit():
-            return Exchange(resync="our update was refused")
-    wait_s = time.monotonic() - t_wait
-    if reply is not None and reply.ready:
-        return reply, wait_s
-    if reply is not None and reply.finished and reply.current_round <= r:
-        return Exchange(finished=True, wait_s=wait_s)
-    return Exchange(resync=f"missed the manifest of round {r}", wait_s=wait_s)
-
-
-def check_listed(manifest: RoundManifest, update: Update, r: int, *, peer_id: str, left_out: list[int]) -> None:
-    """Censorship made visible: our committed update must be in the signed manifest, or be excluded
-    with a reason. Otherwise the log says so, `left_out` gets the round, and status shows it (the
-    heartbeat carries it)."""
+def check_listed(manifest: RoundManifest, update: Update, r: int, *, peer_id: str, left_out_so_far: int) -> bool:
+    """Censorship made visible: our committed update must be in the signed manifest, or be
+    excluded with a reason. True (and a warning) when it is left out without one."""
     short = peer_id[:8]
     if peer_id in manifest.excluded:
         log.warning("peer %s: round %d: the manifest excludes our update: %s", short, r, manifest.excluded[peer_id])
-    elif not any(e.peer_id == peer_id for e in manifest.entries):
-        left_out.append(r)
-        print(f"peer {short} | WARNING: round {r}: the coordinator's signed manifest leaves out our committed update "
-              f"{hashlib.sha256(update.signed.body).hexdigest()[:12]} without a reason ({len(left_out)} round(s) so far)", flush=True)
+        return False
+    if any(e.peer_id == peer_id for e in manifest.entries):
+        return False
+    print(f"peer {short} | WARNING: round {r}: the coordinator's signed manifest leaves out our committed update "
+          f"{hashlib.sha256(update.signed.body).hexdigest()[:12]} without a reason ({left_out_so_far + 1} round(s) so far)", flush=True)
+    return True
 
 
-@dataclass(slots=True)
-class ManifestFetcher:
-    """Fetch, verify and decode every update a signed manifest lists (in its peer_id order)."""
+class RoundExchange:
+    """Everything a round needs after its commit, and nothing else of the node."""
 
-    store: PayloadStore
-    pool: ChannelPool
-    workers: ThreadPoolExecutor
-    math: RoundMath
-    verify_header: Callable[[Any, int | None], UpdateHeader]
-    own_endpoint: str
+    def __init__(self, *, client: CoordinatorPort, keys: CoordinatorKeys, run_id: str, peer_id: str, side: PeerExchange,
+                 timeouts: PeerTimeouts, stop: threading.Event, endpoint: str, client_mode: bool,
+                 rejoin: Callable[[], None], waiting: Callable[[], None] = lambda: None) -> None:
+        self.client = client
+        self.keys = keys
+        self.run_id = run_id
+        self.peer_id = peer_id
+        self.side = side
+        self.timeouts = timeouts
+        self.stop = stop
+        self.endpoint = endpoint  # where our payload is served ("" in client mode: pushed)
+        self.client_mode = client_mode
+        self.rejoin = rejoin  # Join again (raises NotAdmitted when refused)
+        self.waiting = waiting  # the round now waits on the coordinator (the node's phase)
+        self.left_out: list[int] = []  # rounds whose signed manifest left our valid commitment out without a reason
 
-    def exchange(self, manifest: RoundManifest, r: int, base: torch.Tensor, wait_s: float) -> Exchange:
-        """The all-to-all exchange once the signed manifest is in hand: every listed update,
-        verified, aggregated onto θ_r (base, (d,)) -> θ_{r+1}. Touches no node state."""
-        t_fetch = time.monotonic()
+    def commit(self, update: Update, r: int) -> str | None:
+        """Push (client mode) and commit round r's update: None when the coordinator holds it (or
+        refused it for a reason the manifest wait will tell, e.g. the run just finished), else the
+        refusal's name when only the swarm's state can help (stale round, wrong base; PUSH_FAILED:
+        a client-mode push broke twice, so the coordinator cannot list our update). Raises
+        PeerExit when the peer must stop (equivocation, banned).
+
+        A coordinator that does not know us (it restarted from a checkpoint without us, or we
+        changed endpoint) gets one fresh Join, then the same signed update again."""
+        for attempt in range(2):
+            try:
+                if self.client_mode and not self._push(update, r):
+                    return PUSH_FAILED
+                self.client.submit(update.signed, self.endpoint)
+            except Refused as exc:
+                refused = exc
+                if attempt == 0 and exc.refusal in REJOIN:
+                    self.rejoin()
+                    continue
+                break
+            fail_point("committed", r)
+            return None
+        log.warning("peer %s: round %d update refused: %s", self.peer_id[:8], r, refused.reason)
+        if refused.refusal in RESYNC:
+            return refused.name
+        if refused.refusal in FATAL:
+            raise PeerExit(refused.reason)
+        return None
+
+    def _push(self, update: Update, r: int) -> bool:
+        """Client mode: hand our payload to the coordinator. A transfer cut short is tried once
+        more; False when it broke twice (the round goes on without us; we resynchronise)."""
+        for attempt in range(2):
+            try:
+                self.client.push(push_chunks(update.signed, update.payload))
+                return True
+            except grpc.RpcError as exc:  # not a refusal (Refused is raised as such): the stream broke
+                log.warning("peer %s: round %d: pushing our update broke (%s)%s", self.peer_id[:8], r,
+                            exc.details() if hasattr(exc, "details") else exc, "; trying again" if attempt == 0 else "")
+        return False
+
+    def _recommit(self, update: Update, r: int) -> bool:
+        return self.commit(update, r) is None
+
+    def run(self, rnd: PeerRound) -> RoundOutcome:
+        """Round r's outcome once committed. A coordinator that changed mid-round (failover) gets
+        our update again and the round restarts there."""
+        while True:
+            generation = self.client.generation
+            try:
+                outcome = self._once(rnd, moved=lambda: self.client.generation != generation)
+            except CoordinatorUnavailable as exc:
+                return Unreachable(str(exc))
+            except PeerExit as exc:
+                return Fatal(str(exc))
+            except Exception as exc:  # never out of the exchange thread; the round resynchronises instead
+                log.warning("peer %s: round %d exchange failed (%s: %s)", self.peer_id[:8], rnd.r, type(exc).__name__, exc)
+                return Resync(f"the exchange failed ({type(exc).__name__})")
+            if self.client.generation == generation:
+                return outcome
+            print(f"peer {self.peer_id[:8]} | round {rnd.r}: the run's coordinator is now {self.client.endpoint}; committing again", flush=True)
+            if not self._recommit(rnd.update, rnd.r):
+                return Resync("the new coordinator did not take our update")
+
+    def _once(self, rnd: PeerRound, moved: Callable[[], bool]) -> RoundOutcome:
+        r = rnd.r
+        self.waiting()
+        # Between polls: make sure the coordinator holds our commitment (a restarted one forgot it;
+        # committing the same header again is idempotent).
+        waited = long_poll(lambda wait_s: self.client.manifest(r, wait_s=wait_s),
+                           lambda reply: reply.ready or reply.current_round > r or reply.finished,
+                           deadline=self.timeouts.manifest, poll=self.timeouts.poll, stop=self.stop, moved=moved,
+                           between=lambda: self._recommit(rnd.update, r))
+        reply, wait_s = waited.reply, waited.waited_s
+        if waited.end is PollEnd.MOVED:
+            return Resync("coordinator changed")  # run() commits again there
+        if waited.end is PollEnd.GAVE_UP:
+            return Resync("our update was refused")
+        if reply is None or not reply.ready:
+            if reply is not None and reply.finished and reply.current_round <= r:
+                return Finished(wait_s=wait_s)
+            return Resync(f"missed the manifest of round {r}", wait_s=wait_s)
         try:
-            updates = self.updates(manifest, r)
-        except (EnvelopeError, UpdateRejected, IOError) as exc:
-            # The coordinator verified every listed update; failing here means we cannot
-            # follow this round identically: resync rather than drift.
-            log.warning("round %d: cannot use an update of the manifest (%s)", r, exc)
-            return Exchange(resync="could not verify a manifest entry", wait_s=wait_s)
-        fetch_s = time.monotonic() - t_fetch
-        fail_point("fetched", r)
-
-        t_agg = time.monotonic()
-        new_params = base.clone()
-        self.math.apply(new_params, updates, round_=r, excluded_for_cause=count_for_cause(manifest.excluded))
-        aggregate_s = time.monotonic() - t_agg
-        fail_point("aggregated", r)
-        return Exchange(params=new_params, updates=len(updates), excluded=manifest.excluded,
-                        wait_s=wait_s, fetch_s=fetch_s, aggregate_s=aggregate_s)
-
-    def updates(self, manifest: RoundManifest, r: int) -> list[torch.Tensor]:
-        """Raises EnvelopeError / UpdateRejected / IOError when an entry cannot be used."""
-        # All listed payloads at once: n − 1 sequential streams leave a long-RTT link idle
-        # while each ramps up. Results keep the manifest's (peer_id-sorted) order.
-        payloads = list(self.workers.map(lambda entry: self.payload(entry, r), manifest.entries))
-        return [self.math.decode(payload, r) for payload in payloads]
-
-    def payload(self, entry, r: int) -> bytes:
-        """One manifest entry's payload, from our store or any holder, checked against its signed header."""
-        item = self.store.get(entry.payload_sha256)
-        if item is not None:
-            return item.payload
-        entry_header = self.verify_header(signed_from_json(entry.header), r)
-        if entry_header.payload_sha256 != entry.payload_sha256 or entry_header.peer_id != entry.peer_id:
-            raise EnvelopeError("forged", f"manifest entry of {entry.peer_id[:8]} does not match its signed header")
-        holders = [h for h in entry.holders if h and h != self.own_endpoint]
-        # Gossip: any holder's copy is as good as the author's; a random order spreads the
-        # author's upload over the coordinator and the peers that already verified it.
-        data = fetch_payload(self.pool, holders, entry_header, shuffle=True)
-        self.store.put(StoredPayload(entry_header, signed_from_json(entry.header), data), verified=True)
-        return data
+            manifest = open_manifest(reply.manifest, keys=self.keys, run_id=self.run_id, round_=r)
+        except ImpersonationError as exc:
+            raise PeerExit(f"the coordinator at {self.client.endpoint} signs manifests with a key that is not the run's: {exc}") from None
+        if check_listed(manifest, rnd.update, r, peer_id=self.peer_id, left_out_so_far=len(self.left_out)):
+            self.left_out.append(r)  # status shows it (the heartbeat carries it)
+        fail_point("manifest", r)
+        return self.side.run(ManifestInHand(r=r, manifest=manifest, signed=reply.manifest, base=rnd.base, wait_s=wait_s, moved=moved))

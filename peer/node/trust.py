@@ -18,7 +18,9 @@ from typing import Any, Iterable
 
 import grpc
 
+from peer.node.coordinator_client import CoordinatorClient
 from peer.node.errors import PeerExit
+from peer.run.timeouts import PeerTimeouts
 from peer.run.config import ConfigError, RunConfig
 from protocol import discovery
 from protocol.accounting import ByteCounter
@@ -145,3 +147,49 @@ def find_coordinator(dht, *, coordinator: str | None, pinned: str | None, run_id
         log.info("found run %s: coordinator %s at %s", run.run_id, run.coordinator_id[:8], run.endpoint)
     assert coordinator is not None  # PeerOptions requires --coordinator or --initial-peers
     return coordinator, pinned, pinned_by
+
+
+@dataclass(slots=True)
+class JoinedRun:
+    """A run found and trusted: the coordinator client, the config and keys it is believed under."""
+
+    dht: Any  # hivemind.DHT, or None when --coordinator was dialled directly
+    client: CoordinatorClient
+    trusted: TrustedRun
+    authority: RunAuthority
+    timeouts: PeerTimeouts
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self.trusted.cfg
+
+
+def join_run(options: Any, identity: Any, counter: ByteCounter) -> JoinedRun:
+    """Start the DHT (first: it forks a child, and gRPC is not fork-safe), find the run's
+    coordinator, and trust what it serves only as far as the pinned key allows (PeerOptions)."""
+    o = options
+    dht = None
+    if o.initial_peers:
+        dht = discovery.start_dht(identity, initial_peers=o.initial_peers, host_maddrs=o.host_maddrs,
+                                  announce_maddrs=o.announce_maddrs, client_mode=o.client_mode, timeout_s=o.connect_timeout_s)
+    client = None
+    try:
+        endpoint, pinned, pinned_by = find_coordinator(dht, coordinator=o.coordinator, pinned=o.coordinator_key,
+                                                       run_id=o.run_id, timeout_s=o.connect_timeout_s)
+        client = CoordinatorClient(endpoint, counter)
+        client.wait_ready(timedelta(seconds=o.connect_timeout_s))
+        info = client.run_info()
+        trusted = trust_run(info, pinned=pinned, pinned_by=pinned_by, endpoint=endpoint, run_id=o.run_id)
+    except BaseException:
+        # Nothing is left running on the way out: the DHT's child process would keep this one alive.
+        if client is not None:
+            client.close()
+        if dht is not None:
+            dht.shutdown()
+        raise
+    timeouts = PeerTimeouts.of(trusted.cfg, connect_s=o.connect_timeout_s)
+    client.retry_for = timeouts.coordinator_retry
+    authority = RunAuthority(keys=trusted.keys, run_id=trusted.cfg.run_id, client=client, counter=counter,
+                             endpoints=list(info.coordinator_endpoints), dht=dht)
+    client.locate = authority.locate  # failover: the run's active coordinator, wherever it is now
+    return JoinedRun(dht=dht, client=client, trusted=trusted, authority=authority, timeouts=timeouts)

@@ -1,0 +1,52 @@
+"""How one round ends on a peer: exactly one `RoundOutcome`, handled by PeerNode.finish_round in
+one `match`.
+
+  Applied      θ_{r+1} computed (then checked against the coordinator's signed hash)
+  Resync       cannot follow this round identically: download the swarm's state instead
+  Finished     the run did all its rounds
+  Unreachable  no coordinator of the run answered: the peer gives up (resume later)
+  Fatal        the peer must stop (banned, a coordinator signing with a key not the run's)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(slots=True)
+class Applied:
+    params: torch.Tensor  # θ_{r+1}, (d,)
+    updates: int = 0
+    excluded: dict[str, str] = field(default_factory=dict)
+    wait_s: float = 0.0  # idle: waiting for the manifest (overlapped: for the background exchange)
+    exchange_s: float = 0.0  # overlapped: time the background exchange took beside training
+    landed_after_steps: int | None = None  # overlapped: inner steps of the next phase run before it finished
+    fetch_s: float = 0.0
+    aggregate_s: float = 0.0
+    slices: dict[str, int] = field(default_factory=dict)  # sliced exchange: owned, recomputed, spot-checked, liars
+
+
+@dataclass(frozen=True, slots=True)
+class Resync:
+    why: str
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Unreachable:
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fatal:
+    why: str
+
+
+RoundOutcome = Applied | Resync | Finished | Unreachable | Fatal

@@ -1,0 +1,117 @@
+"""Sliced, the peer's side of one round once the signed manifest is in hand.
+
+  1. reduce-scatter: reduce the slices this peer owns, sign each result, submit it
+  2. wait until the coordinator says the round's results are final
+  3. all-gather: each aggregated slice from one of its owners (recomputed where owners disagree,
+     where nobody answered, and for a few random spot checks); false results are reported, and
+     the coordinator is told that we gathered (it applies once every live peer has)
+  4. outer step on the gathered aggregate -> θ_{r+1}
+  5. wait until the coordinator has applied the round too, for its hash of θ_{r+1}
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from peer.exchange.outcome import Applied, Finished, Resync, RoundOutcome
+from peer.exchange.peer_side import ManifestInHand, PeerExchange, PeerExchangeContext
+from peer.run import slice_plan
+from peer.run.faults import fail_point
+from peer.run.slice_exchange import SliceExchange
+from protocol.envelope import GATHERED_TAG, EnvelopeError, UpdateHeader
+from protocol.long_poll import PollEnd, long_poll
+from protocol.signing import sign_body
+from protocol.slice_result import sign_mismatch_report
+from protocol.wire import swarm_pb2
+
+log = logging.getLogger("swarmloco.peer")
+
+
+class SlicedPeer(PeerExchange):
+    def __init__(self, ctx: PeerExchangeContext, engine: SliceExchange | None = None) -> None:
+        super().__init__(ctx)
+        # The reduce/gather engine (a seam: the tests' Byzantine owners pass a lying one).
+        self.engine = engine or SliceExchange(ctx.math, ctx.pool, ctx.store, ctx.workers, own_endpoint=ctx.own_endpoint,
+                                              identity=ctx.identity)
+
+    def slice_hashes(self, payload: bytes) -> tuple[str, ...]:
+        return tuple(self.engine.slice_hashes(payload))
+
+    def serve(self, header: UpdateHeader, payload: bytes) -> None:
+        self.engine.serve_slices(header, payload)  # owners fetch our slices one by one
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def run(self, round_: ManifestInHand) -> RoundOutcome:
+        ctx, r, wait_s = self.ctx, round_.r, round_.wait_s
+        t_fetch = time.monotonic()
+        try:
+            rnd = self.engine.open_round(round_.manifest, round_.signed, r, ctx.verify_header)
+        except EnvelopeError as exc:
+            log.warning("round %d: the manifest does not hold (%s): resynchronising", r, exc)
+            return Resync("could not verify the manifest", wait_s=wait_s)
+
+        for signed in self.engine.reduce_owned(rnd):  # reduce-scatter: our slices
+            reply = ctx.client.submit_slice_result(signed)
+            if not reply.accepted:
+                log.warning("round %d: our slice result was refused: %s", r, reply.reason)
+        fail_point("reduced", r)
+        reduce_s = time.monotonic() - t_fetch
+
+        final = self._wait(round_, until_applied=False)
+        if final.end is PollEnd.MOVED:
+            return Resync("coordinator changed")
+        reply = final.reply
+        if final.end is not PollEnd.NEWS or not reply.ready:
+            if reply is not None and reply.finished and reply.current_round <= r:
+                return Finished(wait_s=wait_s)
+            return Resync(f"the results of round {r} never became final", wait_s=wait_s)
+
+        t_gather = time.monotonic()
+        outcome = self.engine.gather(rnd, list(reply.results), spot_checks=ctx.math.cfg.exchange.spot_checks,
+                                     coverage=ctx.math.cfg.exchange.spot_check_coverage)
+        fail_point("gathered", r)
+        by_slice: dict[int, list[swarm_pb2.Signed]] = {}
+        for lie in outcome.liars:
+            log.warning("round %d: a slice result did not recompute: %s", r, lie.why)
+            by_slice.setdefault(lie.result.slice, []).append(lie.signed)
+        for slice_, signed_results in by_slice.items():
+            ctx.client.report_evidence(sign_mismatch_report(ctx.identity, run_id=ctx.math.cfg.run_id, round_=r, slice_=slice_,
+                                                            results=signed_results))
+        # Only now that its reports are in: the coordinator applies the round once every live peer has
+        # said it gathered, so that a lie caught here never reaches θ_{r+1}.
+        gathered = ctx.client.report_gathered(sign_body(ctx.identity, GATHERED_TAG, {
+            "run_id": ctx.math.cfg.run_id, "round": r, "peer_id": ctx.identity.peer_id, "timestamp": time.time()}))
+        if not gathered.accepted:
+            log.warning("round %d: our gathered report was refused: %s", r, gathered.reason)
+        fetch_s = reduce_s + time.monotonic() - t_gather
+
+        t_agg = time.monotonic()
+        new_params = round_.base.clone()
+        ctx.math.step_with_aggregate(new_params, outcome.combined, round_=r)
+        aggregate_s = time.monotonic() - t_agg
+
+        # Wait until the coordinator applied the round too: the node then compares θ_{r+1} with the
+        # state it signs for round r + 1.
+        if self._wait(round_, until_applied=True).end is PollEnd.MOVED:
+            return Resync("coordinator changed")
+        return Applied(
+            params=new_params, updates=len(rnd.headers), excluded={**round_.manifest.excluded, **outcome.excluded_by_peer()},
+            wait_s=wait_s + final.waited_s, fetch_s=fetch_s, aggregate_s=aggregate_s,
+            slices={"owned": len(slice_plan.owned_by(rnd.owners, ctx.identity.peer_id)),
+                    "recomputed": len(outcome.recomputed), "spot_checked": len(outcome.spot_checked), "liars": len(outcome.liars)},
+        )
+
+    def _wait(self, round_: ManifestInHand, *, until_applied: bool):
+        """Long-poll the coordinator until round r's results are final (or, until_applied, until it
+        applied the round), the coordinator moved on without it, or the run finished."""
+        r, ctx = round_.r, self.ctx
+
+        def done(reply: swarm_pb2.SliceResultsReply) -> bool:
+            forgotten = not reply.ready and reply.current_round > r  # the coordinator moved on without this round
+            return (reply.applied if until_applied else reply.ready) or forgotten or (reply.finished and reply.current_round <= r)
+
+        return long_poll(lambda wait_s: ctx.client.slice_results(r, wait_s, until_applied=until_applied), done,
+                         deadline=ctx.timeouts.results, poll=ctx.timeouts.poll, stop=ctx.stop, moved=round_.moved)

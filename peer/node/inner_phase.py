@@ -1,0 +1,60 @@
+"""A peer's inner phase: H AdamW steps on its shard, with the progress the swarm sees (steps, loss,
+seconds computing, utilization) and one progress line every --log-every steps."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from peer.run.config import RunConfig
+from peer.run.faults import fail_point
+from peer.run.progress import step_line
+from protocol.accounting import ByteCounter
+
+
+class InnerPhase:
+    def __init__(self, cfg: RunConfig, counter: ByteCounter, *, short: str, log_every: int,
+                 on_progress: Callable[[], None] = lambda: None) -> None:
+        self.cfg = cfg
+        self.counter = counter
+        self.short = short
+        self.log_every = log_every
+        self.on_progress = on_progress  # after every step and phase: the node republishes its snapshot
+        self.step = 0  # the trainer's step count after the last step
+        self.last_loss: float | None = None
+        self.compute_s = 0.0  # seconds in inner steps, all phases
+        self.training_started: float | None = None  # the first step: utilization excludes start-up
+        self.phase_first_step = 0  # the trainer's step count when this round's phase began
+
+    def run(self, trainer: Any, r: int, *, steps: int | None = None, stop: Callable[[], bool] | None = None) -> tuple[Any, float]:
+        """H inner steps of round r (or the `steps` left of a phase that was cut): (stats, seconds).
+
+        Overlapped rounds split a phase in two: `stop` ends the first call early (after the step
+        during which the exchange in flight finished; stats.steps says how many ran), and the
+        second call runs the `steps` left. Only a call that ran all it was asked ends the phase."""
+        cfg = self.cfg
+        if self.training_started is None:
+            self.training_started = time.monotonic()
+        self.counter.round = r
+        asked = cfg.inner.steps if steps is None else steps
+        if steps is None:
+            self.phase_first_step = trainer.step
+        first_step, call_first_step = self.phase_first_step, trainer.step
+        t0 = time.monotonic()
+
+        def on_step(step: int, loss: float) -> None:
+            self.step, self.last_loss = step, loss
+            self.on_progress()
+            local_step = step - first_step
+            if local_step % self.log_every == 0 or local_step == cfg.inner.steps:
+                tokens_per_s = (step - call_first_step) * cfg.data.batch_size * cfg.model.seq_len / max(time.monotonic() - t0, 1e-9)
+                print(step_line(self.short, r, cfg.rounds.rounds, local_step, cfg.inner.steps, loss, tokens_per_s,
+                                self.counter.total(), mfu=trainer.mfu(tokens_per_s)), flush=True)
+
+        stats = trainer.run(asked, on_step, log_every=self.log_every, stop=stop)
+        compute = time.monotonic() - t0
+        self.compute_s += compute
+        self.on_progress()
+        if stats.steps == asked:
+            fail_point("trained", r)
+        return stats, compute
