@@ -18,7 +18,6 @@ from protocol.wire import swarm_pb2
 from tests.helpers import tiny_run_config
 from tests.test_coordinator_unit import join, make_update, serve_coordinator  # owned there; not yet in tests/helpers.py
 
-COORDINATOR = "/swarmloco.v1.Coordinator/"
 ALL_TO_ALL = {"mode": "all-to-all"}  # the coordinator's own payload checks run in the all-to-all exchange
 
 
@@ -83,7 +82,7 @@ def test_flooding_is_rate_limited_per_peer_and_per_host():
     # 1 call/s per claimed peer id (burst 20); the host gets 10x that (burst 200).
     limits = CallerLimits(per_peer_rate=1.0, per_peer_burst=20.0)
     with serve_coordinator(tiny_run_config(exchange=ALL_TO_ALL), limits=limits) as served:
-        call = served.channel.unary_unary(COORDINATOR + "GetRunInfo", request_serializer=None, response_deserializer=None)
+        call = served.channel.unary_unary("/swarmloco.v1.Coordinator/GetRunInfo", request_serializer=None, response_deserializer=None)
 
         def flood(n: int, peer_ids) -> Counter[str]:
             codes: Counter[str] = Counter()
