@@ -40,7 +40,7 @@ def sliced_config() -> RunConfig:
 
 def sliced_side(served: Served):
     """The coordinator's sliced-exchange object (its slice rounds by round number)."""
-    return served.coordinator.sliced
+    return served.coordinator.exchange
 
 
 @dataclass
@@ -88,6 +88,11 @@ def gathered_report(identity: Identity, run_id: str, round_: int, **fields) -> s
     return sign_body(identity, GATHERED_TAG, body)
 
 
+def gathered_fields(c, identity: Identity, round_: int) -> dict:
+    """A gathered report's body as the servicer hands it on once its signature verified."""
+    return {"run_id": c.cfg.run_id, "round": round_, "peer_id": identity.peer_id, "timestamp": time.time()}
+
+
 def test_reading_the_results_marks_nobody_gathered():
     with final_sliced_round() as fr:
         for peer in fr.listed:
@@ -96,6 +101,7 @@ def test_reading_the_results_marks_nobody_gathered():
                                                    metadata=((PEER_HEADER, peer.peer_id),), timeout=10)
             assert reply.ready and not reply.applied and len(reply.results) == sum(map(len, fr.state.slice_round.owners)) == 8
         assert fr.state.gathered == set()
+        assert fr.served.status()["exchange"] == {"mode": "sliced", "slices": fr.served.coordinator.math.layout.num_slices, "replicas": 2}
         with fr.served.coordinator.lock:
             assert sliced_side(fr.served).ready_to_apply(fr.state.final_at + 1.0) == (False, "")
 
@@ -143,12 +149,12 @@ def test_ready_to_apply_waits_for_live_peers_until_the_result_timeout():
         a, b = fr.listed
         final_at = fr.state.final_at
         with c.lock:
-            assert side.report_gathered(a.peer_id, fr.round).accepted
+            assert side.report_gathered(gathered_fields(c, a, fr.round), a.peer_id).accepted
             # b has not gathered: wait, up to the result timeout counted from when the results went final
             assert side.ready_to_apply(final_at + RESULT_TIMEOUT_S - 0.1) == (False, "")
             assert side.ready_to_apply(final_at + RESULT_TIMEOUT_S) == (True, "1 peer(s) did not gather within 30s")
             # a peer that is gone is not waited for; a bystander's report changes nothing
-            assert side.report_gathered(fr.bystander.peer_id, fr.round).accepted
+            assert side.report_gathered(gathered_fields(c, fr.bystander, fr.round), fr.bystander.peer_id).accepted
             assert side.ready_to_apply(final_at + 1.0) == (False, "")
             c.registry.get(b.peer_id).state = "gone"
             assert side.ready_to_apply(final_at + 1.0) == (True, "every live peer gathered")
@@ -167,3 +173,26 @@ def test_a_gathered_report_before_the_results_are_final_is_stale():
         reply = served.stub.ReportGathered(gathered_report(a, c.cfg.run_id, r), timeout=10)
         assert not reply.accepted and reply.refusal == swarm_pb2.STALE_ROUND  # reducing: results not final yet
         assert sliced_side(served).rounds[r].gathered == set()
+
+
+def test_every_mode_has_a_coordinator_side_and_all_to_all_refuses_the_slice_rpcs():
+    from peer.exchange.all_to_all_coordinator import AllToAllCoordinator
+    from peer.exchange.coordinator_side import NO_SLICE_RESULTS
+    from peer.exchange.modes import MODES
+    from peer.exchange.sliced_coordinator import SlicedCoordinator
+
+    assert {name: mode.coordinator for name, mode in MODES.items()} == {"sliced": SlicedCoordinator, "all-to-all": AllToAllCoordinator}
+    cfg = tiny_run_config(data={"val_batches": 2, "max_corpus_bytes": 300_000}, exchange={"mode": "all-to-all"})
+    with serve_coordinator(cfg, generous_limits=True) as served:
+        a = Identity.generate()
+        assert join(served, a, "127.0.0.1:9").accepted
+        assert isinstance(served.coordinator.exchange, AllToAllCoordinator)
+        calls = [lambda: served.stub.SubmitSliceResult(swarm_pb2.Signed(), timeout=10),
+                 lambda: served.stub.GetSliceResults(swarm_pb2.SliceResultsRequest(round=0, wait_s=1.0), timeout=10),
+                 lambda: served.stub.ReportEvidence(swarm_pb2.Signed(), timeout=10),
+                 lambda: served.stub.ReportGathered(gathered_report(a, served.coordinator.cfg.run_id, 0), timeout=10)]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and err.value.details() == NO_SLICE_RESULTS
+        assert served.status()["exchange"] == {"mode": "all-to-all", "slices": None, "replicas": None}

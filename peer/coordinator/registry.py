@@ -75,7 +75,7 @@ class PeerRegistry:
 
     def reject(self, reason: str) -> None:
         with self.lock:
-            self.rejections[reason] += 1
+            self.rejections[str(reason)] += 1  # a Reason counts under its text
 
     def record_aggregation(self, round_: int, verified: list[str], report: Any) -> None:
         """All-to-all: each verified author's weight, selection, distance and clip in round_ (report:

@@ -19,15 +19,13 @@ import grpc
 from peer import VERSION
 from peer.coordinator.state import Coordinator
 from protocol.envelope import GATHERED_TAG, HEARTBEAT_TAG, JOIN_TAG
-from protocol.reasons import Reason
 from peer.coordinator.registry import PeerRecord, RegistryFull
 from protocol import streaming
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.ratelimit import CallerLimits, RateLimiter
+from protocol.reasons import Reason
 from protocol.rpc_errors import RpcAbort, guarded, refusal_for
 from protocol.signing import SignatureError, open_signed
-from protocol.envelope import EnvelopeError
-from protocol.slice_result import open_mismatch_report
 
 log = logging.getLogger("swarmloco.coordinator")
 
@@ -110,12 +108,12 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
         c = self.coordinator
         fields, peer_id = self._open(request, JOIN_TAG, "join")
         if fields.get("run_id") != c.cfg.run_id:
-            c.registry.reject("wrong-run")
+            c.registry.reject(Reason.WRONG_RUN)
             return swarm_pb2.JoinReply(
                 accepted=False, refusal=swarm_pb2.WRONG_RUN, reason=f"this coordinator runs {c.cfg.run_id!r}, not {fields.get('run_id')!r}"
             )
         if not _fresh(fields):
-            c.registry.reject("stale-join")
+            c.registry.reject(Reason.STALE_JOIN)
             return swarm_pb2.JoinReply(
                 accepted=False, refusal=swarm_pb2.CLOCK_SKEW, reason="join timestamp is too old or in the future: check the clock"
             )
@@ -128,7 +126,7 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
                 reason=f"this peer tokenizes with BPE {str(said)[:16] or 'none'}..., the run with {expected[:16]}...: get the run's "
                        "tokenizer.json from the run owner and pass it as data.tokenizer_path (its tokens would not match the swarm's)")
         if c.cfg.allowed_peers and request.public_key.hex() not in {k.lower() for k in c.cfg.allowed_peers}:
-            c.registry.reject("not-allowed")
+            c.registry.reject(Reason.NOT_ALLOWED)
             raise RpcAbort(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"peer {peer_id} is not on this run's allow-list; ask the run owner to add its public key {request.public_key.hex()}",
@@ -136,20 +134,20 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
             )
         endpoint = fields.get("endpoint", "")
         if not isinstance(endpoint, str) or not valid_endpoint(endpoint):
-            c.registry.reject("malformed")
+            c.registry.reject(Reason.MALFORMED)
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "endpoint must be a HOST:PORT string (or empty with --client-mode)", swarm_pb2.MALFORMED)
         with c.lock:
             if c.registry.is_banned(peer_id):
                 return swarm_pb2.JoinReply(accepted=False, refusal=swarm_pb2.BANNED, reason=f"banned: {c.registry.get(peer_id).banned_reason}")
             if c.registry.get(peer_id) is None and not self.admission.allow("new-peer"):
-                c.registry.reject("admission-limited")
+                c.registry.reject(Reason.ADMISSION_LIMITED)
                 raise RpcAbort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED, "too many new peers are joining right now: retry in a few seconds", swarm_pb2.RATE_LIMITED
                 )
             try:
                 self._admit(peer_id, request, fields, endpoint)
             except RegistryFull as exc:
-                c.registry.reject("registry-full")
+                c.registry.reject(Reason.REGISTRY_FULL)
                 raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), swarm_pb2.REGISTRY_FULL)
             log.info("peer %s joined at round %d (%s)", peer_id[:8], c.round, endpoint or "client mode")
             return swarm_pb2.JoinReply(accepted=True, peer_id=peer_id, round=c.round, param_hash=c.param_hash)
@@ -174,7 +172,7 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
         c = self.coordinator
         fields, peer_id = self._open(request, HEARTBEAT_TAG, "heartbeat")
         if not _fresh(fields):
-            c.registry.reject("stale-heartbeat")
+            c.registry.reject(Reason.STALE_HEARTBEAT)
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "heartbeat timestamp is stale: check the clock", swarm_pb2.CLOCK_SKEW)
         with c.lock:
             record = c.registry.get(peer_id)
@@ -214,7 +212,7 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
     @_guarded
     def SubmitCommitment(self, request, context):
         if not valid_endpoint(request.endpoint):
-            self.coordinator.registry.reject("malformed")
+            self.coordinator.registry.reject(Reason.MALFORMED)
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "endpoint must be HOST:PORT, or empty for a pushed payload", swarm_pb2.MALFORMED)
         return self.coordinator.submit(request.header, request.endpoint)
 
@@ -237,61 +235,31 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
             wait_s = min(wait_s, max(0.0, remaining - 0.5))
         return wait_s
 
-    def _sliced(self):
-        sliced = self.coordinator.sliced
-        if sliced is None:
-            raise RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, "this run exchanges all-to-all (exchange.mode); it has no slice results",
-                           swarm_pb2.MALFORMED)
-        return sliced
+    # The slice-result RPCs belong to the exchange mode; one without slice results refuses them
+    # (FAILED_PRECONDITION, peer/exchange/coordinator_side.py).
 
     @_guarded
     def SubmitSliceResult(self, request, context):
-        sliced = self._sliced()
-        with self.coordinator.lock:
-            return sliced.submit(request)
+        return self.coordinator.exchange.submit_result(request)
 
     @_guarded
     def GetSliceResults(self, request, context):
-        sliced = self._sliced()
+        exchange = self.coordinator.exchange
         wait_s = self._long_poll_s(request.wait_s, context)
         if wait_s <= 0 or not self.long_polls.acquire(blocking=False):
-            return sliced.wait_results(request.round, 0.0, request.until_applied)
+            return exchange.wait_results(request.round, 0.0, request.until_applied)
         try:
-            return sliced.wait_results(request.round, wait_s, request.until_applied)
+            return exchange.wait_results(request.round, wait_s, request.until_applied)
         finally:
             self.long_polls.release()
 
     @_guarded
-    def ReportGathered(self, request, context):
-        sliced = self._sliced()
-        c = self.coordinator
-        fields, peer_id = self._open(request, GATHERED_TAG, "gathered report")
-        round_ = fields.get("round")
-        if fields.get("run_id") != c.cfg.run_id:
-            return c.refuse(Reason.WRONG_RUN, f"wrong-run: this coordinator runs {c.cfg.run_id!r}, not {fields.get('run_id')!r}")
-        if fields.get("peer_id") != peer_id:  # the body must name its signer: nobody reports for another peer
-            return c.refuse(Reason.FORGED, f"forged: the report names peer {str(fields.get('peer_id'))[:8]} but is signed by {peer_id[:8]}")
-        if not isinstance(round_, int) or isinstance(round_, bool):
-            return c.refuse(Reason.MALFORMED, "malformed: a gathered report needs an integer round")
-        with c.lock:
-            return sliced.report_gathered(peer_id, round_)
+    def ReportEvidence(self, request, context):
+        return self.coordinator.exchange.report_evidence(request)
 
     @_guarded
-    def ReportEvidence(self, request, context):
-        sliced = self._sliced()
-        c = self.coordinator
-        try:
-            reporter, round_, slice_, results = open_mismatch_report(request, run_id=c.cfg.run_id)
-        except EnvelopeError as exc:
-            c.registry.reject(exc.reason)
-            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"report refused: {exc}", refusal_for(exc.reason)) from None
-        with c.lock:
-            record = c.registry.get(reporter)
-            if record is None or record.banned_reason:
-                c.registry.reject("unknown-peer")
-                return swarm_pb2.CommitReply(accepted=False, reason="unknown-peer: only the run's peers may report",
-                                             refusal=swarm_pb2.UNKNOWN_PEER, current_round=c.round)
-            return sliced.report(reporter, round_, slice_, results)
+    def ReportGathered(self, request, context):
+        return self.coordinator.exchange.report_gathered(*self._open(request, GATHERED_TAG, "gathered report"))
 
     @_guarded_stream
     def StreamCheckpoint(self, request, context):
@@ -299,7 +267,7 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
         with c.lock:
             data, round_ = c.checkpoint_bytes, c.round
         if not 0 <= request.offset <= len(data):
-            c.registry.reject("bad-offset")
+            c.registry.reject(Reason.BAD_OFFSET)
             raise RpcAbort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(data)}", swarm_pb2.MALFORMED)
         yield from streaming.iter_chunks(data, offset=request.offset, round_=round_)
 

@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from peer.coordinator.round_book import result_dict
+from peer.coordinator.registry import PeerRegistry
+from peer.coordinator.round_book import AdaptiveDeadline, RoundBook, RoundResult, result_dict
+from peer.exchange.coordinator_side import CoordinatorExchange
+from peer.run.config import RunConfig
+from protocol.accounting import ByteCounter
+from protocol.identity import Identity
 
-if TYPE_CHECKING:
-    from peer.coordinator.state import Coordinator
+
+class StatusSource(Protocol):
+    """What the status reads of the coordinator (peer/coordinator/state.py's Coordinator)."""
+
+    cfg: RunConfig
+    identity: Identity
+    lock: threading.RLock
+    round: int
+    finished: bool
+    param_hash: str
+    endpoint: str
+    initial_peers: list[str]
+    deadline: AdaptiveDeadline
+    exchange: CoordinatorExchange
+    book: RoundBook
+    term: int
+    standby_endpoints: list[str]
+    registry: PeerRegistry
+    initial_val_loss: float
+    history: list[RoundResult]
+    counter: ByteCounter
+    started_at: float
 
 
-def coordinator_status(c: "Coordinator") -> dict[str, Any]:
+def coordinator_status(c: StatusSource) -> dict[str, Any]:
     with c.lock:
         return {
             "run_id": c.cfg.run_id,
@@ -23,8 +49,7 @@ def coordinator_status(c: "Coordinator") -> dict[str, Any]:
             "endpoint": c.endpoint,
             "initial_peers": c.initial_peers,
             "deadline_s": round(c.deadline.current, 2),
-            "exchange": {"mode": c.cfg.exchange.mode, "slices": c.math.layout.num_slices if c.sliced else None,
-                         "replicas": c.cfg.exchange.replicas if c.sliced else None},
+            "exchange": c.exchange.status(),
             "open_round": {
                 "phase": "reducing" if c.book.closed else "committing",
                 "committed": sorted(c.book.commitments),

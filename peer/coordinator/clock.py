@@ -1,0 +1,142 @@
+"""The round clock: when the commit phase closes, the signed manifest, applying the round, the next.
+
+A round closes (round_book.should_close) on its quorum and either every expected peer or the
+adaptive deadline. Closing signs the manifest under the lock; the exchange mode then says whether
+the round is applied at once (all-to-all: the robust rule over the verified updates) or later,
+when the clock finds it ready (sliced: the owners' results are final and the peers gathered).
+Applying runs without the lock; θ_{r+1} is adopted, and round r + 1 opened, under it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+from peer.coordinator.round_book import AdaptiveDeadline, RoundBook, RoundResult, should_close
+from peer.exchange.coordinator_side import CoordinatorExchange, RoundContext
+from peer.learn.model import param_hash
+from peer.run.faults import fail_point
+from protocol.envelope import ManifestEntry, sign_manifest, signed_to_json
+from protocol.reasons import Reason
+from protocol.wire import swarm_pb2
+
+KEEP_MANIFESTS = 4  # rounds back
+
+
+class RoundClock:
+    """`sign_state()` signs the open round's state (under the lock); `persist(result)` evaluates
+    θ_{r+1} and writes the checkpoint (the clock thread, no lock)."""
+
+    def __init__(self, ctx: RoundContext, exchange: CoordinatorExchange, *, sign_state: Callable[[], swarm_pb2.Signed],
+                 persist: Callable[[RoundResult], RoundResult], start_wait_until: float) -> None:
+        self.ctx = ctx
+        self.exchange = exchange
+        self.sign_state = sign_state
+        self.persist = persist
+        self.start_wait_until = start_wait_until
+        self.deadline = AdaptiveDeadline(ctx.cfg.rounds)
+        self.manifests: dict[int, swarm_pb2.Signed] = {}
+
+    def tick(self) -> RoundResult | None:
+        """Close the open round if it is time, apply it once it is ready; returns what happened when it was applied."""
+        ctx, now_open = self.ctx, self.ctx.open
+        with ctx.lock:
+            if now_open.finished:
+                return None
+            ctx.registry.mark_gone()
+            now = time.monotonic()
+            expected = ctx.registry.active(now_open.round)
+            if now_open.round == 0 and now < self.start_wait_until and len(expected) < ctx.cfg.rounds.expected_peers:
+                return None  # let the expected peers arrive before round 1 can close
+            book = now_open.book
+            if book.closed:
+                ready, why = self.exchange.ready_to_apply(now)
+            else:
+                ready, why = should_close(book, expected, self.deadline.current, ctx.cfg.rounds.min_peers, now)
+                ready = ready and self._close_commits()
+            if not ready:
+                return None
+        return self._apply(book, why)
+
+    def close_round(self, why: str) -> RoundResult | None:
+        """Close the commit phase now: sign the manifest; if the exchange mode applies at once
+        (all-to-all), also aggregate and open the next round (else tick() applies it later)."""
+        with self.ctx.lock:
+            book = self.ctx.open.book
+            apply_now = self._close_commits()
+        return self._apply(book, why) if apply_now else None
+
+    def _close_commits(self) -> bool:
+        """Under the lock: sign the open round's manifest; True when the round is applied now."""
+        book, base = self.ctx.open.book, self.ctx.open.param_hash
+        verified = book.verified()
+        for peer_id, c in book.commitments.items():  # still pending at the deadline: too late
+            if c.status == "pending":
+                c.status, c.reason = "excluded", str(Reason.LATE)
+                book.excluded[peer_id] = str(Reason.LATE)
+        manifest = self.exchange.manifest(book, self._manifest_entries(book, verified), base)
+        manifest = dataclasses.replace(manifest, last=book.round + 1 >= self.ctx.cfg.rounds.rounds)
+        signed = self.manifests[book.round] = sign_manifest(self.ctx.identity, manifest)
+        fail_point("manifest-signed", book.round)
+        for old in [r for r in self.manifests if r < book.round - KEEP_MANIFESTS]:
+            del self.manifests[old]
+        book.closed = True  # late commitments are refused from now on
+        return self.exchange.commits_closed(book, manifest, signed, verified)
+
+    def _manifest_entries(self, book: RoundBook, verified: list[str]) -> list[ManifestEntry]:
+        public = [c.endpoint for p, c in sorted(book.commitments.items()) if c.endpoint and p in verified]
+        entries = []
+        for peer_id in verified:
+            c = book.commitments[peer_id]
+            entries.append(ManifestEntry(peer_id=peer_id, payload_sha256=c.header.payload_sha256, payload_size=c.header.payload_size,
+                                         header=signed_to_json(c.signed), holders=self.exchange.holders(c, public),
+                                         serves=bool(c.endpoint)))
+        return entries
+
+    def _apply(self, book: RoundBook, why: str) -> RoundResult:
+        """θ_{r+1} computed by the exchange mode without the lock, adopted under it; then persisted."""
+        aggregated = self.exchange.aggregate(book, self.ctx.open.params)
+        with self.ctx.lock:
+            self.ctx.open.params = aggregated.params
+            result = self._advance(book, aggregated.used, why, {**aggregated.excluded, **book.excluded})
+            self.exchange.applied(book, aggregated, self.ctx.open.param_hash)
+        return self.persist(result)
+
+    def _advance(self, book: RoundBook, used: list[str], why: str, excluded: dict[str, str]) -> RoundResult:
+        """θ_{r+1} is ctx.open.params: record the round, open the next."""
+        now_open = self.ctx.open
+        arrivals = [c.arrived for c in book.commitments.values()]
+        if len(arrivals) > 1:
+            self.deadline.observe(max(arrivals) - min(arrivals))
+        now_open.round += 1
+        now_open.param_hash = param_hash(now_open.params)
+        result = RoundResult(
+            round=book.round,
+            updates=len(used),
+            excluded=excluded,
+            seconds=time.monotonic() - book.opened_at,
+            val_loss=float("nan"),  # persist evaluates, off the lock
+            param_hash=now_open.param_hash,
+            close_reason=why,
+        )
+        now_open.book = RoundBook(round=now_open.round)
+        if now_open.round >= self.ctx.cfg.rounds.rounds:
+            now_open.finished = True
+        self.sign_state()
+        self.ctx.round_closed.notify_all()
+        return result
+
+    def wait_manifest(self, round_: int, wait_s: float) -> swarm_pb2.ManifestReply:
+        now_open = self.ctx.open
+        deadline = time.monotonic() + max(0.0, min(wait_s, 60.0))
+        with self.ctx.round_closed:
+            while round_ not in self.manifests and round_ >= now_open.round and not now_open.finished:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self.ctx.round_closed.wait(remaining)
+            manifest = self.manifests.get(round_)
+            return swarm_pb2.ManifestReply(
+                ready=manifest is not None, manifest=manifest, current_round=now_open.round, finished=now_open.finished
+            )

@@ -1,0 +1,324 @@
+"""The coordinator's side of the sliced exchange: owners, signed results, the round's close.
+
+After the commit phase the coordinator signs a manifest that names each slice's owners (drawn
+from the committed hashes). It never downloads the updates: owners reduce their slices and sign
+the results; the coordinator collects those signatures (a few hundred bytes each), says when the
+results are final, and then, like any peer, gathers the aggregated slices (one model's worth,
+recomputing a slice only where owners disagree or for its spot checks) to hold θ_{r+1}, its
+hash and the checkpoint. A false result is evidence: its signer is banned, the signed result kept.
+
+Phases of a sliced round on the coordinator:
+  commit -> reduce (manifest out) -> final (peers gather, spot-check, report, say they gathered
+  with a signed ReportGathered) -> applied (we gather once every live peer has, with the
+  reported liars' results removed: a lie a peer caught never reaches θ_{r+1}).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import torch
+
+from peer.coordinator.round_book import Commitment, RoundBook
+from peer.exchange.coordinator_side import Aggregated, CoordinatorExchange, RoundContext
+from peer.run.slice_exchange import GatherOutcome, Lie, SliceExchange, SliceRound, sliced_manifest
+from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest
+from protocol.payload_service import StoredPayload
+from protocol.reasons import Reason
+from protocol.rpc_errors import RpcAbort, refusal_for
+from protocol.slice_result import open_mismatch_report, signed_to_text
+from protocol.wire import swarm_pb2
+
+log = logging.getLogger("swarmloco.coordinator")
+KEEP_ROUNDS = 3
+Reports = list[tuple[str, int, list[swarm_pb2.Signed]]]  # (reporter, slice, the signed results it disputes)
+
+
+@dataclass(slots=True)
+class SlicedRoundState:
+    slice_round: SliceRound
+    opened_at: float
+    results: dict[tuple[int, str], tuple[SliceResult, swarm_pb2.Signed]] = field(default_factory=dict)
+    covered_at: float | None = None  # every slice that has owners got at least one result
+    final: bool = False
+    final_at: float = 0.0
+    gathered: set[str] = field(default_factory=set)  # peers that gathered (they wait for the applied round)
+    reports: list[tuple[str, int, list[swarm_pb2.Signed]]] = field(default_factory=list)  # (reporter, slice, results)
+    applied_hash: str = ""
+
+    def owners_missing(self) -> int:
+        return sum(1 for j, owners in enumerate(self.slice_round.owners) for o in owners if (j, o) not in self.results)
+
+    def covered(self) -> bool:
+        have = {j for j, _ in self.results}
+        return all(j in have for j, owners in enumerate(self.slice_round.owners) if owners)
+
+
+class SlicedCoordinator(CoordinatorExchange):
+    """Every method that touches shared state runs under ctx.lock (the RPC ones take it), except
+    aggregate(), which fetches and recomputes and must not hold it."""
+
+    name = "sliced"
+
+    def __init__(self, ctx: RoundContext) -> None:
+        super().__init__(ctx)
+        self.slices = SliceExchange(ctx.math, ctx.channels, ctx.store, ctx.fetchers, identity=ctx.identity)
+        self.rounds: dict[int, SlicedRoundState] = {}
+        self.evidence_checks = threading.Semaphore(2)  # late reports checked at once (each may fetch a slice's inputs)
+        self._final: dict[int, tuple[list[swarm_pb2.Signed], Reports]] = {}  # taken by ready_to_apply for aggregate
+
+    # --- commitments and the manifest ----------------------------------------------------------
+
+    def admit(self, commitment: Commitment, pushed: StoredPayload | None) -> None:
+        """The owners fetch, verify and decode; we hold only what client-mode peers pushed."""
+        if pushed is None and not commitment.endpoint:
+            self.ctx.exclude(commitment, Reason.NO_PAYLOAD, "client-mode peer committed without pushing its payload first")
+            return
+        if pushed is not None:
+            self.slices.serve_slices(commitment.header, pushed.payload)
+        with self.ctx.lock:
+            if commitment.status == "pending":
+                commitment.status = "verified"
+
+    def holders(self, commitment: Commitment, public: list[str]) -> list[str]:
+        return [commitment.endpoint] if commitment.endpoint else [self.ctx.endpoint()]  # a pushed payload: we serve its slices
+
+    def manifest(self, book: RoundBook, entries: list[ManifestEntry], base_param_hash: str) -> RoundManifest:
+        return sliced_manifest(self.ctx.math, book.round, entries, base_param_hash=base_param_hash, excluded=book.excluded)
+
+    def commits_closed(self, book: RoundBook, manifest: RoundManifest, signed: swarm_pb2.Signed, verified: list[str]) -> bool:
+        """The owners reduce now; the clock applies the round once their results are final and
+        the peers gathered."""
+        self.slices.own_endpoint = self.ctx.endpoint()
+        headers = {p: book.commitments[p].header for p in verified}
+        self.rounds[book.round] = SlicedRoundState(SliceRound.of(book.round, manifest, signed, headers), time.monotonic())
+        for old in [k for k in self.rounds if k < book.round - KEEP_ROUNDS]:
+            del self.rounds[old]
+        self.ctx.round_closed.notify_all()
+        return False
+
+    # --- results (under the lock) ----------------------------------------------------------------
+
+    def submit_result(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
+        with self.ctx.lock:
+            return self._submit_result(signed)
+
+    def _submit_result(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
+        ctx = self.ctx
+        state = self.rounds.get(ctx.open.book.round)
+        if state is None or state.final:
+            return ctx.refuse(Reason.STALE_ROUND, "stale-round: no sliced round is collecting results now")
+        rnd = state.slice_round
+        try:
+            result = self.slices.open_result(rnd, signed)
+        except EnvelopeError as exc:
+            return ctx.refuse(exc.reason, f"{exc.reason}: {exc}")
+        key = (result.slice, result.owner)
+        first = state.results.get(key)
+        if first is not None:
+            if first[0] == result:
+                return swarm_pb2.CommitReply(accepted=True, reason="already submitted", current_round=ctx.open.round)
+            self.ban(result.owner, f"two different results for slice {result.slice} in round {rnd.round}",
+                     {"kind": "result-equivocation", "round": rnd.round, "slice": result.slice,
+                      "first_result": signed_to_text(first[1]), "second_result": signed_to_text(signed)})
+            return ctx.refuse(Reason.EQUIVOCATION, "equivocation: two different results for one slice; banned")
+        state.results[key] = (result, signed)
+        if state.covered_at is None and state.covered():
+            state.covered_at = time.monotonic()
+        ctx.round_closed.notify_all()
+        return swarm_pb2.CommitReply(accepted=True, current_round=ctx.open.round)
+
+    def should_finalize(self, now: float) -> tuple[bool, str]:
+        state = self.rounds.get(self.ctx.open.book.round)
+        if state is None or state.final:
+            return False, ""
+        x = self.ctx.cfg.exchange
+        if state.owners_missing() == 0:
+            return True, "every owner reported"
+        if state.covered_at is not None and now - state.covered_at >= x.result_grace_s:
+            return True, f"every slice has a result; {state.owners_missing()} owner result(s) missing"
+        if now - state.opened_at >= x.result_timeout_s:
+            return True, f"result timeout {x.result_timeout_s:.0f}s: missing slices are recomputed"
+        return False, ""
+
+    def finalize(self) -> None:
+        """The results are final: peers gather now. We gather once they have (or the timeout),
+        so that a lie their spot checks caught is out of the results before we apply them."""
+        state = self.rounds[self.ctx.open.book.round]
+        state.final, state.final_at = True, time.monotonic()
+        self.ctx.round_closed.notify_all()
+
+    def ready_to_apply(self, now: float) -> tuple[bool, str]:
+        """Under the lock: finalize the results when due, then wait for the live listed peers to
+        say they gathered (ReportGathered), or for the result timeout."""
+        if self.should_finalize(now)[0]:
+            self.finalize()
+            return False, ""
+        r = self.ctx.open.book.round
+        state = self.rounds.get(r)
+        if state is None or not state.final:
+            return False, ""
+        alive = {p for p in state.slice_round.peer_ids if (rec := self.ctx.registry.get(p)) is not None and rec.state != "gone"}
+        waiting = alive - state.gathered
+        timeout_s = self.ctx.cfg.exchange.result_timeout_s
+        if waiting and now - state.final_at < timeout_s:
+            return False, ""
+        reports, state.reports = state.reports, []
+        self._final = {r: ([signed for _, signed in state.results.values()], reports)}
+        if not waiting:
+            return True, "every live peer gathered"
+        return True, f"{len(waiting)} peer(s) did not gather within {timeout_s:.0f}s"
+
+    def report_gathered(self, fields: dict[str, Any], signer: str) -> swarm_pb2.CommitReply:
+        """A peer (the verified signer of {run_id, round, peer_id, timestamp}) has gathered the
+        round and reported what it found false: ready_to_apply waits for the live listed peers."""
+        ctx = self.ctx
+        round_ = fields.get("round")
+        if fields.get("run_id") != ctx.cfg.run_id:
+            return ctx.refuse(Reason.WRONG_RUN, f"wrong-run: this coordinator runs {ctx.cfg.run_id!r}, not {fields.get('run_id')!r}")
+        if fields.get("peer_id") != signer:  # the body must name its signer: nobody reports for another peer
+            return ctx.refuse(Reason.FORGED, f"forged: the report names peer {str(fields.get('peer_id'))[:8]} but is signed by {signer[:8]}")
+        if not isinstance(round_, int) or isinstance(round_, bool):
+            return ctx.refuse(Reason.MALFORMED, "malformed: a gathered report needs an integer round")
+        with ctx.lock:
+            record = ctx.registry.get(signer)
+            if record is None:
+                return ctx.refuse(Reason.UNKNOWN_PEER, "unknown-peer: Join the run before reporting a gathered round")
+            if record.banned_reason:
+                return ctx.refuse(Reason.BANNED, f"banned: {record.banned_reason}")
+            state = self.rounds.get(round_)
+            if round_ != ctx.open.book.round or state is None or not state.final:
+                return ctx.refuse(Reason.STALE_ROUND, f"stale-round: round {round_} is not gathering now (current round {ctx.open.round})")
+            if signer in state.gathered:
+                return swarm_pb2.CommitReply(accepted=True, reason="already reported", current_round=ctx.open.round)
+            state.gathered.add(signer)
+            ctx.round_closed.notify_all()
+            return swarm_pb2.CommitReply(accepted=True, current_round=ctx.open.round)
+
+    # --- gather and apply (no lock held) -------------------------------------------------------------
+
+    def aggregate(self, book: RoundBook, params: torch.Tensor) -> Aggregated:
+        """Check the peers' reports (recompute the slice; ban whoever signed a false result and
+        drop their results), gather what is left with our own spot checks, take the outer step."""
+        ctx = self.ctx
+        rnd = self.rounds[book.round].slice_round
+        results, reports = self._final.pop(book.round)
+        false: set[bytes] = set()
+        for reporter, j, disputed in reports:
+            for lie in self._verify_report(rnd, j, disputed):
+                false.add(lie.signed.signature)
+                with ctx.lock:
+                    self.ban_liar(rnd.round, lie, f" (reported by {reporter[:8]})")
+        kept = [s for s in results if s.signature not in false]
+        outcome = self.slices.gather(rnd, kept, spot_checks=ctx.cfg.exchange.spot_checks)
+        params = params.clone()
+        ctx.math.step_with_aggregate(params, outcome.combined, round_=book.round)  # θ_r -> θ_{r+1}
+        with ctx.lock:
+            for lie in outcome.liars:
+                self.ban_liar(rnd.round, lie)
+            verified = book.verified()
+        # An update counts when it took part in at least one slice.
+        used = [p for p in verified if not outcome.excluded or not all(p in ex for ex in outcome.excluded.values())]
+        return Aggregated(params=params, used=used, excluded=outcome.excluded_by_peer(), detail=(verified, outcome))
+
+    def applied(self, book: RoundBook, aggregated: Aggregated, param_hash: str) -> None:
+        verified, outcome = aggregated.detail
+        self.ctx.registry.record_slices(book.round, verified, outcome.excluded, self.ctx.math.layout.num_slices)
+        state = self.rounds.get(book.round)
+        if state is not None:
+            state.applied_hash = param_hash
+
+    def _verify_report(self, rnd: SliceRound, j: int, disputed: list[swarm_pb2.Signed]) -> list[Lie]:
+        try:
+            return self.slices.settle(rnd, j, self.slices.open_results(rnd, disputed).get(j, []))[1]
+        except Exception as exc:  # noqa: BLE001 - a report that cannot be checked changes nothing
+            log.info("could not check a report on slice %d of round %d: %s", j, rnd.round, exc)
+            return []
+
+    def ban_liar(self, r: int, lie: Lie, note: str = "") -> None:
+        self.ban(lie.result.owner, f"false slice result in round {r}",
+                 {"kind": "false-result", "round": r, "why": lie.why + note, "signed_result": signed_to_text(lie.signed)})
+
+    def ban(self, peer_id: str, reason: str, evidence: dict[str, Any]) -> None:
+        record = self.ctx.registry.get(peer_id)
+        if record is not None and record.banned_reason:
+            return
+        self.ctx.registry.ban(peer_id, reason, evidence)
+        log.warning("banned %s: %s (evidence kept)", peer_id[:8], reason)
+
+    def status(self) -> dict[str, Any]:
+        return {"mode": self.name, "slices": self.ctx.math.layout.num_slices, "replicas": self.ctx.cfg.exchange.replicas}
+
+    # --- long-poll (takes the lock itself) ---------------------------------------------------------
+
+    def wait_results(self, r: int, wait_s: float, until_applied: bool) -> swarm_pb2.SliceResultsReply:
+        """Long-poll for round r's final results, or (until_applied) for its θ_{r+1}. A read only:
+        a peer says it gathered with a signed ReportGathered (report_gathered)."""
+        ctx = self.ctx
+        deadline = time.monotonic() + max(0.0, min(wait_s, 60.0))
+        with ctx.round_closed:
+            while True:
+                state = self.rounds.get(r)
+                done = state is None or (state.applied_hash if until_applied else state.final)
+                remaining = deadline - time.monotonic()
+                if done or remaining <= 0:
+                    break
+                ctx.round_closed.wait(remaining)
+            if state is None:
+                return swarm_pb2.SliceResultsReply(ready=False, current_round=ctx.open.round, finished=ctx.open.finished)
+            return swarm_pb2.SliceResultsReply(
+                ready=state.final, results=[s for _, s in state.results.values()] if state.final else [],
+                applied=bool(state.applied_hash), param_hash=state.applied_hash, current_round=ctx.open.round,
+                finished=ctx.open.finished,
+            )
+
+    # --- evidence from peers (spot checks) -----------------------------------------------------------
+
+    def report_evidence(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
+        ctx = self.ctx
+        try:
+            reporter, round_, slice_, results = open_mismatch_report(signed, run_id=ctx.cfg.run_id)
+        except EnvelopeError as exc:
+            ctx.registry.reject(exc.reason)
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"report refused: {exc}", refusal_for(exc.reason)) from None
+        with ctx.lock:
+            record = ctx.registry.get(reporter)
+            if record is None or record.banned_reason:
+                ctx.registry.reject(Reason.UNKNOWN_PEER)
+                return swarm_pb2.CommitReply(accepted=False, reason="unknown-peer: only the run's peers may report",
+                                             refusal=swarm_pb2.UNKNOWN_PEER, current_round=ctx.open.round)
+            return self.report(reporter, round_, slice_, results)
+
+    def report(self, reporter: str, r: int, j: int, signed_results: list[swarm_pb2.Signed]) -> swarm_pb2.CommitReply:
+        """Under the lock: a peer says these signed results for slice j of round r did not
+        recompute. Checked (by recomputing) before the round is applied; a report on an applied
+        round is checked beside the clock, and bans only."""
+        ctx = self.ctx
+        state = self.rounds.get(r)
+        if state is None:
+            return ctx.refuse(Reason.STALE_ROUND, "stale-round: that round's inputs are no longer kept")
+        if not 0 <= j < ctx.math.layout.num_slices:
+            return ctx.refuse(Reason.MALFORMED, f"malformed: slice {j} does not exist")
+        if not state.applied_hash:
+            if len(state.reports) >= 4 * len(state.slice_round.peer_ids):
+                return ctx.refuse(Reason.BUSY, "busy: too many reports this round")
+            state.reports.append((reporter, j, signed_results))
+            return swarm_pb2.CommitReply(accepted=True, reason="will be checked before the round is applied", current_round=ctx.open.round)
+        if not self.evidence_checks.acquire(blocking=False):
+            return ctx.refuse(Reason.BUSY, "busy: evidence checks are running; report again later")
+        threading.Thread(target=self._check_late_report, args=(state.slice_round, j, signed_results, reporter),
+                         name="swarmloco-evidence", daemon=True).start()
+        return swarm_pb2.CommitReply(accepted=True, reason="checking", current_round=ctx.open.round)
+
+    def _check_late_report(self, rnd: SliceRound, j: int, signed_results: list[swarm_pb2.Signed], reporter: str) -> None:
+        try:
+            for lie in self._verify_report(rnd, j, signed_results):
+                with self.ctx.lock:
+                    self.ban_liar(rnd.round, lie, f" (reported by {reporter[:8]})")
+        finally:
+            self.evidence_checks.release()
