@@ -50,6 +50,8 @@ class FakeCoordinator:
         self.commitments: dict[int, list[swarm_pb2.Signed]] = defaultdict(list)
         self.pushed: list[bytes] = []
         self.joins = 0
+        self.heartbeats: list[swarm_pb2.Signed] = []
+        self.banned_reason = ""  # heartbeat replies say banned with this reason when set
         self.calls: list[tuple[str, int | None]] = []
         self.counts: Counter[str] = Counter()
         self._faults: dict[str, list[BaseException]] = defaultdict(list)  # raised by the next calls, in order
@@ -118,7 +120,9 @@ class FakeCoordinator:
 
     def heartbeat(self, signed: swarm_pb2.Signed) -> swarm_pb2.HeartbeatReply:
         self._enter("heartbeat")
-        return swarm_pb2.HeartbeatReply(round=self.round, finished=self.finished)
+        self.heartbeats.append(signed)
+        return swarm_pb2.HeartbeatReply(round=self.round, finished=self.finished, banned=bool(self.banned_reason),
+                                        reason=self.banned_reason)
 
     def push(self, chunks: Iterable[swarm_pb2.PushChunk]) -> swarm_pb2.PushReply:
         self._enter("push")

@@ -6,6 +6,8 @@ transport byte counters, its phase and its utilization. Nothing on the training 
 
 from __future__ import annotations
 
+import time
+
 from collections import Counter
 from typing import Any, Iterator
 
@@ -26,12 +28,13 @@ class NodeCollector:
     def collect(self) -> Iterator[Any]:
         node = self.node
         history = list(node.history)  # appended by the round loop; a copy is consistent
+        snapshot = node.snapshot  # frozen: one consistent view (peer/node/heartbeat.py NodeSnapshot)
         total = node.counter.total()
-        yield g("round", "the round this peer is in (0-based)", node.round)
-        yield g("inner_step", "inner steps done by this peer", node.step)
-        if node.last_loss is not None:
-            yield g("train_loss", "loss of the last inner step", node.last_loss)
-        yield g("utilization_ratio", "share of wall time in inner steps since the first one", node.utilization())
+        yield g("round", "the round this peer is in (0-based)", snapshot.round)
+        yield g("inner_step", "inner steps done by this peer", snapshot.step)
+        if snapshot.loss is not None:
+            yield g("train_loss", "loss of the last inner step", snapshot.loss)
+        yield g("utilization_ratio", "share of wall time in inner steps since the first one", snapshot.utilization(time.monotonic()))
         yield CounterMetricFamily(f"{PREFIX}_sent_bytes", "bytes this peer sent (serialized gRPC messages)", value=total.sent)
         yield CounterMetricFamily(f"{PREFIX}_received_bytes", "bytes this peer received", value=total.received)
         yield CounterMetricFamily(f"{PREFIX}_rounds_completed", "rounds this peer finished", value=len(history))
@@ -39,7 +42,7 @@ class NodeCollector:
                                   value=sum(not h["in_sync"] for h in history))
         phase = GaugeMetricFamily(f"{PREFIX}_phase", "1 for the phase the peer is in", labels=["phase"])
         for p in RoundPhase:
-            phase.add_metric([p.value], float(node.phase == p))
+            phase.add_metric([p.value], float(snapshot.state == p.value))
         yield phase
         excluded = CounterMetricFamily(f"{PREFIX}_exclusions", "updates the rounds' manifests left out, by reason", labels=["reason"])
         for reason, count in sorted(Counter(label_slug(str(r)) for h in history for r in (h["excluded"] or {}).values()).items()):

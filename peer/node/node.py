@@ -70,14 +70,13 @@ class PeerNode:
         self.state_path = state_dir / f"peer-{self.identity.peer_id[:16]}.state"
         self.counter = ByteCounter(self.identity.peer_id)
         self.short = self.identity.peer_id[:8]
-        self.dht = None
-        self.server = None
+        self.dht = self.server = None
         self.client: CoordinatorClient | None = None
         self.endpoint = ""  # HOST:PORT of our payload server; "" in client mode
         self.pool: ChannelPool | None = None
         self.exchange_side: PeerExchange | None = None
-        self.fetchers: ThreadPoolExecutor | None = None
-        self.writer: ThreadPoolExecutor | None = None
+        self.fetchers: ThreadPoolExecutor | None = None  # manifest fetches, state parts
+        self.writer: ThreadPoolExecutor | None = None  # --resume state writes, one at a time, in order
         self.heartbeat: Heartbeat | None = None
         self.inner: InnerPhase | None = None
         self.round_exchange: RoundExchange | None = None
@@ -86,8 +85,7 @@ class PeerNode:
         self._phase = RoundPhase.STARTING
         self.round = 0
         self._hash = ""  # sha256 of self.params once built
-        self.finished = False
-        self.banned_reason = ""
+        self.finished, self.banned_reason = False, ""
         self.round_traffic: dict[str, int] = {}
         self.history: list[dict[str, Any]] = []
 
@@ -103,28 +101,17 @@ class PeerNode:
         self._publish()
 
     @property
-    def step(self) -> int:
-        return self.inner.step if self.inner is not None else 0
-
-    @property
-    def last_loss(self) -> float | None:
-        return self.inner.last_loss if self.inner is not None else None
-
-    @property
-    def compute_s(self) -> float:
-        return self.inner.compute_s if self.inner is not None else 0.0
-
-    @property
     def left_out(self) -> list[int]:
         """Rounds whose signed manifest left our valid commitment out without a reason."""
         return self.round_exchange.left_out if self.round_exchange is not None else []
 
     def _publish(self) -> None:
         """Freeze what the heartbeat reports (called on this node's threads after each change)."""
+        inner = self.inner
         self.snapshot = NodeSnapshot(
-            round=self.round, param_hash=self._hash, state=self._phase.value, step=self.step, loss=self.last_loss,
-            round_bytes=tuple(self.round_traffic.items()), left_out=tuple(self.left_out), compute_s=self.compute_s,
-            training_started=self.inner.training_started if self.inner is not None else None)
+            round=self.round, param_hash=self._hash, state=self._phase.value, round_bytes=tuple(self.round_traffic.items()),
+            left_out=tuple(self.left_out), **({} if inner is None else {
+                "step": inner.step, "loss": inner.last_loss, "compute_s": inner.compute_s, "training_started": inner.training_started}))
 
     def _waiting(self) -> None:
         if self.phase != RoundPhase.TRAINING:  # overlapped: the next inner phase is running
@@ -185,8 +172,11 @@ class PeerNode:
         self.pool = ChannelPool(self.counter)
         self.fetchers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="swarmloco-fetch")
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-state")  # one write at a time, in order
-        if o.resume and self.state_path.exists():
-            self._load_local_state()
+        resumed = o.resume and self.state_path.exists() and load_local_state(
+            self.state_path, config_hash=cfg.config_hash(), trainer=self.trainer, math=self.math)
+        if resumed:  # --resume: θ_r and every local state as this peer last saved them
+            self._set_params(resumed.params, resumed.round)
+            log.info("peer %s resumed local state at round %d", self.short, resumed.round)
         self._publish()
 
     def _serve(self) -> None:
@@ -246,11 +236,9 @@ class PeerNode:
         """Download the swarm's state θ_r and continue from it (keeps local optimizer state):
         from the peers that hold it, part by part, else the coordinator's checkpoint."""
         self.phase = RoundPhase.SYNCING
-        source = StateSource(
-            client=self.client, pool=self.pool, workers=self.fetchers, config_hash=self.cfg.config_hash(), run_id=self.cfg.run_id,
-            keys=self.authority.keys, signed_hash=self.authority.signed_hash, own_endpoint=self.endpoint, max_part_bytes=self.math.max_result_bytes() * 4 + (1 << 20),
-        )
-        state = source.fetch()
+        state = StateSource(client=self.client, pool=self.pool, workers=self.fetchers, config_hash=self.cfg.config_hash(),
+                            run_id=self.cfg.run_id, keys=self.authority.keys, signed_hash=self.authority.signed_hash,
+                            own_endpoint=self.endpoint, max_part_bytes=self.math.max_result_bytes() * 4 + (1 << 20)).fetch()
         self.math.load_global_state_dict(state.global_state)
         self._set_params(state.params, state.round)
         print(f"peer {self.short} | resynchronised to round {state.round + 1} ({why}; from {state.source})", flush=True)
@@ -303,8 +291,7 @@ class PeerNode:
         if self.commit(rnd.update, rnd.r):
             self.finish_round(rnd, self.exchange(rnd))
 
-    def utilization(self) -> float:
-        """Share of wall time spent in inner steps since the first one (start-up excluded)."""
+    def utilization(self) -> float:  # share of wall time in inner steps since the first one (start-up excluded)
         return self.snapshot.utilization(time.monotonic())
 
     def train(self, r: int, *, steps: int | None = None, stop: Callable[[], bool] | None = None) -> tuple[Any, float]:
@@ -382,23 +369,12 @@ class PeerNode:
         print(round_line(self.short, r, self.cfg.rounds.rounds, record, self.utilization()), flush=True)
         if not in_sync:
             self.resync(f"parameter hash differs from the coordinator's after round {r}")
-        self._save_local_state()
-        if state is not None and state.finished:
-            self.finished = True
-
-    # --- local state (--resume) ---------------------------------------------------------
-
-    def _save_local_state(self) -> None:
-        if self.options.identity_path:  # an ephemeral identity cannot resume anyway
+        if self.options.identity_path:  # --resume state (an ephemeral identity cannot resume anyway)
             save_local_state(self.state_path, round_=self.round, params=self.params, param_hash=self._hash,
                              config_hash=self.cfg.config_hash(), trainer=self.trainer, math=self.math,
                              writer=self.writer if self.cfg.rounds.overlap_communication else None)
-
-    def _load_local_state(self) -> None:
-        ckpt = load_local_state(self.state_path, config_hash=self.cfg.config_hash(), trainer=self.trainer, math=self.math)
-        if ckpt is not None:
-            self._set_params(ckpt.params, ckpt.round)
-            log.info("peer %s resumed local state at round %d", self.short, ckpt.round)
+        if state is not None and state.finished:
+            self.finished = True
 
     # --- teardown ------------------------------------------------------------------------
 
@@ -413,14 +389,11 @@ class PeerNode:
         ranks.detach(self)
         if self.server is not None:
             self.server.stop(grace=1.0).wait(2.0)
-        if self.client is not None:
-            self.client.close()
-        if self.pool is not None:
-            self.pool.close()
+        for part in (self.client, self.pool, self.exchange_side):
+            if part is not None:
+                part.close()
         if self.fetchers is not None:
             self.fetchers.shutdown(wait=False, cancel_futures=True)
-        if self.exchange_side is not None:
-            self.exchange_side.close()
         if self.writer is not None:
             self.writer.shutdown(wait=True)  # a state write in flight must land whole
         if self.dht is not None:

@@ -1,0 +1,134 @@
+"""The overlapped schedule (peer/node/overlap.py) in process, on a toy peer whose every inner step
+adds 1 to each of its 6 parameters and whose exchange lands θ_{r+1} = θ_r + 10 exactly after a
+chosen inner step of the next phase: where the average lands, how the progress moves onto it,
+what each round's pseudo-gradient is, and what a resync mid-overlap does."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from optim import outer
+from peer.exchange.outcome import Applied, Resync
+from peer.learn.model import flat_params, load_flat_params
+from peer.learn.training import InnerStats
+from peer.node.overlap import EagerStart, run_overlapped
+from peer.node.round import PeerRound, Update
+from protocol.accounting import Traffic
+
+
+class ToyPeer:
+    def __init__(self, *, rounds: int, steps: int, land_after: int, resync_round: int | None = None) -> None:
+        self.cfg = SimpleNamespace(rounds=SimpleNamespace(rounds=rounds, eager_updates=False, eager_estimate="own"),
+                                   inner=SimpleNamespace(steps=steps))
+        self.options = SimpleNamespace(device="cpu")
+        self.model = torch.nn.Linear(2, 2)
+        load_flat_params(self.model, torch.zeros(6))
+        self.params = torch.zeros(6)
+        self.round, self.finished, self.math = 0, False, None
+        self.land_after, self.resync_round = land_after, resync_round
+        self.landed = threading.Event()  # the exchange in flight may return
+        self.sent: list[tuple[int, list[float]]] = []  # (round, Δ) as committed
+        self.records: list[tuple[int, str, int | None]] = []  # (round, outcome, landed_after_steps)
+        self._inflight: list = []
+
+    def running(self, done: int, max_rounds: int | None) -> bool:
+        return not self.finished and (max_rounds is None or done < max_rounds)
+
+    def open_round(self, r: int) -> PeerRound:
+        return PeerRound(r=r, base=self.params.clone(), started=time.monotonic(), before=Traffic(0, 0))
+
+    def train(self, r, *, steps=None, stop=None):
+        asked, done = steps or self.cfg.inner.steps, 0
+        for _ in range(asked):
+            load_flat_params(self.model, flat_params(self.model) + 1)
+            done += 1
+            if stop is not None:
+                if done == self.land_after:
+                    self.landed.set()
+                    deadline = time.monotonic() + 30
+                    while not stop() and time.monotonic() < deadline:  # the exchange returns now: land exactly here
+                        time.sleep(0.001)
+                if stop():
+                    break
+        return InnerStats(steps=done, mean_loss=0.0, last_loss=0.0, tokens=0, seconds=0.0), 0.0
+
+    def make_update(self, r: int, delta: torch.Tensor) -> Update:
+        self.sent.append((r, delta.tolist()))
+        return Update(signed=None, payload=b"", encode_s=0.0)
+
+    def commit(self, update: Update, r: int) -> bool:
+        return True
+
+    def exchange(self, rnd: PeerRound):
+        if rnd.r + 1 < self.cfg.rounds.rounds:  # the last round has no next phase to land in
+            assert self.landed.wait(30)
+        self.landed.clear()
+        if rnd.r == self.resync_round:
+            return Resync("parameter hash differs")
+        return Applied(params=rnd.base + 10, updates=1)
+
+    def finish_round(self, rnd, outcome, *, round_s=None, after=None) -> None:
+        match outcome:
+            case Applied():
+                self.params, self.round = outcome.params.clone(), rnd.r + 1
+                self.records.append((rnd.r, "applied", outcome.landed_after_steps))
+            case Resync():  # the swarm's state: θ = 100 at round 5
+                self.params, self.round = torch.full((6,), 100.0), 5
+                load_flat_params(self.model, self.params)
+                self.records.append((rnd.r, "resync", None))
+
+
+def test_the_average_lands_mid_phase_and_the_progress_moves_onto_it():
+    peer = ToyPeer(rounds=3, steps=4, land_after=1)
+    assert run_overlapped(peer) == 3
+    # Every round's Δ is minus exactly H = 4 steps of progress, measured from where the phase
+    # stood once θ_r had landed (not from the stale start): 4 x (+1) per parameter.
+    assert peer.sent == [(0, [-4.0] * 6), (1, [-4.0] * 6), (2, [-4.0] * 6)]
+    assert peer.records == [(0, "applied", 1), (1, "applied", 1), (2, "applied", None)]
+    assert peer.params.tolist() == [30.0] * 6 and peer.round == 3
+    # θ_3 plus the progress of no further phase: the model ends at θ_2 + 4 steps (its last phase)
+    assert flat_params(peer.model).tolist() == [24.0] * 6
+
+
+@pytest.mark.parametrize("land_after", [1, 3])
+def test_where_it_lands_is_recorded(land_after):
+    peer = ToyPeer(rounds=2, steps=4, land_after=land_after)
+    run_overlapped(peer)
+    assert peer.records[0] == (0, "applied", land_after)
+
+
+def test_a_resync_mid_overlap_drops_the_phase_progress_and_starts_from_the_swarm_state():
+    peer = ToyPeer(rounds=8, steps=4, land_after=2, resync_round=0)
+    assert run_overlapped(peer, max_rounds=2) == 2
+    assert peer.records[0] == (0, "resync", None)
+    # The phase that ran beside round 0 had no valid base: round 5 (the resynced one) trains anew
+    # from θ = 100 and sends minus its 4 steps.
+    assert peer.sent[0] == (0, [-4.0] * 6) and peer.sent[1] == (5, [-4.0] * 6)
+
+
+def test_eager_start_disabled_keeps_the_local_parameters():
+    start = EagerStart(enabled=False)
+    node = SimpleNamespace(math=None, params=torch.ones(2), cfg=None)
+    assert start.start(node, torch.ones(2), 0) is None
+
+
+def test_eager_start_is_an_outer_step_on_a_copy_with_this_peers_delta():
+    opt = outer.build("nesterov", lr=0.7, momentum=0.9)
+    math = SimpleNamespace(outer_at=lambda r: opt, last_aggregate=None)
+    node = SimpleNamespace(math=math, params=torch.tensor([1.0, 2.0]),
+                           cfg=SimpleNamespace(rounds=SimpleNamespace(eager_estimate="own")))
+    start = EagerStart(enabled=True)
+    point = start.start(node, torch.tensor([1.0, 0.0]), 0)
+    # fresh Nesterov: buf = g, step = lr (g + m buf) = 0.7 x 1.9 g
+    assert point.tolist() == pytest.approx([1.0 - 1.33, 2.0])
+    assert opt.momentum_buffer is None or not opt.momentum_buffer.any()  # the real outer state is untouched
+    assert start.own_previous.tolist() == [1.0, 0.0]
+    start.joined(4)
+    assert start.peers == 4
+    start.forget()
+    assert start.own_previous is None and start.peers == 0
