@@ -22,7 +22,7 @@ from peer.cli.simulate_slices import LYING_OWNER  # noqa: E402
 from peer.run.config import (  # noqa: E402
     AggregationConfig, CompressionConfig, DataConfig, ExchangeConfig, InnerConfig, ModelConfig, OuterConfig, RunConfig,
 )
-from peer.run.round_math import WHOLE_VECTOR_RULES  # noqa: E402
+from peer.run.mode_math import WHOLE_VECTOR_RULES  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "benchmarks"
 PEERS = 8

@@ -92,6 +92,7 @@ class BenchCoordinator:
     def __init__(self, spec: ExchangeSpec, numel: int) -> None:
         self.identity = Identity.generate()
         self.math = RoundMath(spec.config(), numel)
+        self.sliced = self.math.mode.name == "sliced"  # this harness drives each mode's engine directly
 
     @property
     def public_key(self) -> bytes:
@@ -105,7 +106,7 @@ class BenchCoordinator:
             assert header.peer_id == peer_id
             entries.append(ManifestEntry(peer_id=peer_id, payload_sha256=header.payload_sha256, payload_size=header.payload_size,
                                          header=signed_to_json(signed), holders=[endpoint], serves=True))
-        if self.math.sliced:
+        if self.sliced:
             manifest = sliced_manifest(self.math, round_, entries, base_param_hash=BASE_HASH)
         else:
             manifest = RoundManifest(run_id=RUN_ID, round=round_, base_param_hash=BASE_HASH,
@@ -131,6 +132,7 @@ class ExchangePeer:
         self.pool = ChannelPool(self.counter)
         self.workers = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="bench-fetch")
         self.math = RoundMath(spec.config(), self.numel)
+        self.sliced = self.math.mode.name == "sliced"  # this harness drives each mode's engine directly
         self.exchange = SliceExchange(self.math, self.pool, self.store, self.workers, own_endpoint=self.endpoint,
                                       identity=self.identity)
         self.payload = b""
@@ -147,12 +149,12 @@ class ExchangePeer:
 
     def commit(self, round_: int) -> Header:
         payload = self.math.encode(self.update, round_)
-        slices = tuple(self.exchange.slice_hashes(payload)) if self.math.sliced else ()
+        slices = tuple(self.exchange.slice_hashes(payload)) if self.sliced else ()
         header = build_update_header(run_id=RUN_ID, round_=round_, peer_id=self.peer_id, codec=self.spec.codec, numel=self.numel,
                                      layout_hash=LAYOUT, base_param_hash=BASE_HASH, payload=payload, slices=slices)
         signed = sign_update(self.identity, header)
         self.store.put(StoredPayload(header, signed, payload), verified=True)  # we just hashed it
-        if self.math.sliced:
+        if self.sliced:
             self.exchange.serve_slices(header, payload)
         self.payload = payload
         return self.peer_id, signed.SerializeToString(), self.endpoint
@@ -160,12 +162,12 @@ class ExchangePeer:
     def open(self, signed_manifest: bytes, coordinator_key: bytes, round_: int) -> None:
         signed = swarm_pb2.Signed.FromString(signed_manifest)
         self.manifest = open_manifest(signed, keys=CoordinatorKeys.of_key(coordinator_key), run_id=RUN_ID, round_=round_)
-        if self.math.sliced:
+        if self.sliced:
             self.round = self.exchange.open_round(self.manifest, signed, round_, self.verify_header)
 
     def reduce(self) -> list[bytes]:
         """Reduce-scatter: this peer's owned slices, reduced and signed (serialized)."""
-        if not self.math.sliced:
+        if not self.sliced:
             return []
         assert self.round is not None
         return [s.SerializeToString() for s in self.exchange.reduce_owned(self.round)]
@@ -173,7 +175,7 @@ class ExchangePeer:
     def gather(self, results: list[bytes], round_: int) -> torch.Tensor:
         """All-gather (sliced) or fetch-all + aggregate (all-to-all); returns θ after the outer step from 0."""
         params = torch.zeros(self.numel)
-        if self.math.sliced:
+        if self.sliced:
             assert self.round is not None
             signed = [swarm_pb2.Signed.FromString(b) for b in results]
             self.outcome = self.exchange.gather(self.round, signed, spot_checks=self.math.cfg.exchange.spot_checks)

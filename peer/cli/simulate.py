@@ -50,7 +50,6 @@ from peer.cli.simulate_ddp import ConcatenatedSampler, ring_allreduce_bytes
 from peer.cli.simulate_options import SimulationOptions
 from peer.cli.simulate_result import Curve, human_bytes, log_round, simulation_result
 from peer.cli.simulate_slices import LYING_OWNER, LocalSlicedRound
-from peer.run.slice_plan import expected_traffic
 from peer.run.round_math import RoundMath, UpdateRejected
 from protocol.reasons import count_for_cause
 from peer.learn.training import InnerTrainer, evaluate
@@ -166,17 +165,9 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
                 receiver.step_with_aggregate(params, combined, round_=r)
 
             sizes = [0 if p is None else len(p) for p in payloads]
-            if receiver.sliced:  # expected bytes of the owner draw (every virtual peer serves)
-                result_bytes = receiver.numel * {"fp32": 4, "fp16": 2, "bf16": 2}[receiver.result_format]
-                xc = cfg.exchange
-                traffic = [expected_traffic(len(sizes), own, result_bytes, xc.replicas, spot_checks=xc.spot_checks,
-                                            coverage=xc.spot_check_coverage, num_slices=receiver.layout.num_slices)
-                           for own in sizes]
-                curve.upload_bytes.append([round(x["sent"]) for x in traffic])
-                curve.download_bytes.append([round(x["received"]) for x in traffic])
-            else:  # all-to-all: each peer uploads its payload once and fetches every other one
-                curve.upload_bytes.append(sizes)
-                curve.download_bytes.append([sum(sizes) - own for own in sizes])
+            upload, download = receiver.mode.traffic(receiver, sizes)
+            curve.upload_bytes.append(upload)
+            curve.download_bytes.append(download)
             load_flat_params(global_model, params)
             curve.val_loss.append(evaluate(global_model, val_batches))
             curve.train_loss.append(sum(losses) / len(losses))

@@ -18,6 +18,7 @@ import torch
 
 from optim import aggregate, codecs, outer, slicing, sparse_mean
 from peer.run.config import ConfigError, OuterConfig, RunConfig
+from peer.run.mode_math import mode_math
 from protocol.wire import swarm_pb2
 from protocol.envelope import UpdateHeader, open_update
 from protocol.reasons import Reason
@@ -71,23 +72,6 @@ def build_aggregator(cfg: RunConfig) -> aggregate.Aggregator:
         raise ConfigError(f"aggregation: {exc}") from None
 
 
-# Rules whose per-row decisions need whole-vector distances: run slice by slice, each owner would
-# score rows on its slice alone, so different slices could keep different rows (and a row could
-# hide a large deviation spread thinly over many slices). See docs/sliced-exchange.md.
-WHOLE_VECTOR_RULES = ("krum", "multi-krum", "geometric-median")
-
-
-def check_sliceable(cfg: RunConfig) -> None:
-    name = cfg.aggregation.name
-    if name in WHOLE_VECTOR_RULES or cfg.aggregation.options.get("nnm"):
-        what = "nearest-neighbour mixing" if name not in WHOLE_VECTOR_RULES else name
-        raise ConfigError(
-            f"{what} scores whole update vectors; the sliced exchange aggregates each slice on its own, where those "
-            "scores would differ slice by slice. Use median, trimmed-mean, mean or centered-clip (all exact or "
-            "robust per slice), or exchange.mode = \"all-to-all\" for a small swarm"
-        )
-
-
 class RoundMath:
     """Codec, outer optimizer and aggregator of a run, with the sender's local state."""
 
@@ -95,14 +79,13 @@ class RoundMath:
         self.cfg = cfg
         self.numel = numel
         codec = build_codec(cfg)
-        self.sliced = cfg.exchange.mode == "sliced"
+        self.mode = mode_math(cfg)  # what the exchange mode fixes in this math (peer/run/mode_math.py)
+        self.mode.check(cfg)
         # Sliced exchange: the codec runs slice by slice, so each slice verifies and decodes alone.
         self.layout = slicing.SliceLayout.build(numel, cfg.exchange.slices, slicing.codec_alignment(codec))
         self.sliced_codec = slicing.SlicedCodec(codec, self.layout)
-        self.codec = self.sliced_codec if self.sliced else codec
+        self.codec = self.mode.wire_codec(codec, self.sliced_codec)
         self.result_format = slicing.result_format(cfg.compression.codec)
-        if self.sliced:
-            check_sliceable(cfg)
         self.outer = outer.build(cfg.outer.name, **outer_options(cfg.outer))
         self.aggregator = build_aggregator(cfg)
         self._small_round = aggregate.build("median")
@@ -133,7 +116,7 @@ class RoundMath:
             numel=self.numel,
             layout_hash=layout_hash,
             max_payload_bytes=min(self.cfg.max_payload_bytes, self.codec.max_encoded_size(self.numel)),
-            num_slices=self.layout.num_slices if self.sliced else 0,
+            num_slices=self.mode.header_slices(self.layout),
         )
 
     def decode(self, payload: bytes, round_: int) -> torch.Tensor:
@@ -168,7 +151,7 @@ class RoundMath:
         if n == 0:
             return slicing.encode_result(torch.zeros(self.layout.size(j)), self.result_format)
         seed = codec_seed(self.cfg, round_)
-        rule, f = self._rule_for(n, excluded_for_cause)
+        rule, f = self.rule_for(n, excluded_for_cause)
         previous = self.aggregator.previous
         center = None if previous is None else previous[self.layout.range(j)]
         with single_thread():
@@ -189,7 +172,7 @@ class RoundMath:
         self.outer.lr = cfg.effective_lr if round_ is None else cfg.lr_at(round_, self.cfg.rounds.rounds)
         return self.outer
 
-    def _outer_step(self, params: torch.Tensor, combined: torch.Tensor, round_: int | None) -> None:
+    def outer_step(self, params: torch.Tensor, combined: torch.Tensor, round_: int | None) -> None:
         """θ_r -> θ_{r+1} in place with round `round_`'s step; the aggregate is kept for eager updates."""
         self.outer_at(round_).step(params, combined)
         self.last_aggregate = combined
@@ -197,11 +180,11 @@ class RoundMath:
     def step_with_aggregate(self, params: torch.Tensor, combined: torch.Tensor, *, round_: int | None = None) -> None:
         """Outer step of round `round_` on the gathered (d,) aggregate; it is also centered-clip's next centre."""
         with single_thread():
-            self._outer_step(params, combined, round_)
+            self.outer_step(params, combined, round_)
         if self.aggregator.name == "centered-clip":
             self.aggregator.previous = combined
 
-    def _rule_for(self, n: int, excluded_for_cause: int) -> tuple[aggregate.Aggregator, int]:
+    def rule_for(self, n: int, excluded_for_cause: int) -> tuple[aggregate.Aggregator, int]:
         """The rule and its f for n rows. A round smaller than the rule's minimum even at f = 0
         (krum needs 3) falls back to the coordinate median (the mean of 1 or 2 rows), the same on
         every node."""
@@ -262,28 +245,12 @@ class RoundMath:
         """
         if not updates:
             return None
-        if self.sliced:
-            return self._apply_sliced(params, updates, round_=round_ or 0, excluded_for_cause=excluded_for_cause)
-        seed = None if round_ is None else codec_seed(self.cfg, round_)
-        rule, f = self._rule_for(len(updates), excluded_for_cause)
-        with single_thread():
-            stacked = torch.stack([u.float() for u in updates])  # (n, d)
-            combined = rule(stacked, seed=seed, num_byzantine=f)  # (d,)
-            self._outer_step(params, combined, round_)
-        return rule.last_report
+        return self.mode.apply(self, params, updates, round_=round_, excluded_for_cause=excluded_for_cause)
 
-    def _apply_sliced(self, params: torch.Tensor, updates: list[torch.Tensor], *, round_: int, excluded_for_cause: int) -> None:
-        """The sliced exchange's math in one process (simulate, tests): every slice reduced as an
-        owner would, through the result format, then one outer step on the gathered vector."""
-        combined = torch.empty(self.numel, dtype=torch.float32)  # (d,)
-        rows = torch.empty(len(updates), max(self.layout.size(j) for j in range(self.layout.num_slices)))
-        for j in range(self.layout.num_slices):
-            part = self.layout.range(j)
-            view = rows[:, : self.layout.size(j)]
-            for i, update in enumerate(updates):
-                view[i] = update[part]
-            data = self.reduce_slice(view, j, round_=round_, excluded_for_cause=excluded_for_cause)
-            combined[part] = self.decode_result(data, j)
-        self.step_with_aggregate(params, combined, round_=round_)
-        return None
+    # --- what a mode's math uses ------------------------------------------------------------
+
+    def seed(self, round_: int) -> int:
+        return codec_seed(self.cfg, round_)
+
+    single_thread = staticmethod(single_thread)
 
