@@ -141,7 +141,7 @@ def make_update(served: Served, identity: Identity, *, seed: int = 0, round_: in
     header = build_update_header(
         run_id=c.cfg.run_id, round_=r, peer_id=identity.peer_id, codec=c.cfg.compression.codec, numel=c.numel,
         layout_hash=c.layout_hash, base_param_hash=c.param_hash, payload=payload,
-        slices=tuple(hashlib.sha256(part).hexdigest() for part in math.sliced_codec.split(payload)) if math.sliced else (),
+        slices=tuple(hashlib.sha256(part).hexdigest() for part in math.sliced_codec.split(payload)) if math.mode.header_slices(math.layout) else (),
     )
     return sign_update(identity, header), payload, header
 
