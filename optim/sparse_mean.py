@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from optim import aggregate
+from optim import aggregate, sparse_robust
 from optim.aggregate_mixing import canonical_order
 from optim.aggregate_rules import RuleResult
 
@@ -59,7 +59,9 @@ class SparseMean(aggregate.Aggregator):
 
 
 def build(name: str, num_byzantine: int = 0, **options: Any) -> aggregate.Aggregator:
-    """optim.aggregate.build, plus `sparse-mean`."""
+    """optim.aggregate.build, plus `sparse-mean` and `sparse-trimmed-mean` (optim/sparse_robust.py)."""
     if name == NAME:
         return SparseMean(num_byzantine, **options)
+    if name == sparse_robust.NAME:
+        return sparse_robust.SparseTrimmedMean(num_byzantine, **options)
     return aggregate.build(name, num_byzantine=num_byzantine, **options)
