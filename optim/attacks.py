@@ -15,7 +15,11 @@ attack: the update is honest work on poisoned batches, see
 ``stale-replay`` (delay), ``free-rider`` (mode), ``nan`` (inf),
 ``huge-norm`` (factor), ``min-max`` / ``min-sum`` (perturbation) and
 ``agr-tailored`` (rule, perturbation): the optimisation attacks of
-optim/attacks_minmax.py.
+optim/attacks_minmax.py; ``index-poison`` (scale, fraction), ``slow-accumulate``
+(magnitude, fraction, seed) and ``vote-tailored`` (scale, max_honest), each also
+with the codec's chunk and topk: the compression-aware attacks of
+optim/attacks_sparse.py, made for a per-chunk top-K codec and a rule that
+aggregates each coordinate over its senders.
 
 A data attack needs no hook in the trainer: wrap the attacker's sampler,
 ``InnerTrainer(model, cfg, PoisonedSampler(sampler))``.
@@ -31,6 +35,7 @@ from typing import Any
 import torch
 
 from optim import attacks_minmax as minmax
+from optim import attacks_sparse as sparse
 
 # name -> default options
 _OPTIONS: dict[str, dict[str, Any]] = {
@@ -45,6 +50,7 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     "nan": {"inf": False},
     "huge-norm": {"factor": 1e6},
     **minmax.OPTIONS,
+    **sparse.OPTIONS,
 }
 NAMES: tuple[str, ...] = tuple(_OPTIONS)
 
@@ -160,6 +166,7 @@ def _check_options(name: str, o: dict[str, Any]) -> None:
     if "inf" in o and not isinstance(o["inf"], bool):
         raise ValueError(f"attack {name}: option inf must be True or False, got {o['inf']!r}")
     minmax.check_options(name, o)
+    sparse.check_options(name, o)
 
 
 def _need_honest(name: str, honest: torch.Tensor) -> None:
@@ -247,4 +254,5 @@ _CRAFT: dict[str, Callable[..., torch.Tensor]] = {
     "nan": _nan,
     "huge-norm": _huge_norm,
     **minmax.CRAFT,
+    **sparse.CRAFT,
 }

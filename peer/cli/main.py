@@ -26,7 +26,7 @@ EPILOG_PEER = """examples:
 
 # optim.attacks.NAMES, spelled out so that --help does not import torch (tests check they agree).
 ATTACKS = ("sign-flip", "gaussian", "label-flip", "alie", "ipm", "mimic", "stale-replay", "free-rider", "nan", "huge-norm",
-           "min-max", "min-sum", "agr-tailored")
+           "min-max", "min-sum", "agr-tailored", "index-poison", "slow-accumulate", "vote-tailored")
 
 
 def _shard(text: str) -> tuple[int, int]:
