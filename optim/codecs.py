@@ -194,15 +194,23 @@ class ErrorFeedback:
     lets stale dropped values fade), so over many rounds the sum of what receivers decode
     tracks the sum of the inputs, off by exactly the current (bounded) residual. Non-finite residual
     entries are reset to 0 so one bad input cannot poison every later round.
+
+    What the swarm did not apply: with keep_sent=True the decoded message of the last encode is
+    kept (last_sent, (d,) float32), and restore_unapplied(applied) adds it back to the residual
+    wherever the applied aggregate is exactly 0 (the vote did not create that coordinate, a
+    compressed aggregate dropped it, or the round was not applied at all: pass zeros). Our values
+    there never reached the model, so they stay owed instead of being lost.
     """
 
-    def __init__(self, codec: Codec, numel: int, *, decay: float = 1.0):
+    def __init__(self, codec: Codec, numel: int, *, decay: float = 1.0, keep_sent: bool = False):
         if not 0 < decay <= 1:
             raise ValueError(f"error-feedback decay {decay}: use a value in (0, 1] (1.0: classic error feedback)")
         self.codec = codec
         self.numel = numel
         self.decay = decay
+        self.keep_sent = keep_sent
         self.residual = torch.zeros(numel, dtype=torch.float32)
+        self.last_sent: torch.Tensor | None = None  # (d,) float32, the decoded last message (keep_sent)
 
     def encode(self, x: torch.Tensor, *, seed: int = 0) -> bytes:
         if x.shape != (self.numel,):
@@ -212,19 +220,43 @@ class ErrorFeedback:
         corrected = self.residual.add_(x.detach().to(device="cpu", dtype=torch.float32))  # (d,), in place: x + residual
         payload = self.codec.encode(corrected, seed=seed)
         if self.codec.lossless:
+            self.last_sent = corrected.clone() if self.keep_sent else None
             self.residual.zero_()
         else:
-            corrected.sub_(self.codec.decode(payload, self.numel, seed=seed))  # what the codec dropped
+            sent = self.codec.decode(payload, self.numel, seed=seed)  # (d,) what receivers decode
+            self.last_sent = sent if self.keep_sent else None
+            corrected.sub_(sent)  # what the codec dropped
             corrected.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
         return payload
 
+    def restore_unapplied(self, applied: torch.Tensor) -> int:
+        """Add last_sent back to the residual where `applied` ((d,), the decoded aggregate the
+        swarm applied) is exactly 0; returns how many of our sent coordinates that was. Once per
+        message: last_sent is then forgotten, so a second call restores nothing."""
+        if not self.keep_sent:
+            raise RuntimeError("restore_unapplied needs ErrorFeedback(..., keep_sent=True): the last message was not kept")
+        if not isinstance(applied, torch.Tensor) or applied.shape != (self.numel,):
+            raise ValueError(f"restore_unapplied: applied must be a ({self.numel},) tensor, got {_describe(applied)}")
+        if self.last_sent is None:
+            return 0
+        lost = (applied.detach().to("cpu") == 0) & (self.last_sent != 0)  # (d,)
+        self.residual.add_(torch.where(lost, self.last_sent, 0.0)).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        self.last_sent = None
+        return int(lost.sum())
+
     def state_dict(self) -> dict:
-        return {"spec": self.codec.spec, "residual": self.residual.clone()}
+        last_sent = None if self.last_sent is None else self.last_sent.clone()
+        return {"spec": self.codec.spec, "residual": self.residual.clone(), "last_sent": last_sent}
 
     def load_state_dict(self, d: dict) -> None:
+        """Restore a state_dict; one saved before last_sent existed loads with none kept."""
         if d.get("spec") != self.codec.spec:
             raise ValueError(f"error-feedback state was saved for codec {d.get('spec')!r}, this one is {self.codec.spec!r}")
-        residual = d["residual"]
-        if not isinstance(residual, torch.Tensor) or residual.shape != (self.numel,):
-            raise ValueError(f"error-feedback residual must be a ({self.numel},) tensor, got {_describe(residual)}")
+        residual, last_sent = d["residual"], d.get("last_sent")
+        for name, value in (("residual", residual), ("last_sent", last_sent)):
+            if name == "last_sent" and value is None:
+                continue
+            if not isinstance(value, torch.Tensor) or value.shape != (self.numel,):
+                raise ValueError(f"error-feedback {name} must be a ({self.numel},) tensor, got {_describe(value)}")
         self.residual = residual.detach().to(device="cpu", dtype=torch.float32).clone()
+        self.last_sent = None if last_sent is None else last_sent.detach().to(device="cpu", dtype=torch.float32).clone()

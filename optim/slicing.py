@@ -15,17 +15,29 @@ signed header can commit to each slice's sha256 separately.
 Slice boundaries fall on multiples of the codec's block and chunk sizes, so slicing changes no
 block's or chunk's contents: a dense codec encodes a sliced vector to exactly the bytes it would
 give unsliced, minus the per-slice codec headers.
+
+An owner publishes each aggregated slice in a result format: a dense dtype (fp32, fp16, bf16:
+result_format picks one from the run's codec) or a codec spec (e.g. chunk-topk:4096:64+int8,
+result_codec), so the aggregate is compressed too. Either way the bytes are a pure function of
+the aggregate and the format (seed RESULT_SEED, top-k ties to the lower index), so every honest
+owner of a slice signs the same hash; result_size gives their exact length.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
 
 import torch
 
-from optim.codecs import Codec, CodecError
+from optim.bitpack import pack_bits
+from optim.codecs import Codec, CodecError, StagedCodec
+from optim.codecs import build as build_codec
+from optim.quantize import BlockQuantFormat, CastFormat
+from optim.sparsify import ChunkTopK, RandK, TopK, encode_index_set, offset_width
+from optim.stat_quant import StatFormat
 
 
 def all_finite(values: torch.Tensor) -> bool:
@@ -147,31 +159,107 @@ class SlicedCodec:
 
 
 RESULT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+RESULT_SEED = 0  # a compressed result is reproducible by anyone: no round secret in it
+# What a compressed result may use: selections and roundings that are pure functions of the values
+# (exact comparisons, amax, serial sums). dct-topk (a float matmul) and sign (a vectorised mean
+# per block) may round differently on another CPU or thread count, so owners would disagree.
+_RESULT_SPARSIFIERS = (ChunkTopK, TopK, RandK, type(None))
+_RESULT_VALUES = (CastFormat, BlockQuantFormat, StatFormat)
 
 
 def result_format(codec_spec: str) -> str:
     """The dtype an aggregated slice travels in: fp32 for a lossless codec, fp16 otherwise
     (bf16 when the run's values are bf16). Rounding happens once, on the owner, before the
-    result is hashed and signed, so every peer applies the very same values."""
+    result is hashed and signed, so every peer applies the very same values. (A compressed
+    result format, a codec spec, is chosen explicitly: see result_codec.)"""
     values = codec_spec.split("+")[-1].strip()
     if values in ("fp32", "bf16"):
         return values
     return "fp16"
 
 
+def is_dense_result(fmt: str) -> bool:
+    """True for the dense dtype formats (fp32, fp16, bf16), False for a codec spec."""
+    return fmt in RESULT_DTYPES
+
+
+@functools.lru_cache(maxsize=16)
+def result_codec(fmt: str) -> StagedCodec:
+    """The codec of a compressed result format, e.g. "chunk-topk:4096:64+int8". ValueError for a
+    dense format or a spec whose encoding is not reproducible bit for bit (dct-topk, sign)."""
+    if is_dense_result(fmt):
+        raise ValueError(f"result format {fmt!r} is dense (a dtype), not a codec")
+    codec = build_codec(fmt)
+    if not (isinstance(codec, StagedCodec) and isinstance(codec.sparsifier, _RESULT_SPARSIFIERS)
+            and isinstance(codec.values, _RESULT_VALUES)):
+        raise ValueError(
+            f"result format {fmt!r}: an aggregate must encode to the same bytes on every owner; use a dense "
+            f"dtype (fp32, fp16, bf16) or chunk-topk / topk / randk with fp32, fp16, bf16, int8, int4, int2 "
+            f"or stat2 values (not dct-topk or sign)"
+        )
+    return codec
+
+
+def result_size(size: int, fmt: str) -> int:
+    """Exact bytes of an aggregated slice of `size` values in format `fmt` (every result of a
+    format has this length, so a receiver checks it before reading)."""
+    if is_dense_result(fmt):
+        return size * torch.empty((), dtype=RESULT_DTYPES[fmt]).element_size()
+    return result_codec(fmt).max_encoded_size(size)
+
+
 def encode_result(values: torch.Tensor, fmt: str) -> bytes:
-    """(s,) float32 aggregate -> bytes in format `fmt` (little-endian)."""
+    """(s,) float32 aggregate -> bytes in format `fmt` (little-endian). A codec format keeps, per
+    its sparsifier, the largest magnitudes, ties going to the lower index (torch.topk leaves ties
+    to the implementation), so the bytes are a pure function of (values, fmt)."""
+    if not is_dense_result(fmt):
+        return _encode_compressed(values.detach().to(device="cpu", dtype=torch.float32).flatten().contiguous(), fmt)
     if fmt == "fp16":  # a value past fp16's range becomes its largest finite value, not inf
         values = values.clamp(-65504.0, 65504.0)
     return values.detach().to(RESULT_DTYPES[fmt]).contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def decode_result(data: bytes, size: int, fmt: str) -> torch.Tensor:
-    dtype = RESULT_DTYPES[fmt]
-    expected = size * torch.empty((), dtype=dtype).element_size()
-    if len(data) != expected:
-        raise CodecError(f"aggregated slice: expected {expected} bytes for {size} {fmt} values, got {len(data)}")
-    values = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).to(torch.float32)
+    """Bytes of an aggregated slice -> (size,) float32; CodecError for a wrong length, bytes the
+    format cannot hold, or non-finite values."""
+    if is_dense_result(fmt):
+        dtype = RESULT_DTYPES[fmt]
+        expected = size * torch.empty((), dtype=dtype).element_size()
+        if len(data) != expected:
+            raise CodecError(f"aggregated slice: expected {expected} bytes for {size} {fmt} values, got {len(data)}")
+        values = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).to(torch.float32)
+    else:
+        values = result_codec(fmt).decode(bytes(data), size, seed=RESULT_SEED)
     if not all_finite(values):
         raise CodecError("aggregated slice holds NaN or Inf values")
     return values
+
+
+def _encode_compressed(x: torch.Tensor, fmt: str) -> bytes:
+    codec = result_codec(fmt)
+    sparsifier = codec.sparsifier
+    if isinstance(sparsifier, ChunkTopK):
+        index_bytes, kept = _chunk_topk_by_index(x, sparsifier)
+    elif isinstance(sparsifier, TopK):
+        indices = _largest_first(x.abs(), sparsifier.num_values(x.numel())).sort().values
+        index_bytes, kept = encode_index_set(indices, x.numel()), x[indices]
+    else:  # no sparsifier, or randk (its index set is a pure function of the fixed seed)
+        return codec.encode(x, seed=RESULT_SEED)
+    return codec._header() + index_bytes + codec.values.encode(kept)
+
+
+def _largest_first(magnitude: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest entries along the last dim, ties to the lower index: a stable
+    descending sort keeps equal entries in index order (exact comparisons, any machine)."""
+    return torch.sort(magnitude, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
+def _chunk_topk_by_index(x: torch.Tensor, sparsifier: ChunkTopK) -> tuple[bytes, torch.Tensor]:
+    """ChunkTopK's index bytes and kept values (its exact layout) with the tie-break above."""
+    chunk, numel = sparsifier.chunk, x.numel()
+    magnitude = torch.full((-(-numel // chunk) * chunk,), -1.0)
+    magnitude[:numel] = x.abs()  # padding gets -1: after every real value of the short last chunk
+    offsets = _largest_first(magnitude.view(-1, chunk), sparsifier.k).sort(dim=1).values  # (chunks, K)
+    indices = (offsets + torch.arange(offsets.shape[0])[:, None] * chunk).view(-1)
+    keep = indices < numel
+    return pack_bits(offsets.view(-1)[keep], offset_width(chunk)), x[indices[keep]]
