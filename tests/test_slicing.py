@@ -77,6 +77,17 @@ def test_reduce_slice_is_bit_identical_for_any_row_order():
     assert math.reduce_slice(rows, 2, round_=3) != math.reduce_slice(rows * 2, 2, round_=3)
 
 
+def test_sparse_trimmed_mean_reduces_a_slice_bit_identically_for_any_row_order():
+    math = RoundMath(sliced_config(name="sparse-trimmed-mean", num_byzantine=1), 4000)
+    gen = torch.Generator().manual_seed(4)
+    rows = torch.randn(5, math.layout.size(1), generator=gen)
+    rows.masked_fill_(torch.rand(rows.shape, generator=gen) > 0.3, 0.0)  # sparse: supports differ
+    rows[3] *= 100.0  # clipped
+    assert math.reduce_slice(rows, 1, round_=3) == math.reduce_slice(rows[[4, 2, 0, 3, 1]], 1, round_=3)
+    combined = math.decode_result(math.reduce_slice(rows, 1, round_=3), 1)
+    assert 0 < int((combined != 0).sum()) < rows.shape[1]  # coordinates with < f+1 = 2 senders stay 0
+
+
 @pytest.mark.parametrize("rule", ["krum", "multi-krum", "geometric-median"])
 def test_whole_vector_rules_are_refused_in_sliced_mode(rule):
     with pytest.raises(ConfigError, match="slice"):
