@@ -35,6 +35,7 @@ class Reason(enum.StrEnum):
     STALE_HEARTBEAT = "stale-heartbeat"
     NOT_ALLOWED = "not-allowed"
     NOT_OWNER = "not-owner"
+    WRONG_TOKENIZER = "wrong-tokenizer"
     # signatures and envelopes
     BAD_SIGNATURE = "bad-signature"
     FORGED = "forged"

@@ -201,7 +201,7 @@ def run_lock(args) -> dict:
         thread.start()
         time.sleep(1.0)
         t_close = time.monotonic()
-        if hasattr(coordinator, "_apply_closed"):  # after 0acbfb1: close_round takes the lock for the manifest only
+        if hasattr(coordinator, "_apply_closed") or hasattr(coordinator, "clock"):  # after 0acbfb1: close_round takes the lock for the manifest only
             coordinator.close_round("bench")
         else:  # before: tick() held the lock over the whole close (aggregate, evaluate, checkpoint)
             with coordinator.lock:

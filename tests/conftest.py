@@ -19,7 +19,7 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:  # `tests.helpers` below, and the tests' own `from tests.helpers import ...`
     sys.path.insert(0, _ROOT)
 
-from tests.helpers import ROOT, tiny_run_config, write_run_config  # noqa: E402,F401 (test_coordinator_unit imports tiny_run_config from here)
+from tests.helpers import ROOT, tiny_run_config, write_run_config  # noqa: E402,F401
 
 
 @pytest.fixture

@@ -3,154 +3,29 @@
 Equivocation (committed or pushed) bans with evidence; replayed and forged updates are refused
 with their reason counted; a commitment cannot redirect the coordinator's fetcher; peers, bans
 and evidence survive a coordinator restart from its checkpoint. `serve_coordinator` and the
-signed-message helpers are shared with tests/test_fuzz_rpc.py and tests/test_fault_tolerance.py.
+signed-message helpers are tests/coordinator_harness.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import base64
-import hashlib
-import json
-import threading
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterator
 
 import grpc
 import pytest
-import torch
 
 from peer.run.config import RunConfig
-from peer.coordinator.server import build_coordinator_server
-from peer.coordinator.service import CoordinatorServicer
 from peer.coordinator.state import Coordinator
 from peer.node.coordinator_client import CoordinatorClient
-from peer.run.round_math import RoundMath
 from protocol.accounting import ByteCounter
-from tests.conftest import tiny_run_config
-from protocol.wire import swarm_pb2, swarm_pb2_grpc
-from protocol.envelope import HEARTBEAT_TAG, JOIN_TAG, UpdateHeader, build_update_header, sign_update
+from protocol.wire import swarm_pb2
+from protocol.envelope import HEARTBEAT_TAG
 from protocol.identity import Identity, verify_signature
-from protocol.payload_service import PayloadServicer, push_chunks
-from protocol.ratelimit import CallerLimits
+from protocol.payload_service import push_chunks
 from protocol.rpc_errors import Refused, refusal_of
 from protocol.signing import sign_body
-
-
-def tiny_config(**rounds) -> RunConfig:
-    """The one tiny run config (tests/conftest.py), a little smaller still for these in-process tests.
-
-    They drive the coordinator's own payload verification, which only the all-to-all exchange
-    has; the sliced round is covered by tests/test_slice_exchange.py and the swarm tests."""
-    return tiny_run_config(
-        data={"val_batches": 2, "max_corpus_bytes": 300_000}, inner={"steps": 4, "warmup_steps": 2},
-        rounds={"rounds": 3, "min_deadline_s": 2.0, "deadline_s": 30.0, "peer_timeout_s": 6.0, **rounds},
-        exchange={"mode": "all-to-all"},
-    )
-
-
-@dataclass
-class Served:
-    coordinator: Coordinator
-    servicer: CoordinatorServicer
-    payloads: PayloadServicer
-    endpoint: str
-    channel: grpc.Channel
-    stub: swarm_pb2_grpc.CoordinatorStub
-    peer_stub: swarm_pb2_grpc.PeerStub
-
-    def status(self) -> dict:
-        return json.loads(self.stub.Status(swarm_pb2.StatusRequest(), timeout=10).json)
-
-    def rejections(self) -> dict[str, int]:
-        return dict(self.coordinator.registry.rejections)
-
-
-@contextmanager
-def serve_coordinator(
-    cfg: RunConfig,
-    *,
-    checkpoint_path: Path | None = None,
-    generous_limits: bool = False,
-    limits: CallerLimits | None = None,
-    identity: Identity | None = None,
-    **servicer_options,
-) -> Iterator[Served]:
-    """A Coordinator on 127.0.0.1, served by build_coordinator_server exactly as the CLI serves it."""
-    coordinator = Coordinator(cfg, identity or Identity.generate(), checkpoint_path=checkpoint_path)
-    if generous_limits:  # let hostile calls reach the handlers (rate limiting has its own test)
-        limits = CallerLimits(per_peer_rate=1e6, per_peer_burst=1e6)
-    built = build_coordinator_server(coordinator, host="127.0.0.1", port=0, limits=limits, **servicer_options)
-    built.server.start()
-    channel = grpc.insecure_channel(coordinator.endpoint)
-    try:
-        yield Served(
-            coordinator, built.servicer, built.payloads, coordinator.endpoint, channel,
-            swarm_pb2_grpc.CoordinatorStub(channel), swarm_pb2_grpc.PeerStub(channel),
-        )
-    finally:
-        channel.close()
-        built.server.stop(0).wait(5)
-        coordinator.fetchers.shutdown(wait=False, cancel_futures=True)
-        coordinator.channels.close()
-
-
-@contextmanager
-def round_clock(coordinator: Coordinator, period_s: float = 0.05) -> Iterator[None]:
-    """What coordinator_main's loop does: tick the round clock until the block ends."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(period_s):
-            coordinator.tick()
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(5)
-
-
-def join_body(served: Served, endpoint: str = "", **extra) -> dict:
-    return {"run_id": served.coordinator.cfg.run_id, "endpoint": endpoint, "client_mode": not endpoint,
-            "version": "test", "timestamp": time.time(), **extra}
-
-
-def join(served: Served, identity: Identity, endpoint: str = "") -> swarm_pb2.JoinReply:
-    return served.stub.Join(sign_body(identity, JOIN_TAG, join_body(served, endpoint)), timeout=10)
-
-
-def heartbeat(served: Served, identity: Identity, **fields) -> swarm_pb2.HeartbeatReply:
-    c = served.coordinator
-    body = {"peer_id": identity.peer_id, "round": c.round, "param_hash": c.param_hash, "state": "training",
-            "timestamp": time.time(), **fields}
-    return served.stub.Heartbeat(sign_body(identity, HEARTBEAT_TAG, body), timeout=10)
-
-
-def make_update(served: Served, identity: Identity, *, seed: int = 0, round_: int | None = None) -> tuple[swarm_pb2.Signed, bytes, UpdateHeader]:
-    """A valid signed update for the open round: a small random pseudo-gradient, encoded with the run's codec."""
-    c = served.coordinator
-    r = c.round if round_ is None else round_
-    math = RoundMath(c.cfg, c.numel)
-    payload = math.encode(torch.randn(c.numel, generator=torch.Generator().manual_seed(seed)) * 1e-3, r)
-    header = build_update_header(
-        run_id=c.cfg.run_id, round_=r, peer_id=identity.peer_id, codec=c.cfg.compression.codec, numel=c.numel,
-        layout_hash=c.layout_hash, base_param_hash=c.param_hash, payload=payload,
-        slices=tuple(hashlib.sha256(part).hexdigest() for part in math.sliced_codec.split(payload)) if math.mode.header_slices(math.layout) else (),
-    )
-    return sign_update(identity, header), payload, header
-
-
-def push_and_commit(served: Served, signed: swarm_pb2.Signed, payload: bytes) -> swarm_pb2.CommitReply:
-    """Client-mode path: push the payload, then commit with no endpoint (verified synchronously)."""
-    reply = served.peer_stub.PushPayload(push_chunks(signed, payload), timeout=10)
-    assert reply.accepted
-    return served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=signed), timeout=10)
+from tests.coordinator_harness import heartbeat, join, make_update, push_and_commit, serve_coordinator, tiny_config
 
 
 @pytest.fixture(scope="module")

@@ -174,7 +174,7 @@ def test_resume_continues_bit_for_bit(tmp_path):
     the start) must differ, or the comparison proves nothing.
     """
     from peer.node.node import PeerNode, PeerOptions
-    from tests.test_coordinator_unit import round_clock, serve_coordinator  # owned there; not yet in tests/helpers.py
+    from tests.coordinator_harness import round_clock, serve_coordinator
 
     cfg = tiny_run_config(rounds={"rounds": 4, "expected_peers": 1})
 

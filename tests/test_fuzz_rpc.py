@@ -26,7 +26,7 @@ from protocol.run_state import CoordinatorKeys
 from protocol.payload_service import push_chunks
 from protocol.signing import sign_body
 from tests.helpers import tiny_run_config
-from tests.test_coordinator_unit import heartbeat, join, join_body, make_update, serve_coordinator
+from tests.coordinator_harness import heartbeat, join, join_body, make_update, serve_coordinator
 
 COORDINATOR = "/swarmloco.v1.Coordinator/"
 PEER = "/swarmloco.v1.Peer/"
@@ -375,4 +375,4 @@ def test_sliced_round_rpcs_survive_hostile_messages():
             assert served.stub.SubmitSliceResult(sign_slice_result(owner, result(slice=j)), timeout=10).accepted
         assert served.stub.SubmitSliceResult(sign_slice_result(owner, result(slice=0)), timeout=10).accepted  # idempotent
         with c.lock:
-            assert c.sliced.should_finalize(time.monotonic())[0]
+            assert c.exchange.should_finalize(time.monotonic())[0]

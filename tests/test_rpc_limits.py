@@ -16,7 +16,7 @@ from protocol.identity import Identity
 from protocol.ratelimit import CallerLimits
 from protocol.wire import swarm_pb2
 from tests.helpers import tiny_run_config
-from tests.test_coordinator_unit import join, make_update, serve_coordinator  # owned there; not yet in tests/helpers.py
+from tests.coordinator_harness import join, make_update, serve_coordinator
 
 ALL_TO_ALL = {"mode": "all-to-all"}  # the coordinator's own payload checks run in the all-to-all exchange
 

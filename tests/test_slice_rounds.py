@@ -24,8 +24,8 @@ from protocol.rpc_errors import refusal_of
 from protocol.signing import sign_body
 from protocol.slice_result import SliceResult, sign_slice_result
 from protocol.wire import swarm_pb2
-from tests.conftest import tiny_run_config
-from tests.test_coordinator_unit import Served, join, make_update, serve_coordinator
+from tests.helpers import tiny_run_config
+from tests.coordinator_harness import Served, join, make_update, serve_coordinator
 
 RESULT_TIMEOUT_S = 30.0
 

@@ -62,7 +62,7 @@ def test_coordinator_refuses_a_join_that_names_another_tokenizer(tmp_path):
     from protocol.signing import sign_body
     from protocol.wire import swarm_pb2
 
-    from tests.test_coordinator_unit import serve_coordinator
+    from tests.coordinator_harness import serve_coordinator
 
     cfg = with_tokenizer_hash(bpe_config(text_folder(tmp_path / "a", 0)))
     with serve_coordinator(cfg) as served:

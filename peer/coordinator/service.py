@@ -119,7 +119,7 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
             )
         expected = c.cfg.data.tokenizer_sha256 if c.cfg.data.tokenizer == "bpe" else ""
         if expected and fields.get("tokenizer_sha256") != expected:
-            c.registry.reject("wrong-tokenizer")
+            c.registry.reject(Reason.WRONG_TOKENIZER)
             said = fields.get("tokenizer_sha256")
             return swarm_pb2.JoinReply(
                 accepted=False, refusal=swarm_pb2.WRONG_RUN,

@@ -21,7 +21,7 @@ from peer.coordinator.commitments import Admission
 from peer.coordinator.registry import PeerRegistry
 from peer.coordinator.round_book import AdaptiveDeadline, RoundBook, RoundResult, result_dict
 from peer.coordinator.status_view import coordinator_status
-from peer.exchange.coordinator_side import CoordinatorExchange, OpenRound, RoundContext
+from peer.exchange.coordinator_side import OpenRound, RoundContext
 from peer.exchange.modes import coordinator_exchange
 from peer.learn.data import load_corpus, validation_batches
 from peer.learn.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
@@ -181,11 +181,6 @@ class Coordinator:
     @property
     def deadline(self) -> AdaptiveDeadline:
         return self.clock.deadline
-
-    @property
-    def sliced(self) -> CoordinatorExchange:
-        """Deprecated alias of `exchange`, kept while tests/test_fuzz_rpc.py still reads it."""
-        return self.exchange
 
     # --- commitments (peer/coordinator/commitments.py) and the clock (peer/coordinator/clock.py) ---
 

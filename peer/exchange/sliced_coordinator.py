@@ -26,12 +26,12 @@ import torch
 
 from peer.coordinator.round_book import Commitment, RoundBook
 from peer.exchange.coordinator_side import Aggregated, CoordinatorExchange, RoundContext
-from peer.run.slice_exchange import GatherOutcome, Lie, SliceExchange, SliceRound, sliced_manifest
+from peer.run.slice_exchange import Lie, SliceExchange, SliceRound, sliced_manifest
 from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest
 from protocol.payload_service import StoredPayload
 from protocol.reasons import Reason
 from protocol.rpc_errors import RpcAbort, refusal_for
-from protocol.slice_result import open_mismatch_report, signed_to_text
+from protocol.slice_result import SliceResult, open_mismatch_report, signed_to_text
 from protocol.wire import swarm_pb2
 
 log = logging.getLogger("swarmloco.coordinator")

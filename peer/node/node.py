@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from peer import VERSION
-from peer.exchange.peer_modes import PEER_SIDES
+from peer.exchange import modes
 from peer.exchange.outcome import Applied, Fatal, Finished, Resync, RoundOutcome, Unreachable
 from peer.exchange.peer_side import PeerExchange, PeerExchangeContext
 from peer.learn.data import DeviceSampler, peer_sampler
@@ -197,7 +197,7 @@ class PeerNode:
 
     def make_exchange(self) -> PeerExchange:
         """The run's exchange mode, the peer's side (a seam: the tests' Byzantine owners override it)."""
-        return PEER_SIDES[self.cfg.exchange.mode](self.exchange_context())
+        return modes.peer_exchange(self.cfg.exchange.mode, self.exchange_context())
 
     def announce(self) -> None:
         """(Re)write our DHT record; the heartbeat refreshes it before it expires."""
