@@ -42,7 +42,6 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
         sys.path.insert(0, extra)
 
 LINK_BITS_PER_S = 100e6
-RESULT_BYTES_PER_PARAM = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 def run_config(*, peers: int, rounds: int, inner_steps: int, codec: str, mode: str, slices: int, replicas: int, spot_checks: int):
@@ -59,6 +58,22 @@ def run_config(*, peers: int, rounds: int, inner_steps: int, codec: str, mode: s
         "exchange": {"mode": mode, "slices": slices, "replicas": replicas, "spot_checks": spot_checks,
                      "result_timeout_s": 300.0},
     })
+
+
+def exchange_sizes(cfg) -> dict:
+    """What one peer's round moves by construction: the model's numel, the payload P (the wire
+    codec's largest message), the aggregate A (every slice's result in the result format, dense or
+    a codec spec: exchange.result_codec), the slice count S and the result format."""
+    from optim import slicing
+    from peer.learn.model import build_model, num_params
+    from peer.run.round_math import RoundMath
+
+    numel = num_params(build_model(cfg.model, cfg.seed))
+    rm = RoundMath(cfg, numel)
+    layout = rm.layout
+    return {"numel": numel, "payload": rm.codec.max_encoded_size(numel), "result_format": rm.result_format,
+            "result": sum(slicing.result_size(layout.size(j), rm.result_format) for j in range(layout.num_slices)),
+            "slices": layout.num_slices}
 
 
 def ledger_rows(summary: dict, coordinator_endpoint: str, coordinator_id: str) -> list[dict]:
@@ -183,18 +198,13 @@ def plan(args) -> list[tuple[str, str, int]]:
 
 
 def measure(args) -> list[dict]:
-    from peer.learn.model import build_model, num_params
-    from peer.run.round_math import RoundMath
-
     base = Path(args.workdir or tempfile.mkdtemp(prefix="swarmloco-scale-"))
     results = []
     for codec, mode, n in plan(args):
         cfg = run_config(peers=n, rounds=args.rounds, inner_steps=args.inner_steps, codec=codec, mode=mode,
                          slices=args.slices, replicas=args.replicas, spot_checks=args.spot_checks)
-        numel = num_params(build_model(cfg.model, cfg.seed))
-        rm = RoundMath(cfg, numel)
-        payload = rm.codec.max_encoded_size(numel)
-        result_bytes = numel * RESULT_BYTES_PER_PARAM[rm.result_format]  # the gathered aggregate
+        sizes = exchange_sizes(cfg)
+        numel, payload, result_bytes = sizes["numel"], sizes["payload"], sizes["result"]  # P, the gathered aggregate A
         print(f"{codec} {mode} n={n}: running ({args.rounds} rounds x {args.inner_steps} inner steps)", flush=True)
         run = run_swarm(cfg, peers=n, workdir=base / f"{codec.replace(':', '_')}-{mode}-{n}")
         r = summarize(codec, mode, n, args, numel, payload, result_bytes, run)
@@ -252,12 +262,9 @@ def projection(results: list[dict], link_bits_per_s: float = LINK_BITS_PER_S) ->
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--peers", type=int, nargs="+", default=[3, 6, 9, 12])
-    parser.add_argument("--codec", nargs="+", default=["fp16"])
-    parser.add_argument("--mode", nargs="+", default=["sliced"], choices=["sliced", "all-to-all"])
-    parser.add_argument("--all-to-all-peers", type=int, nargs="*", default=[], help="also run all-to-all at these sizes")
+def add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The shape of every measured swarm (rounds, H, slices, owners, spot checks, rounds left out,
+    where the runs write): the flags run_config and summarize read, shared with bench_compressed."""
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--inner-steps", type=int, default=2)
     parser.add_argument("--slices", type=int, default=32)
@@ -265,6 +272,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spot-checks", type=int, default=1)
     parser.add_argument("--skip-rounds", type=int, default=1, help="leave out the first rounds (joins, warm-up) from the figures")
     parser.add_argument("--workdir")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--peers", type=int, nargs="+", default=[3, 6, 9, 12])
+    parser.add_argument("--codec", nargs="+", default=["fp16"])
+    parser.add_argument("--mode", nargs="+", default=["sliced"], choices=["sliced", "all-to-all"])
+    parser.add_argument("--all-to-all-peers", type=int, nargs="*", default=[], help="also run all-to-all at these sizes")
+    add_swarm_arguments(parser)
     parser.add_argument("--json", default=str(ROOT / "benchmarks/scale.json"))
     parser.add_argument("--merge", action="store_true", help="keep the runs already in --json that this invocation does not repeat")
     parser.add_argument("--write-md", nargs="?", const=str(ROOT / "benchmarks/scale.md"), metavar="PATH")

@@ -168,3 +168,52 @@ def test_fidelity_goals_weigh_three_seeds_and_judge_a_row_against_its_twin():
     assert "within 1% of synchronous" in lines and "**NOT reached** — best row with 3 seeds `overlap`: +1.50%" in lines
     assert "best single-seed screen (not settled) `overlap lucky`: +0.00%" in lines
     assert "**reached** — best row with 3 seeds `big batch`: +2.78% vs DDP batch 16" in lines
+
+
+def test_compressed_exchange_md_is_built_from_its_json_and_judges_the_targets(tmp_path):
+    """bench_compressed's report from a synthetic JSON (no swarm): the rows say how they ran, the
+    ratio is fp32's total over the row's at the same n, control and data are split, and each
+    target is judged on the stored figures."""
+    import bench_compressed as bc
+
+    def row(label: str, n: int, codec: str, aggregator: str, f: int, result: str, outer: str, sent: int, received: int,
+            control: int) -> dict:
+        config = {"exchange": {"mode": "sliced", "replicas": 2, "spot_checks": 1, "result_codec": result},
+                  "rounds": {"expected_peers": n, "rounds": 3}, "compression": {"codec": codec, "error_feedback": True},
+                  "aggregation": {"name": aggregator, "num_byzantine": f}, "outer": {"name": outer, "lr": 0.7},
+                  "inner": {"steps": 2}}
+        ledger = [{"peer": f"p{i}", "round": k, "sent": sent, "received": received + 10 * i, "control_sent": control // 4,
+                   "control_received": control, "in_sync": True, "updates": n} for i in range(n) for k in range(3)]
+        sizes = {"numel": 1000, "payload": 100, "result": 200, "result_format": result or "fp32", "slices": 32}
+        run = {"rows": ledger, "wall_s": 1.0, "problems": [], "rounds_done": 3}
+        return bc.summarize_setup(label, config, sizes, run, skip_rounds=1)
+
+    runs = [row(bc.REFERENCE, 4, "fp32", "median", 0, "", "nesterov", 4_000_000, 4_000_000, 40_000),
+            row(bc.REFERENCE, 12, "fp32", "median", 0, "", "nesterov", 5_000_000, 5_000_000, 100_000),
+            row(bc.RECIPE, 4, "chunk-topk:4096:64+stat2", "sparse-trimmed-mean", 1, "chunk-topk:4096:64+int8", "fedavg",
+                30_000, 40_000, 8_000),
+            row(bc.RECIPE, 12, "chunk-topk:4096:64+stat2", "sparse-trimmed-mean", 1, "chunk-topk:4096:64+int8", "fedavg",
+                50_000, 70_000, 20_000)]
+    recipe = runs[2]
+    assert recipe["samples"] == 8 and recipe["figures"]["control_total"]["mean"] == 10_000  # 8_000 + 8_000 // 4
+    assert recipe["figures"]["data_total"]["mean"] == recipe["figures"]["total"]["mean"] - 10_000
+    assert bc.ratios(runs)[(bc.RECIPE, 4)] == pytest.approx(8_000_015 / 70_015)
+    data = {"runs": runs, "skipped": [f"{bc.DENSE} at n = 4: the same run config"],
+            "recipe": {"name": "sparseloco", "overrides": {"aggregation.name": "sparse-trimmed-mean"}},
+            "invocation": {"command": "bench_compressed.py --peers 4 12", "load_before": "1 / 1 / 1", "load_after": "2 / 2 / 2",
+                           "machine": {"cpu": "synthetic", "cores": 2}, "wall_s": 60.0}}
+    out = tmp_path / "compressed_exchange.md"
+    bc.write_markdown(out, data)
+    text = out.read_text()
+    assert ("| public-swarm recipe | 4 | chunk-topk:4096:64+stat2 | sparse-trimmed-mean (f = 1) | chunk-topk:4096:64+int8 | "
+            "fedavg lr 0.7 | sliced (S 32, r 2, k 1) | 2 |") in text
+    assert "| fp32 DiLoCo | 12 | fp32 | median | fp32 | nesterov lr 0.7 |" in text
+    # 8.0 MB / 70.0 KB at 4 peers = 114x; 10.0 MB / 120.1 KB at 12 = 83x: the worst n decides
+    assert ("**public-swarm recipe ≥ 100x fewer bytes per peer per round than fp32 DiLoCo in the same exchange: NOT reached**, "
+            "at worst 83.3x — 4 peers: 114.3x (data only 132.5x); 12 peers: 83.3x") in text
+    # 120,055 / 70,015 = 1.71x
+    assert "**public-swarm recipe at 12 peers ≤ 1.6x what it moves at 4: NOT reached**, 1.71x (70.0 -> 120.1 KB" in text
+    assert "`aggregation.name` = `'sparse-trimmed-mean'`" in text and "- skipped: sparseloco, dense aggregate" in text
+    assert "nan" not in text.lower() and "<!-- notes -->" in text
+    bc.write_markdown(out, json.loads(json.dumps(data)))  # through JSON: the same bytes
+    assert out.read_text() == text
