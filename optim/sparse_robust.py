@@ -12,11 +12,14 @@ coordinate"; f = num_byzantine.
      of the rows' norms, so an attacker cannot win by magnitude. Votes are read before clipping
      (a value that clipping rounds to 0 still counts as sent).
   b) votes: count_j = #{i : x_ij != 0}. Coordinate j is aggregated only when count_j >= min_votes
-     (default f + 1): f attackers alone never create a coordinate (index poisoning); below it the
-     output is 0.
+     (default min(f + 1, 2)): a lone attacker never creates a coordinate (index poisoning); below
+     it the output is 0 (and each sender's error feedback keeps what it sent there). Not f + 1 for
+     f >= 2: requiring 3 senders of every coordinate cost +8.6% final loss with no attacker (8
+     peers, top-64 of 4096; docs/compressed-exchange.md); colluding attackers that create a
+     coordinate together hold it only within the clipped range of (c).
   c) value over the senders of j (the "selectors"): count_j >= 2f + 1: their mean after dropping
      the f largest and f smallest; min_votes <= count_j <= 2f: their lower median (f attackers
-     among f + 1..2f senders can still pick it, but only within the clipped range).
+     among up to 2f senders can still pick it, but only within the clipped range).
 
 With f = 0 and no row clipped this is sparse-mean (the mean over the senders), up to rounding
 order: the senders' values are summed in float64 in sorted-value order.
@@ -40,6 +43,7 @@ from optim.aggregate_rules import RuleResult, _in_content_order
 NAME = "sparse-trimmed-mean"
 DEFAULT_CLIP_RATIO = 2.0
 COLUMN_BLOCK = 1 << 16  # columns sorted at a time: (n, 65536) float32 + int64 owners
+DEFAULT_MIN_VOTES = 2  # senders a coordinate needs when f >= 1 (see b)
 _OPTIONS: dict[str, Any] = {"clip_ratio": DEFAULT_CLIP_RATIO, "min_votes": None, "bucket_size": None, "seed": 0, "nnm": False}
 
 
@@ -72,7 +76,7 @@ def sparse_trimmed_mean(
 
 def _vote_gated(rows: torch.Tensor, f: int, clip_ratio: float | None, min_votes: int | None) -> RuleResult:
     n, d = rows.shape
-    votes_needed = f + 1 if min_votes is None else min_votes
+    votes_needed = min(f + 1, DEFAULT_MIN_VOTES) if min_votes is None else min_votes
     scale = clip_scales(row_norms(rows), clip_ratio)  # (n,) float64
     factor = scale.float()[:, None] if bool((scale < 1).any()) else None  # (n, 1)
     output = torch.zeros(d, dtype=torch.float32)
@@ -112,7 +116,7 @@ def _vote_gated(rows: torch.Tensor, f: int, clip_ratio: float | None, min_votes:
 
 class SparseTrimmedMean(aggregate.Aggregator):
     """optim.aggregate.Aggregator running sparse_trimmed_mean; needs 2f+1 rows like trimmed-mean.
-    Options: clip_ratio (2.0; None: no clipping), min_votes (None: f + 1), and bucket_size, seed,
+    Options: clip_ratio (2.0; None: no clipping), min_votes (None: min(f + 1, 2)), and bucket_size, seed,
     nnm as for any rule."""
 
     def __init__(self, num_byzantine: int = 0, **options: Any) -> None:
@@ -126,7 +130,7 @@ class SparseTrimmedMean(aggregate.Aggregator):
             raise ValueError(f"{NAME}: option clip_ratio must be a finite number > 0 (or None: no clipping), got {ratio!r}")
         votes = options.get("min_votes")
         if votes is not None and (isinstance(votes, bool) or not isinstance(votes, int) or votes < 1):
-            raise ValueError(f"{NAME}: option min_votes must be an integer >= 1 (or None: f + 1), got {votes!r}")
+            raise ValueError(f"{NAME}: option min_votes must be an integer >= 1 (or None: min(f + 1, 2)), got {votes!r}")
         for key in ("bucket_size", "seed", "nnm"):
             if key in options:
                 aggregate._check_option(NAME, key, options[key])

@@ -23,7 +23,9 @@ def test_sparseloco_recipe_sets_the_tuned_settings_and_flags_override_it():
     cfg = loaded(["--recipe", "sparseloco"])
     assert cfg.compression.codec == "chunk-topk:4096:64+stat2"
     assert cfg.compression.error_feedback and cfg.compression.error_feedback_decay == 0.9
-    assert (cfg.aggregation.name, cfg.outer.name, cfg.outer.lr, cfg.inner.steps) == ("sparse-mean", "fedavg", 2.0, 15)
+    assert (cfg.aggregation.name, cfg.aggregation.num_byzantine, cfg.outer.name, cfg.outer.lr, cfg.inner.steps) == (
+        "sparse-trimmed-mean", 1, "fedavg", 2.0, 15)
+    assert cfg.exchange.mode == "sliced" and cfg.exchange.result_codec == "chunk-topk:4096:192+stat2"
     cfg = loaded(["--recipe", "sparseloco", "--inner-steps", "30", "--aggregator", "centered-clip"])
     assert (cfg.inner.steps, cfg.aggregation.name, cfg.compression.codec) == (30, "centered-clip", "chunk-topk:4096:64+stat2")
 
@@ -59,7 +61,8 @@ def test_sparse_mean_averages_each_coordinate_over_the_peers_that_sent_it():
     with pytest.raises(ValueError, match="not Byzantine-robust"):
         SparseMean(num_byzantine=1)
     with pytest.raises(ConfigError, match="not Byzantine-robust"):
-        loaded(["--recipe", "sparseloco", "--num-byzantine", "1"])
+        loaded(["--recipe", "sparseloco", "--aggregator", "sparse-mean", "--num-byzantine", "1"])
+    assert loaded(["--recipe", "sparseloco", "--num-byzantine", "3"]).aggregation.num_byzantine == 3  # robust: f is taken
 
 
 @pytest.mark.integration

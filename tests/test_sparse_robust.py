@@ -146,3 +146,10 @@ def test_options_and_row_count_are_checked():
         sparse_mean.build("sparse-trimmed-mean")(torch.tensor([[1.0, float("nan")]]))
     # bucketing first (6 rows -> 3 buckets of 2) still aggregates
     assert agg(sparse_rows(6, 100, 0.5, seed=1)).shape == (100,)
+
+
+def test_by_default_two_senders_make_a_coordinate_whatever_f():
+    # 6 rows, f = 2: coordinate 0 has 2 senders (created: their lower median), coordinate 1 one (not)
+    rows = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 9.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    assert sparse_trimmed_mean(rows, 2, clip_ratio=None).output.tolist() == [1.0, 0.0]
+    assert sparse_trimmed_mean(rows, 0, clip_ratio=None).output.tolist() == [2.0, 9.0]  # f = 0: one sender is enough

@@ -47,6 +47,7 @@ RUN_FLAGS: tuple[RunFlag, ...] = (
     RunFlag("--outer-lr-schedule", "outer.lr_schedule"),
     RunFlag("--aggregator", "aggregation.name"),
     RunFlag("--num-byzantine", "aggregation.num_byzantine"),
+    RunFlag("--result-codec", "exchange.result_codec"),
     RunFlag("--min-peers", "rounds.min_peers", {"simulate": f"{_NO_NETWORK}, so there is no quorum to wait for"}),
     RunFlag(
         "--expected-peers", "rounds.expected_peers",

@@ -164,6 +164,9 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
                 combined = exchange.run(payloads, r, liars=set(range(opts.byzantine)), spot_checks=cfg.exchange.spot_checks)
                 receiver.step_with_aggregate(params, combined, round_=r)
 
+            if receiver.last_aggregate is not None:  # each sender keeps what the aggregate did not apply of its message
+                for peer in peers:
+                    peer.sender.restore_unapplied(receiver.last_aggregate, r)
             sizes = [0 if p is None else len(p) for p in payloads]
             upload, download = receiver.mode.traffic(receiver, sizes)
             curve.upload_bytes.append(upload)

@@ -36,6 +36,13 @@ def check_run_config(cfg: RunConfig) -> None:
 
     build_codec(cfg)
     build_aggregator(cfg)
+    if cfg.exchange.result_codec:
+        from optim import slicing  # torch
+
+        try:
+            slicing.result_codec(cfg.exchange.result_codec)
+        except ValueError as exc:
+            raise ConfigError(f"exchange.result_codec: {exc}") from None
     if is_sparse_codec(cfg.compression.codec) and cfg.aggregation.name in COORDINATE_WISE_RULES:
         raise ConfigError(
             f"aggregator {cfg.aggregation.name!r} is coordinate-wise: on {cfg.compression.codec!r} updates whose "

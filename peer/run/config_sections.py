@@ -284,6 +284,13 @@ class ExchangeConfig:
     # checks with probability min(1, coverage·S / (n·spot_checks)), so a large swarm still checks
     # every slice about this often while each peer's spot-check traffic stays bounded in n.
     spot_check_coverage: float = 2.0
+    # What an aggregated slice travels as. "" (default): dense, fp16 for a lossy codec (fp32 / bf16
+    # when the values are). A codec spec ("chunk-topk:4096:64+int8") compresses the aggregate
+    # itself: the owner keeps the top-K of each chunk, deterministically, so the all-gather is as
+    # small as a payload; what the aggregate drops goes back to each sender's error feedback
+    # (docs/compressed-exchange.md).
+    result_codec: str = documented("", "what an aggregated slice travels as: '' = dense (fp16 for a lossy codec), or a "
+                                    "codec spec such as chunk-topk:4096:64+int8 (a compressed, robustly aggregated all-gather)")
     result_timeout_s: float = 60.0  # after the manifest: wait this long for slice results, then recompute what is missing
     result_grace_s: float = 2.0  # once every slice has a result: wait this long for the other owners' results
 

@@ -103,7 +103,8 @@ class SlicedMath(ModeMath):
 
     def traffic(self, math, sizes):
         # expected bytes of the owner draw (every virtual peer serves)
-        result_bytes = math.numel * {"fp32": 4, "fp16": 2, "bf16": 2}[math.result_format]
+        layout = math.layout
+        result_bytes = sum(slicing.result_size(layout.size(j), math.result_format) for j in range(layout.num_slices))
         x = math.cfg.exchange
         traffic = [expected_traffic(len(sizes), own, result_bytes, x.replicas, spot_checks=x.spot_checks,
                                     coverage=x.spot_check_coverage, num_slices=math.layout.num_slices) for own in sizes]

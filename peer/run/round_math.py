@@ -85,13 +85,17 @@ class RoundMath:
         self.layout = slicing.SliceLayout.build(numel, cfg.exchange.slices, slicing.codec_alignment(codec))
         self.sliced_codec = slicing.SlicedCodec(codec, self.layout)
         self.codec = self.mode.wire_codec(codec, self.sliced_codec)
-        self.result_format = slicing.result_format(cfg.compression.codec)
+        self.result_format = cfg.exchange.result_codec or slicing.result_format(cfg.compression.codec)
         self.outer = outer.build(cfg.outer.name, **outer_options(cfg.outer))
         self.aggregator = build_aggregator(cfg)
         self._small_round = aggregate.build("median")
         use_feedback = cfg.compression.error_feedback and not self.codec.lossless
         decay = cfg.compression.error_feedback_decay
-        self.error_feedback = codecs.ErrorFeedback(self.codec, numel, decay=decay) if use_feedback else None
+        # A sparse run keeps its last message: what the swarm's aggregate did not apply of it goes
+        # back into the residual (restore_unapplied), so error feedback holds exactly what is owed.
+        self.error_feedback = (codecs.ErrorFeedback(self.codec, numel, decay=decay, keep_sent=not self.codec.lossless)
+                               if use_feedback else None)
+        self._sent_round: int | None = None  # the round of the message the error feedback kept
         self.last_aggregate: torch.Tensor | None = None  # (d,) the last round's aggregate (eager updates)
 
     # --- sender --------------------------------------------------------------------------
@@ -101,6 +105,7 @@ class RoundMath:
         message = self.outer.transmit(pseudo_gradient.detach().float().contiguous())
         seed = codec_seed(self.cfg, round_)
         if self.error_feedback is not None:
+            self._sent_round = round_
             return self.error_feedback.encode(message, seed=seed)
         return self.codec.encode(message, seed=seed)
 
@@ -176,6 +181,17 @@ class RoundMath:
         """θ_r -> θ_{r+1} in place with round `round_`'s step; the aggregate is kept for eager updates."""
         self.outer_at(round_).step(params, combined)
         self.last_aggregate = combined
+        self.restore_unapplied(combined, round_)
+
+    def restore_unapplied(self, applied: torch.Tensor, round_: int | None) -> int:
+        """What round `round_`'s aggregate (d,) did not apply of this sender's message goes back into
+        its error feedback: the coordinates the aggregate holds as exactly 0 (below the votes a
+        coordinate needs, or dropped by a compressed result). Only for the message of that round:
+        an overlapped peer has already sent the next one (then nothing is restored)."""
+        if self.error_feedback is None or round_ is None or self._sent_round != round_:
+            return 0
+        self._sent_round = None
+        return self.error_feedback.restore_unapplied(applied)
 
     def step_with_aggregate(self, params: torch.Tensor, combined: torch.Tensor, *, round_: int | None = None) -> None:
         """Outer step of round `round_` on the gathered (d,) aggregate; it is also centered-clip's next centre."""
