@@ -272,7 +272,9 @@ class SlicedCoordinator(CoordinatorExchange):
             if state is None:
                 return swarm_pb2.SliceResultsReply(ready=False, current_round=ctx.open.round, finished=ctx.open.finished)
             return swarm_pb2.SliceResultsReply(
-                ready=state.final, results=[s for _, s in state.results.values()] if state.final else [],
+                # the results once, with the final answer; an until_applied poll comes from a peer
+                # that already gathered them (each list is ~S·r signed results: the largest control reply)
+                ready=state.final, results=[s for _, s in state.results.values()] if state.final and not until_applied else [],
                 applied=bool(state.applied_hash), param_hash=state.applied_hash, current_round=ctx.open.round,
                 finished=ctx.open.finished,
             )

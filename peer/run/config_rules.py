@@ -36,19 +36,25 @@ def check_run_config(cfg: RunConfig) -> None:
 
     build_codec(cfg)
     build_aggregator(cfg)
-    if cfg.exchange.result_codec:
-        from optim import slicing  # torch
-
-        try:
-            slicing.result_codec(cfg.exchange.result_codec)
-        except ValueError as exc:
-            raise ConfigError(f"exchange.result_codec: {exc}") from None
+    check_result_codec(cfg.exchange.result_codec)
     if is_sparse_codec(cfg.compression.codec) and cfg.aggregation.name in COORDINATE_WISE_RULES:
         raise ConfigError(
             f"aggregator {cfg.aggregation.name!r} is coordinate-wise: on {cfg.compression.codec!r} updates whose "
             "supports differ between peers it zeroes out the signal. Use a shared index set (codec randk:F, same "
             "indices on every peer each round) or a norm-based rule (centered-clip, krum, geometric-median)"
         )
+
+
+def check_result_codec(spec: str) -> None:
+    """'' (dense, from the codec), a dense dtype, or a codec every owner encodes to the same bytes."""
+    from optim import slicing  # torch
+
+    if not spec or slicing.is_dense_result(spec):
+        return
+    try:
+        slicing.result_codec(spec)
+    except ValueError as exc:
+        raise ConfigError(f"exchange.result_codec: {exc}") from None
 
 
 def with_demo_codec(cfg: RunConfig, *, explicit: bool) -> RunConfig:
