@@ -8,17 +8,20 @@ keeps sparse-mean's "over the senders" and adds three defences (the threat-model
 compressed update"). Rows are (n, d) float32, an exact 0 meaning "this peer did not send that
 coordinate"; f = num_byzantine.
 
-  a) clipping: each row is scaled down (never up) to an L2 norm <= clip_ratio x the lower median
-     of the rows' norms, so an attacker cannot win by magnitude. Votes are read before clipping
+  a) clipping: each sent value to ±value_clip x the median sender's RMS in its chunk of `chunk`
+     (clip_values: no row concentrates its norm on a few coordinates), then each row scaled down
+     (never up) to an L2 norm <= clip_ratio x the lower median of the rows' norms, so an attacker
+     cannot win by magnitude. Votes are read before clipping
      (a value that clipping rounds to 0 still counts as sent).
   b) votes: count_j = #{i : x_ij != 0}. Coordinate j is aggregated only when count_j >= min_votes
-     (default min(f + 1, 2)): a lone attacker never creates a coordinate (index poisoning); below
-     it the output is 0 (and each sender's error feedback keeps what it sent there). Not f + 1 for
-     f >= 2: requiring 3 senders of every coordinate cost +8.6% final loss with no attacker (8
-     peers, top-64 of 4096; docs/compressed-exchange.md); colluding attackers that create a
-     coordinate together hold it only within the clipped range of (c).
+     (default: 2 when f >= 1 and the round has >= 8 rows, else 1: default_min_votes): a lone
+     attacker then never creates a coordinate (index poisoning); below it the output is 0 (and each
+     sender's error feedback keeps what it sent there). Not f + 1 for f >= 2: requiring 3 senders
+     of every coordinate cost +8.6% final loss with no attacker (8 peers, top-64 of 4096), and 2
+     senders with 4 peers +14% (docs/compressed-exchange.md); a coordinate that attackers alone
+     create holds a value within the clipped range of (a).
   c) value over the senders of j (the "selectors"): count_j >= 2f + 1: their mean after dropping
-     the f largest and f smallest; min_votes <= count_j <= 2f: their lower median (f attackers
+     the f largest and f smallest; min_votes <= count_j <= 2f: their median (the mean of the two middle values for an even count: a lower median alone biases every two-sender coordinate toward its smaller value) (f attackers
      among up to 2f senders can still pick it, but only within the clipped range).
 
 With f = 0 and no row clipped this is sparse-mean (the mean over the senders), up to rounding
@@ -43,8 +46,12 @@ from optim.aggregate_rules import RuleResult, _in_content_order
 NAME = "sparse-trimmed-mean"
 DEFAULT_CLIP_RATIO = 2.0
 COLUMN_BLOCK = 1 << 16  # columns sorted at a time: (n, 65536) float32 + int64 owners
-DEFAULT_MIN_VOTES = 2  # senders a coordinate needs when f >= 1 (see b)
-_OPTIONS: dict[str, Any] = {"clip_ratio": DEFAULT_CLIP_RATIO, "min_votes": None, "bucket_size": None, "seed": 0, "nnm": False}
+DEFAULT_MIN_VOTES = 2  # senders a coordinate needs when f >= 1 in a round of at least VOTES_FROM_ROWS rows (see b)
+VOTES_FROM_ROWS = 8
+DEFAULT_VALUE_CLIP = 2.0  # a sent value's magnitude, in units of the median sender's RMS in its chunk (see a)
+DEFAULT_CHUNK = 4096  # the chunk value clipping works in: the sparse codec's (chunk-topk:4096:K)
+_OPTIONS: dict[str, Any] = {"clip_ratio": DEFAULT_CLIP_RATIO, "value_clip": DEFAULT_VALUE_CLIP, "chunk": DEFAULT_CHUNK,
+                            "min_votes": None, "bucket_size": None, "seed": 0, "nnm": False}
 
 
 def row_norms(rows: torch.Tensor) -> torch.Tensor:
@@ -54,6 +61,32 @@ def row_norms(rows: torch.Tensor) -> torch.Tensor:
     for i, row in enumerate(rows):
         out[i] = torch.cumsum(row.double().square_(), dim=0)[-1].sqrt() if row.numel() else 0.0
     return out
+
+
+def default_min_votes(n: int, f: int) -> int:
+    """Senders a coordinate needs by default: 2 once f >= 1 and the round has >= 8 rows, else 1.
+    Below 8 rows top-k supports overlap too little: with 4 peers requiring 2 senders cost +14% final
+    loss with no attacker, with 8 peers nothing (docs/compressed-exchange.md)."""
+    return DEFAULT_MIN_VOTES if f >= 1 and n >= VOTES_FROM_ROWS else 1
+
+
+def clip_values(rows: torch.Tensor, value_clip: float | None, chunk: int) -> torch.Tensor:
+    """(n, d) -> (n, d): every sent value clipped to ±value_clip x the (lower) median, over the
+    rows that sent anything in its chunk of `chunk` coordinates, of those rows' RMS over what they
+    sent there. A row cannot concentrate its norm on a few coordinates (index poisoning, a
+    coordinate only attackers send): each value stays within the honest peers' typical size.
+    Zeros stay zeros (votes are unchanged); None: no value clipping."""
+    if value_clip is None or not rows.numel():
+        return rows
+    n, d = rows.shape
+    x = torch.nn.functional.pad(rows, (0, (-d) % chunk)).view(n, -1, chunk)  # (n, c, chunk)
+    sent = (x != 0).sum(dim=-1)  # (n, c) values each row sent per chunk
+    rms = (x.double().square().sum(dim=-1) / sent.clamp(min=1)).sqrt()  # (n, c)
+    ranked = torch.sort(torch.where(sent > 0, rms, torch.inf), dim=0).values  # senders first, ascending
+    middle = ((sent > 0).sum(dim=0) - 1).clamp(min=0) // 2  # (c,) the lower median's rank
+    limit = (value_clip * ranked.gather(0, middle[None]).squeeze(0)).float()  # (c,); inf where nobody sent
+    bound = limit.clamp(max=torch.finfo(torch.float32).max)[None, :, None]
+    return torch.clamp(x, min=-bound, max=bound).view(n, -1)[:, :d]
 
 
 def clip_scales(norms: torch.Tensor, clip_ratio: float | None) -> torch.Tensor:
@@ -66,17 +99,18 @@ def clip_scales(norms: torch.Tensor, clip_ratio: float | None) -> torch.Tensor:
 
 
 def sparse_trimmed_mean(
-    rows: torch.Tensor, num_byzantine: int, *, clip_ratio: float | None = DEFAULT_CLIP_RATIO, min_votes: int | None = None
+    rows: torch.Tensor, num_byzantine: int, *, clip_ratio: float | None = DEFAULT_CLIP_RATIO, min_votes: int | None = None,
+    value_clip: float | None = DEFAULT_VALUE_CLIP, chunk: int = DEFAULT_CHUNK,
 ) -> RuleResult:
     """(n, d) float32 -> RuleResult: output (d,) float32 as in the module docstring. weights: each
     row's share averaged over the aggregated coordinates (sum 1 when any is); selected: the row is
     kept in at least one coordinate and was not clipped; clip_scale: each row's clip factor."""
-    return _in_content_order(rows, lambda r: _vote_gated(r, num_byzantine, clip_ratio, min_votes))
+    return _in_content_order(rows, lambda r: _vote_gated(clip_values(r, value_clip, chunk), num_byzantine, clip_ratio, min_votes))
 
 
 def _vote_gated(rows: torch.Tensor, f: int, clip_ratio: float | None, min_votes: int | None) -> RuleResult:
     n, d = rows.shape
-    votes_needed = min(f + 1, DEFAULT_MIN_VOTES) if min_votes is None else min_votes
+    votes_needed = default_min_votes(n, f) if min_votes is None else min_votes
     scale = clip_scales(row_norms(rows), clip_ratio)  # (n,) float64
     factor = scale.float()[:, None] if bool((scale < 1).any()) else None  # (n, 1)
     output = torch.zeros(d, dtype=torch.float32)
@@ -99,7 +133,7 @@ def _vote_gated(rows: torch.Tensor, f: int, clip_ratio: float | None, min_votes:
         ordered, owner = torch.sort(torch.where(sent, values, torch.inf), dim=0, stable=True)
         trimmed = count >= 2 * f + 1
         lo = torch.where(trimmed, f, (count - 1) // 2)  # (v,) the band of ranks [lo, hi) kept
-        hi = torch.where(trimmed, count - f, (count - 1) // 2 + 1)
+        hi = torch.where(trimmed, count - f, count // 2 + 1)  # an even count: the two middle values
         keep = (rank >= lo) & (rank < hi)  # (n, v)
         kept = torch.where(keep, ordered, 0.0)
         total = kept[0].double()
@@ -116,7 +150,8 @@ def _vote_gated(rows: torch.Tensor, f: int, clip_ratio: float | None, min_votes:
 
 class SparseTrimmedMean(aggregate.Aggregator):
     """optim.aggregate.Aggregator running sparse_trimmed_mean; needs 2f+1 rows like trimmed-mean.
-    Options: clip_ratio (2.0; None: no clipping), min_votes (None: min(f + 1, 2)), and bucket_size, seed,
+    Options: clip_ratio (2.0; None: no clipping), value_clip (2.0; None: off) and chunk (4096),
+    min_votes (None: default_min_votes), and bucket_size, seed,
     nnm as for any rule."""
 
     def __init__(self, num_byzantine: int = 0, **options: Any) -> None:
@@ -128,13 +163,22 @@ class SparseTrimmedMean(aggregate.Aggregator):
         ratio = options.get("clip_ratio", DEFAULT_CLIP_RATIO)
         if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (math.isfinite(ratio) and ratio > 0)):
             raise ValueError(f"{NAME}: option clip_ratio must be a finite number > 0 (or None: no clipping), got {ratio!r}")
+        value_clip = options.get("value_clip", DEFAULT_VALUE_CLIP)
+        if value_clip is not None and (isinstance(value_clip, bool) or not isinstance(value_clip, (int, float))
+                                       or not (math.isfinite(value_clip) and value_clip > 0)):
+            raise ValueError(f"{NAME}: option value_clip must be a finite number > 0 (or None: no value clipping), got {value_clip!r}")
+        chunk = options.get("chunk", DEFAULT_CHUNK)
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"{NAME}: option chunk must be an integer >= 1, got {chunk!r}")
         votes = options.get("min_votes")
         if votes is not None and (isinstance(votes, bool) or not isinstance(votes, int) or votes < 1):
-            raise ValueError(f"{NAME}: option min_votes must be an integer >= 1 (or None: min(f + 1, 2)), got {votes!r}")
+            raise ValueError(f"{NAME}: option min_votes must be an integer >= 1 (or None: default_min_votes), got {votes!r}")
         for key in ("bucket_size", "seed", "nnm"):
             if key in options:
                 aggregate._check_option(NAME, key, options[key])
         super().__init__(NAME, num_byzantine, {**_OPTIONS, **options})
 
     def _rule(self, rows: torch.Tensor, f: int, center: torch.Tensor | None, seed: int) -> RuleResult:
-        return sparse_trimmed_mean(rows, f, clip_ratio=self.options["clip_ratio"], min_votes=self.options["min_votes"])
+        o = self.options
+        return sparse_trimmed_mean(rows, f, clip_ratio=o["clip_ratio"], min_votes=o["min_votes"], value_clip=o["value_clip"],
+                                   chunk=o["chunk"])
