@@ -35,18 +35,19 @@ def test_the_public_swarm_recipe_holds_against_an_attacker_and_a_lying_owner(tmp
             swarm.wait(child, 60)
         run = read_summary(swarm, "coordinator")
         peers = [read_summary(swarm, f"peer{i}") for i in range(2)]
-        liar_id = read_summary(swarm, "liar")["peer_id"]
-        attacker_id = read_summary(swarm, "attacker")["peer_id"]
+        attacker_id = read_summary(swarm, "attacker")["peer_id"]  # a banned liar may exit before writing its own
 
-    assert run["config"]["exchange"]["result_codec"] == recipe["exchange.result_codec"]
     assert [h["round"] for h in run["history"]] == list(range(rounds))
     for summary in peers:
         assert [h["round"] for h in summary["history"]] == list(range(rounds))
         assert all(h["in_sync"] for h in summary["history"]), summary["history"]
         assert summary["param_hash"] == run["history"][-1]["param_hash"]
+        # compressed both ways: a dense fp16 all-gather alone would bring (1 - r/n) x 892 KB = 446 KB
+        assert all(h["bytes_received"] < 250_000 and h["bytes_sent"] < 250_000 for h in summary["history"][1:]), summary["history"]
     assert peers[0]["history"][0]["slices"]["liars"] >= 1 or peers[1]["history"][0]["slices"]["liars"] >= 1
     record = {p["peer_id"]: p for p in run["peers"]}
-    assert record[liar_id]["banned_reason"].startswith("false slice result in round 0")
-    assert record[liar_id]["evidence"][0]["kind"] == "false-result" and record[liar_id]["evidence"][0]["signed_result"]
+    banned = [p for p in run["peers"] if p["banned_reason"]]
+    assert len(banned) == 1 and banned[0]["banned_reason"].startswith("false slice result in round 0")  # the liar, alone
+    assert banned[0]["evidence"][0]["kind"] == "false-result" and banned[0]["evidence"][0]["signed_result"]
     assert not record[attacker_id]["banned_reason"]  # an attacker with a valid update is outvoted, not banned
     assert run["history"][0]["updates"] >= 3  # the attacker's update took part in the robust rule
