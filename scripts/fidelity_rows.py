@@ -27,9 +27,15 @@ class Row:
     note: str = ""
 
 
+# SparseLoCo as these rows ran it, before the recipe became the public-swarm recipe (e8d350b): the
+# non-robust sparse-mean, f = 0, a dense all-gather; pinned so the stored runs stay what the rows say.
+SPARSE_MEAN = {"aggregation.name": "sparse-mean", "aggregation.num_byzantine": 0, "exchange.result_codec": ""}
+A2A = {"exchange.mode": "all-to-all", **SPARSE_MEAN}
+
+
 def _sl(lr: float, decay: float) -> dict[str, Any]:
     """Overrides of a SparseLoCo row with its outer SGD step and error-feedback decay named."""
-    return {"exchange.mode": "all-to-all", "outer.name": "fedavg", "outer.lr": lr, "compression.error_feedback_decay": decay}
+    return {**A2A, "outer.name": "fedavg", "outer.lr": lr, "compression.error_feedback_decay": decay}
 
 
 def _d(codec: str = "fp32", aggregator: str = "mean", **more: Any) -> dict[str, Any]:
@@ -50,15 +56,20 @@ ROWS: list[Row] = [
     Row("topk 1% + int8 sparse-mean", "sparse", _d("topk:0.01+int8", "sparse-mean"),
         note="each coordinate averaged over the peers that sent it"),
     # (2) SparseLoCo as published (peer/run/recipes.py), and what moves it
-    Row("SparseLoCo", "sparseloco", {"exchange.mode": "all-to-all"}, recipe="sparseloco", rounds=13, inner_steps=15,
+    Row("Public-swarm recipe", "sparseloco", {}, recipe="sparseloco", rounds=13, inner_steps=15, seeds=SEEDS3,
+        note="recipe sparseloco as shipped: the default sliced exchange, sparse-trimmed-mean with f = 1, "
+             "the all-gather compressed to the top-192 of 4096 (2-bit)"),
+    Row("Public-swarm recipe dense gather", "sparseloco", {"exchange.result_codec": "fp16"}, recipe="sparseloco", rounds=13,
+        inner_steps=15, note="the recipe with a dense fp16 all-gather (what the compressed aggregate costs or buys)"),
+    Row("SparseLoCo", "sparseloco", A2A, recipe="sparseloco", rounds=13, inner_steps=15,
         seeds=SEEDS3, note="recipe sparseloco (outer SGD lr 2, error feedback decay 0.9); 13 x 15 = 195 inner steps (~ 8 x 25)"),
     Row("SparseLoCo published", "sparseloco", _sl(1.0, 0.95), recipe="sparseloco", rounds=13, inner_steps=15, seeds=SEEDS3,
         note="the published settings: outer SGD lr 1.0, error feedback decay 0.95"),
-    Row("SparseLoCo H=10", "sparseloco", {"exchange.mode": "all-to-all", "inner.steps": 10}, recipe="sparseloco",
+    Row("SparseLoCo H=10", "sparseloco", {**A2A, "inner.steps": 10}, recipe="sparseloco",
         rounds=20, inner_steps=10, seeds=SEEDS3, note="recipe sparseloco at 20 rounds x H=10: 1.5x the rounds of H=15"),
-    Row("SparseLoCo H=25", "sparseloco", {"exchange.mode": "all-to-all", "inner.steps": 25}, recipe="sparseloco",
+    Row("SparseLoCo H=25", "sparseloco", {**A2A, "inner.steps": 25}, recipe="sparseloco",
         note="recipe sparseloco at the reference's 8 x H=25"),
-    Row("SparseLoCo plain mean", "sparseloco", {"exchange.mode": "all-to-all", "aggregation.name": "mean"},
+    Row("SparseLoCo plain mean", "sparseloco", {**A2A, "aggregation.name": "mean"},
         recipe="sparseloco", rounds=13, inner_steps=15, note="zero-filled mean instead of sparse-mean"),
     # what moves it (explicit outer step and error-feedback decay: independent of the recipe's values)
     *[Row(f"SparseLoCo outer lr {lr:g}" + (f" EF {ef:g}" if ef != 0.95 else ""), "sparseloco", _sl(lr, ef),
