@@ -11,6 +11,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,7 @@ class Case:
 
 def refusal(aggregator: str, f: int, n: int = PEERS, exchange: str = A2A) -> str | None:
     """Why `aggregator` cannot tolerate f of n peers at all, or cannot run in `exchange` (None: it can)."""
-    name, options = RULES[aggregator]
+    name, options = RULES.get(aggregator, (aggregator, {}))  # a rule outside the grids (a recipe's) runs as named
     if exchange == "sliced" and (name in WHOLE_VECTOR_RULES or options.get("nnm")):
         return "scores whole update vectors: refused by the sliced exchange (docs/sliced-exchange.md)"
     rows = n // options["bucket_size"] if options.get("bucket_size") else n
@@ -151,8 +152,9 @@ def exchange_of(r: dict) -> str:
 
 
 def gap(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DENSE,
-        exchange: str = A2A) -> tuple[float | None, str]:
-    """(seed-mean gap vs the clean mean run of the same seed and exchange, status) for one cell."""
+        exchange: str = A2A, reference: Callable[[int], str] | None = None) -> tuple[float | None, str]:
+    """(seed-mean gap vs the clean mean run of the same seed and exchange, status) for one cell;
+    `reference(seed)`: the key of another reference run (scripts/byzantine_recipe.py: the recipe's clean run)."""
     if agg == "mean" and attack == CLEAN:
         f = 0  # `mean` ignores the declared f: its no-attacker cell is the clean reference
     gaps, statuses = [], set()
@@ -160,7 +162,8 @@ def gap(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DE
         if (r["aggregator"], r["f"], r["codec"], exchange_of(r)) != (agg, f, codec, exchange) or attack_label(r) != attack:
             continue
         statuses.add(r["status"])
-        ref = results.get(Case("clean", "mean", 0, CLEAN, r["seed"], exchange=exchange).key)
+        ref = results.get(Case("clean", "mean", 0, CLEAN, r["seed"], exchange=exchange).key if reference is None
+                          else reference(r["seed"]))
         if r["status"] == "ok" and ref and ref["status"] == "ok":
             loss = r["final_val_loss"]
             gaps.append((loss - ref["final_val_loss"]) / ref["final_val_loss"] if math.isfinite(loss) else math.inf)
@@ -191,9 +194,9 @@ def loss_of(results: dict[str, dict], agg: str, f: int, attack: str, codec: str 
 
 
 def worst_case(results: dict[str, dict], agg: str, f: int, names: list[str], codec: str = DENSE,
-               exchange: str = A2A) -> tuple[float | None, str, str]:
+               exchange: str = A2A, reference: Callable[[int], str] | None = None) -> tuple[float | None, str, str]:
     """(largest gap over `names`, that attack, note on cells that did not run)."""
-    cells = {a: gap(results, agg, f, a, codec, exchange) for a in names}
+    cells = {a: gap(results, agg, f, a, codec, exchange, reference) for a in names}
     bad = sorted(a for a, (_, st) in cells.items() if st in ("error", "refused"))
     done = {a: g for a, (g, st) in cells.items() if g is not None}
     if not done:

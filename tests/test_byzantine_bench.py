@@ -119,3 +119,23 @@ def test_tiny_sliced_run_counts_the_lying_owners_lies_and_writes_its_own_report(
     md = (tmp_path / "byzantine_sliced.md").read_text()
     assert "Refused in sliced mode, not run: krum, multi-krum, geometric-median" in md
     assert "| median | " in md and "## Targets (issue 10)" in md
+
+
+def test_tiny_recipe_grid_resolves_the_recipe_and_measures_every_cell_against_its_clean_run(tmp_path):
+    from scripts import byzantine_recipe as recipe
+
+    assert recipe.main(["--profile", "tiny", "--workers", "0", "--attacks", "sign-flip", "--seeds", "0",
+                        "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "byzantine_recipe.json").read_text())
+    s = data["meta"]["recipe"]
+    assert s["exchange"] == "sliced" and s["recipe"] == "sparseloco" and s["overrides"]["aggregation.name"] == s["rule"]
+    runs = data["runs"]
+    # the recipe's clean run, f = 0 / 2 / 3 declared with no attacker, sign-flip at f = 2 and 3 (keys deduplicated)
+    assert len(runs) == len({0, 2, 3, s["declared_f"]}) + 2 and all(r["status"] == "ok" and r["recipe"] == s for r in runs)
+    assert {(r["f"], r["attack"]) for r in runs if r["attack"] != "none"} == {(2, "sign-flip"), (3, "sign-flip")}
+    md = (tmp_path / "byzantine_recipe.md").read_text()
+    assert f"| {s['declared_f']} (the recipe as shipped) | {s['rule']} | +0.0% (" in md  # its own reference
+    assert any(line.startswith("| sign-flip | scale=4.0 | ") and line.count("%") == 2 for line in md.splitlines())
+    assert md.count("of the recipe's clean run: **") == 2 and f"result format `{s['result_format']}`" in md
+    assert recipe.main(["--report-only", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "byzantine_recipe.md").read_text() == md  # the md is a function of the JSON
