@@ -26,12 +26,16 @@ def test_each_branch_by_hand():
     ])
     result = sparse_trimmed_mean(rows, 1, clip_ratio=None, value_clip=None, min_votes=2)
     # col 0: 5 senders >= 2f+1: drop 1 and 100, mean(2, 3, 4) = 3
-    # col 1: 2 senders (f+1..2f): the median of {5, 7} = 6 (not the lower one: no bias to the smaller)
+    # col 1: 2 senders (f+1..2f): both positive, so the smaller of {5, 7} = 5 (sign agreement)
     # col 2: 1 sender < f+1: not created
     # col 3: 3 senders: drop 1 and 6, keep 2
-    assert result.output.tolist() == [3.0, 6.0, 0.0, 2.0]
-    # shares over the 3 aggregated coordinates: row 1 holds 1/3 + 1/2 + 1, row 2 1/3, row 3 1/3 + 1/2
-    torch.testing.assert_close(result.weights, torch.tensor([0.0, 11 / 18, 1 / 9, 5 / 18, 0.0], dtype=torch.float64))
+    assert result.output.tolist() == [3.0, 5.0, 0.0, 2.0]
+    # shares over the 3 aggregated coordinates: row 1 holds 1/3 + 1 + 1, rows 2 and 3 1/3 each
+    torch.testing.assert_close(result.weights, torch.tensor([0.0, 7 / 9, 1 / 9, 1 / 9, 0.0], dtype=torch.float64))
+    # senders that disagree on the sign, too few to trim: the coordinate is erased, not flipped
+    split = torch.tensor([[2.0], [-3.0], [0.0]])
+    assert sparse_trimmed_mean(split, 1, clip_ratio=None, value_clip=None).output.tolist() == [0.0]
+    assert sparse_trimmed_mean(-rows, 1, clip_ratio=None, value_clip=None, min_votes=2).output.tolist() == [-3.0, -5.0, 0.0, -2.0]
     assert result.selected.tolist() == [False, True, True, True, False]
     assert result.clip_scale.tolist() == [1.0] * 5
 
@@ -170,9 +174,9 @@ def test_options_and_row_count_are_checked():
 
 def test_by_default_two_senders_make_a_coordinate_from_8_rows():
     assert [sparse_robust.default_min_votes(n, f) for n, f in ((4, 1), (7, 3), (8, 0), (8, 1), (12, 3))] == [1, 1, 1, 2, 2]
-    # 8 rows, f = 2: coordinate 0 has 2 senders (created: their median), coordinate 1 one (not)
+    # 8 rows, f = 2: coordinate 0 has 2 senders (created: they agree, the smaller), coordinate 1 one (not)
     rows = torch.zeros(8, 2)
     rows[0, 0], rows[1, 0], rows[2, 1] = 1.0, 3.0, 9.0
-    assert sparse_trimmed_mean(rows, 2, clip_ratio=None, value_clip=None).output.tolist() == [2.0, 0.0]
-    assert sparse_trimmed_mean(rows, 0, clip_ratio=None, value_clip=None).output.tolist() == [2.0, 9.0]  # f = 0: one sender is enough
-    assert sparse_trimmed_mean(rows[:4], 2, clip_ratio=None, value_clip=None).output.tolist() == [2.0, 9.0]  # 4 rows: one too
+    assert sparse_trimmed_mean(rows, 2, clip_ratio=None, value_clip=None).output.tolist() == [1.0, 0.0]
+    assert sparse_trimmed_mean(rows, 0, clip_ratio=None, value_clip=None).output.tolist() == [2.0, 9.0]  # f = 0: the mean, one sender enough
+    assert sparse_trimmed_mean(rows[:4], 2, clip_ratio=None, value_clip=None).output.tolist() == [1.0, 9.0]  # 4 rows: one sender too
