@@ -32,11 +32,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from optim.bitpack import pack_bits
 from optim.codecs import Codec, CodecError, StagedCodec
 from optim.codecs import build as build_codec
 from optim.quantize import BlockQuantFormat, CastFormat
-from optim.sparsify import ChunkTopK, RandK, TopK, encode_index_set, offset_width
+from optim.sparsify import ChunkTopK, RandK, TopK
 from optim.stat_quant import StatFormat
 
 
@@ -210,10 +209,11 @@ def result_size(size: int, fmt: str) -> int:
 
 def encode_result(values: torch.Tensor, fmt: str) -> bytes:
     """(s,) float32 aggregate -> bytes in format `fmt` (little-endian). A codec format keeps, per
-    its sparsifier, the largest magnitudes, ties going to the lower index (torch.topk leaves ties
-    to the implementation), so the bytes are a pure function of (values, fmt)."""
+    its sparsifier, the largest magnitudes, ties going to the lower index, so the bytes are a pure
+    function of (values, fmt)."""
     if not is_dense_result(fmt):
-        return _encode_compressed(values.detach().to(device="cpu", dtype=torch.float32).flatten().contiguous(), fmt)
+        # the sparsifiers break ties to the lower index (optim.sparsify.largest_k): a pure function of (values, fmt)
+        return result_codec(fmt).encode(values.detach().to(device="cpu", dtype=torch.float32).flatten().contiguous(), seed=RESULT_SEED)
     if fmt == "fp16":  # a value past fp16's range becomes its largest finite value, not inf
         values = values.clamp(-65504.0, 65504.0)
     return values.detach().to(RESULT_DTYPES[fmt]).contiguous().view(torch.uint8).numpy().tobytes()
@@ -233,33 +233,3 @@ def decode_result(data: bytes, size: int, fmt: str) -> torch.Tensor:
     if not all_finite(values):
         raise CodecError("aggregated slice holds NaN or Inf values")
     return values
-
-
-def _encode_compressed(x: torch.Tensor, fmt: str) -> bytes:
-    codec = result_codec(fmt)
-    sparsifier = codec.sparsifier
-    if isinstance(sparsifier, ChunkTopK):
-        index_bytes, kept = _chunk_topk_by_index(x, sparsifier)
-    elif isinstance(sparsifier, TopK):
-        indices = _largest_first(x.abs(), sparsifier.num_values(x.numel())).sort().values
-        index_bytes, kept = encode_index_set(indices, x.numel()), x[indices]
-    else:  # no sparsifier, or randk (its index set is a pure function of the fixed seed)
-        return codec.encode(x, seed=RESULT_SEED)
-    return codec._header() + index_bytes + codec.values.encode(kept)
-
-
-def _largest_first(magnitude: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k largest entries along the last dim, ties to the lower index: a stable
-    descending sort keeps equal entries in index order (exact comparisons, any machine)."""
-    return torch.sort(magnitude, dim=-1, descending=True, stable=True).indices[..., :k]
-
-
-def _chunk_topk_by_index(x: torch.Tensor, sparsifier: ChunkTopK) -> tuple[bytes, torch.Tensor]:
-    """ChunkTopK's index bytes and kept values (its exact layout) with the tie-break above."""
-    chunk, numel = sparsifier.chunk, x.numel()
-    magnitude = torch.full((-(-numel // chunk) * chunk,), -1.0)
-    magnitude[:numel] = x.abs()  # padding gets -1: after every real value of the short last chunk
-    offsets = _largest_first(magnitude.view(-1, chunk), sparsifier.k).sort(dim=1).values  # (chunks, K)
-    indices = (offsets + torch.arange(offsets.shape[0])[:, None] * chunk).view(-1)
-    keep = indices < numel
-    return pack_bits(offsets.view(-1)[keep], offset_width(chunk)), x[indices[keep]]

@@ -24,6 +24,8 @@ zero padding bits.
 
 from __future__ import annotations
 
+import math
+
 import functools
 from dataclasses import dataclass
 
@@ -127,6 +129,22 @@ def _scatter(indices: torch.Tensor, values: torch.Tensor, numel: int) -> torch.T
     return out
 
 
+def largest_k(magnitude: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest entries along the last dim, in increasing order; among entries equal
+    to the k-th largest, the lower indices (torch.topk leaves ties to the implementation, and an
+    aggregate every owner must encode to the same bytes cannot). (..., n) -> (..., k) int64."""
+    magnitude = torch.nan_to_num(magnitude, nan=math.inf)  # NaN ranks largest, as in torch.topk
+    top = torch.topk(magnitude, k, dim=-1, sorted=True)
+    kth = top.values[..., -1:]  # (..., 1) the k-th largest
+    tied = magnitude == kth
+    if not bool((tied.sum(dim=-1) > 1).any()):  # no tie at the k-th value: topk's choice is the only one
+        return top.indices.sort(dim=-1).values
+    above = magnitude > kth
+    room = k - above.sum(dim=-1, keepdim=True)  # (..., 1) places left for tied entries
+    chosen = above | (tied & (torch.cumsum(tied, dim=-1) <= room))  # exactly k per row, lowest tied first
+    return chosen.nonzero()[:, -1].view(*magnitude.shape[:-1], k)
+
+
 @dataclass(frozen=True, slots=True)
 class TopK:
     """`topk:FRACTION`: the k = round(FRACTION*d) largest-magnitude coordinates of the vector."""
@@ -144,7 +162,7 @@ class TopK:
         return index_set_size(numel, self.num_values(numel))
 
     def encode(self, x: torch.Tensor, seed: int) -> tuple[bytes, torch.Tensor]:
-        indices = torch.topk(x.abs(), self.num_values(x.numel()), sorted=False).indices.sort().values
+        indices = largest_k(x.abs(), self.num_values(x.numel()))
         return encode_index_set(indices, x.numel()), x[indices]
 
     def decode(self, index_bytes: memoryview, values: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
@@ -271,7 +289,7 @@ class ChunkTopK:
     def encode(self, x: torch.Tensor, seed: int) -> tuple[bytes, torch.Tensor]:
         magnitude = torch.full((dct.num_chunks(x.numel(), self.chunk) * self.chunk,), -1.0)
         magnitude[: x.numel()] = x.abs()  # padding gets -1: chosen only once a short chunk is exhausted
-        offsets = torch.topk(magnitude.view(-1, self.chunk), self.k, dim=1, sorted=False).indices.sort(dim=1).values
+        offsets = largest_k(magnitude.view(-1, self.chunk), self.k)  # (num_chunks, K), increasing
         indices = (offsets + torch.arange(offsets.shape[0])[:, None] * self.chunk).view(-1)  # (num_chunks*K,)
         keep = indices < x.numel()  # padding offsets sort to the end of the last chunk
         return pack_bits(offsets.view(-1)[keep], offset_width(self.chunk)), x[indices[keep]]
