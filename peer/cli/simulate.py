@@ -164,9 +164,11 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
                 combined = exchange.run(payloads, r, liars=set(range(opts.byzantine)), spot_checks=cfg.exchange.spot_checks)
                 receiver.step_with_aggregate(params, combined, round_=r)
 
-            if receiver.last_aggregate is not None:  # each sender keeps what the aggregate did not apply of its message
-                for peer in peers:
-                    peer.sender.restore_unapplied(receiver.last_aggregate, r)
+            # Each sender keeps what this round's aggregate did not apply of its message (all of it
+            # when no update survived: then nothing was applied, and last_aggregate is an older round's).
+            applied = receiver.last_aggregate if updates or exchange is not None else torch.zeros(numel)
+            for peer in peers:
+                peer.sender.restore_unapplied(applied, r)
             sizes = [0 if p is None else len(p) for p in payloads]
             upload, download = receiver.mode.traffic(receiver, sizes)
             curve.upload_bytes.append(upload)

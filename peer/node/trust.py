@@ -187,7 +187,7 @@ def join_run(options: Any, identity: Any, counter: ByteCounter) -> JoinedRun:
         if dht is not None:
             dht.shutdown()
         raise
-    timeouts = PeerTimeouts.of(trusted.cfg, connect_s=o.connect_timeout_s)
+    timeouts = PeerTimeouts.of(trusted.cfg)  # reaching the run itself took --connect-timeout (before its config was known)
     client.retry_for = timeouts.coordinator_retry
     authority = RunAuthority(keys=trusted.keys, run_id=trusted.cfg.run_id, client=client, counter=counter,
                              endpoints=list(info.coordinator_endpoints), dht=dht)

@@ -23,22 +23,20 @@ class PeerTimeouts:
     poll: timedelta = timedelta(seconds=5)  # one long-poll call parks this long on the server
     manifest: timedelta = timedelta(seconds=720)  # commit -> the round's signed manifest
     results: timedelta = timedelta(seconds=720)  # manifest -> final slice results, and -> the applied round
-    connect: timedelta = timedelta(seconds=10)  # reaching the coordinator / the DHT at start
     coordinator_retry: timedelta = timedelta(seconds=120)  # retrying a coordinator call that fails transiently
 
     def __post_init__(self) -> None:
-        for name in ("poll", "manifest", "results", "connect", "coordinator_retry"):
+        for name in ("poll", "manifest", "results", "coordinator_retry"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"PeerTimeouts.{name} must be positive")
         if self.poll > min(self.manifest, self.results):
             raise ValueError("PeerTimeouts.poll must not exceed the waits it slices")
 
     @classmethod
-    def of(cls, cfg: RunConfig, *, connect_s: float = 10.0) -> "PeerTimeouts":
+    def of(cls, cfg: RunConfig) -> "PeerTimeouts":
         rounds, exchange = cfg.rounds, cfg.exchange
         slack = timedelta(seconds=rounds.peer_timeout_s)  # a coordinator that restarts comes back within this
         return cls(
             manifest=timedelta(seconds=rounds.start_timeout_s + rounds.max_deadline_s) + slack,
             results=timedelta(seconds=2 * exchange.result_timeout_s + rounds.max_deadline_s) + slack,
-            connect=timedelta(seconds=connect_s),
         )
