@@ -37,13 +37,16 @@ class ByteCounter:
         self.round = 0
         self._lock = threading.Lock()
         self._traffic: dict[tuple[int, str], Traffic] = defaultdict(Traffic)
+        self._methods: dict[tuple[int, str], Traffic] = defaultdict(Traffic)
 
-    def add(self, remote: str, *, sent: int = 0, received: int = 0, call: bool = False) -> None:
+    def add(self, remote: str, *, sent: int = 0, received: int = 0, call: bool = False, method: str = "") -> None:
+        """Count traffic with `remote` in the current round; `method` (the RPC's short name, for
+        the calls this process makes or serves) also tallies it per RPC."""
         with self._lock:
-            entry = self._traffic[(self.round, remote)]
-            entry.sent += sent
-            entry.received += received
-            entry.calls += int(call)
+            for entry in (self._traffic[(self.round, remote)], *((self._methods[(self.round, method)],) if method else ())):
+                entry.sent += sent
+                entry.received += received
+                entry.calls += int(call)
 
     def total(self) -> Traffic:
         with self._lock:
@@ -70,6 +73,21 @@ class ByteCounter:
             for (r, remote), t in sorted(self._traffic.items()):
                 out[str(r)][remote] = t.as_dict()
             return dict(out)
+
+    def by_method(self) -> dict[str, dict[str, dict[str, int]]]:
+        """{round: {rpc method: {bytes_sent, bytes_received, calls}}}: the same bytes as
+        snapshot(), split by the RPC that moved them (where does a round's control go)."""
+        with self._lock:
+            out: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
+            for (r, method), t in sorted(self._methods.items()):
+                out[str(r)][method] = t.as_dict()
+            return dict(out)
+
+
+def _method_name(method: Any) -> str:
+    """'/swarmloco.Coordinator/GetManifest' (str or bytes) -> 'GetManifest'."""
+    text = method.decode() if isinstance(method, bytes) else str(method or "")
+    return text.rsplit("/", 1)[-1]
 
 
 def _size(message: Any) -> int:
@@ -139,29 +157,35 @@ class _ClientCounter(
         metadata.append((PEER_HEADER, self.counter.local_peer or "anonymous"))
         return _ClientDetails(details, metadata)
 
-    def _sent(self, n: int) -> None:
-        self.counter.add(self.remote, sent=n)
+    def _counters(self, details: grpc.ClientCallDetails) -> tuple[Callable[[int], None], Callable[[int], None]]:
+        method = _method_name(details.method)
+        return (lambda n: self.counter.add(self.remote, sent=n, method=method),
+                lambda n: self.counter.add(self.remote, received=n, method=method))
 
-    def _received(self, n: int) -> None:
-        self.counter.add(self.remote, received=n)
+    def _call(self, details: grpc.ClientCallDetails, request: Any = None) -> None:
+        self.counter.add(self.remote, sent=_size(request), call=True, method=_method_name(details.method))
 
     def intercept_unary_unary(self, continuation, details, request):
-        self.counter.add(self.remote, sent=_size(request), call=True)
-        return _CountedOutcome(continuation(self._details(details), request), self._received)
+        self._call(details, request)
+        _, received = self._counters(details)
+        return _CountedOutcome(continuation(self._details(details), request), received)
 
     def intercept_unary_stream(self, continuation, details, request):
-        self.counter.add(self.remote, sent=_size(request), call=True)
-        return _CountedIterator(continuation(self._details(details), request), self._received)
+        self._call(details, request)
+        _, received = self._counters(details)
+        return _CountedIterator(continuation(self._details(details), request), received)
 
     def intercept_stream_unary(self, continuation, details, request_iterator):
-        self.counter.add(self.remote, call=True)
-        requests = _CountedIterator(iter(request_iterator), self._sent)
-        return _CountedOutcome(continuation(self._details(details), requests), self._received)
+        self._call(details)
+        sent, received = self._counters(details)
+        requests = _CountedIterator(iter(request_iterator), sent)
+        return _CountedOutcome(continuation(self._details(details), requests), received)
 
     def intercept_stream_stream(self, continuation, details, request_iterator):
-        self.counter.add(self.remote, call=True)
-        requests = _CountedIterator(iter(request_iterator), self._sent)
-        return _CountedIterator(continuation(self._details(details), requests), self._received)
+        self._call(details)
+        sent, received = self._counters(details)
+        requests = _CountedIterator(iter(request_iterator), sent)
+        return _CountedIterator(continuation(self._details(details), requests), received)
 
 
 def counting_interceptors(counter: ByteCounter, remote: str) -> list[Any]:
@@ -181,23 +205,24 @@ class _ServerCounter(grpc.ServerInterceptor):
             if key == PEER_HEADER:
                 remote = str(value)[:64]
         counter = self.counter
+        method = "served:" + _method_name(handler_call_details.method)
 
         def received(n: int) -> None:
-            counter.add(remote, received=n)
+            counter.add(remote, received=n, method=method)
 
         def sent(n: int) -> None:
-            counter.add(remote, sent=n)
+            counter.add(remote, sent=n, method=method)
 
         def wrap_unary_in(fn):
             def inner(request, context):
-                counter.add(remote, received=_size(request), call=True)
+                counter.add(remote, received=_size(request), call=True, method=method)
                 return fn(request, context)
 
             return inner
 
         def wrap_stream_in(fn):
             def inner(request_iterator, context):
-                counter.add(remote, call=True)
+                counter.add(remote, call=True, method=method)
                 return fn(_CountedIterator(iter(request_iterator), received), context)
 
             return inner

@@ -109,7 +109,7 @@ class FakeCoordinator:
         if fault is not None:
             raise fault
 
-    def run_info(self, round_: int | None = None) -> swarm_pb2.RunInfo:
+    def run_info(self, round_: int | None = None, *, state_only: bool = False) -> swarm_pb2.RunInfo:
         self._enter("run_info", round_)
         return swarm_pb2.RunInfo()
 

@@ -268,7 +268,8 @@ def cmd_peer(args: argparse.Namespace, make_node=None) -> int:
         if args.summary_json:
             total = node.counter.total()
             result.update(peer_id=node.identity.peer_id, bytes_sent=total.sent, bytes_received=total.received,
-                          compute_s=node.snapshot.compute_s, traffic=node.counter.snapshot())
+                          compute_s=node.snapshot.compute_s, traffic=node.counter.snapshot(),
+                          traffic_by_method=node.counter.by_method())
             with open(args.summary_json, "w") as f:
                 json.dump(result, f, indent=2)
         print(f"peer {node.short} | finished at round {node.round} | hash {node.current_hash[:12]}", flush=True)

@@ -80,6 +80,10 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
     def GetRunInfo(self, request, context):
         c = self.coordinator
         with c.lock:
+            run_state = c.state_at(request.round if request.at_round else None)
+            if request.state_only:
+                return swarm_pb2.RunInfo(run_id=c.cfg.run_id, round=c.round, finished=c.finished, run_state=run_state,
+                                         coordinator_endpoints=c.standby_endpoints)
             return swarm_pb2.RunInfo(
                 run_id=c.cfg.run_id,
                 config_json=c.cfg.to_json(),
@@ -91,7 +95,7 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
                 finished=c.finished,
                 state_manifest=c.state_manifest,
                 state_holders=c.state_holders(),
-                run_state=c.state_at(request.round if request.at_round else None),
+                run_state=run_state,
                 coordinator_endpoints=c.standby_endpoints,
             )
 

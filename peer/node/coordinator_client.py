@@ -109,9 +109,11 @@ class CoordinatorClient:
                 # Capped low while a locator may find a successor: a standby takes over within seconds.
                 delay = min(delay * 2, 2.0 if self.locate is not None else 5.0)
 
-    def run_info(self, round_: int | None = None) -> swarm_pb2.RunInfo:
-        """The run's info; its signed run state is the current one, or (round_) the one at the start of that round."""
-        request = swarm_pb2.RunInfoRequest(at_round=round_ is not None, round=round_ or 0)
+    def run_info(self, round_: int | None = None, *, state_only: bool = False) -> swarm_pb2.RunInfo:
+        """The run's info; its signed run state is the current one, or (round_) the one at the start of
+        that round. state_only: without the config, state manifest and holders (what a peer checks
+        after every round)."""
+        request = swarm_pb2.RunInfoRequest(at_round=round_ is not None, round=round_ or 0, state_only=state_only)
         return self.call("run info", lambda: self.stub.GetRunInfo(request, timeout=DEFAULT_DEADLINE.total_seconds()))
 
     def join(self, signed: swarm_pb2.Signed) -> swarm_pb2.JoinReply:

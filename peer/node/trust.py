@@ -118,7 +118,7 @@ class RunAuthority:
     def state(self, round_: int | None = None) -> RunState | None:
         """The coordinator's signed state (at the start of round_, or now), checked against the
         run's keys; None when it no longer keeps that round's."""
-        info = self.client.run_info(round_)
+        info = self.client.run_info(round_, state_only=True)
         if info.coordinator_endpoints:
             self.endpoints = list(info.coordinator_endpoints)
         if not info.HasField("run_state"):

@@ -63,12 +63,14 @@ class Signed(_message.Message):
     def __init__(self, body: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., public_key: _Optional[bytes] = ...) -> None: ...
 
 class RunInfoRequest(_message.Message):
-    __slots__ = ("at_round", "round")
+    __slots__ = ("at_round", "round", "state_only")
     AT_ROUND_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    STATE_ONLY_FIELD_NUMBER: _ClassVar[int]
     at_round: bool
     round: int
-    def __init__(self, at_round: _Optional[bool] = ..., round: _Optional[int] = ...) -> None: ...
+    state_only: bool
+    def __init__(self, at_round: _Optional[bool] = ..., round: _Optional[int] = ..., state_only: _Optional[bool] = ...) -> None: ...
 
 class RunInfo(_message.Message):
     __slots__ = ("run_id", "config_json", "coordinator_public_key", "software_version", "round", "param_hash", "initial_peers", "finished", "state_manifest", "state_holders", "run_state", "coordinator_endpoints")
