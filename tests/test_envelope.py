@@ -63,9 +63,9 @@ def test_update_in_someone_elses_name_is_refused():
     assert err.value.reason == "bad-signature"
     # Re-signed by mallory, the body now names alice but the key is mallory's.
     from protocol.signing import sign_body
-    from protocol.envelope import UPDATE_TAG
+    from protocol.envelope import UPDATE_TAG, header_body
 
-    resigned = sign_body(mallory, UPDATE_TAG, dataclasses.asdict(header_for(mallory, peer_id=alice.peer_id)))
+    resigned = sign_body(mallory, UPDATE_TAG, header_body(header_for(mallory, peer_id=alice.peer_id)))
     with pytest.raises(EnvelopeError) as err:
         open_update(resigned, **EXPECT)
     assert err.value.reason == "forged"
@@ -95,3 +95,53 @@ def test_build_update_header_hashes_its_payload_and_check_entry_catches_a_swappe
         with pytest.raises(EnvelopeError) as err:
             check_entry(forged, header)
         assert err.value.reason == "forged"
+
+
+def test_slice_digests_travel_as_one_base64_string_and_bad_ones_are_malformed():
+    from protocol.envelope import pack_digests, unpack_digests
+
+    hashes = [sha256_hex(bytes([i])) for i in range(28)]
+    packed = pack_digests(hashes)
+    assert unpack_digests(packed) == hashes
+    assert len(packed) == 4 * -(-28 * 32 // 3)  # 1,196 characters, against 1,848 of hex inside a JSON list
+    for bad in (packed[:-4], packed + "AAAA", "not base64!", ["a" * 64], 7, pack_digests(hashes * 200)):
+        with pytest.raises(EnvelopeError) as err:
+            unpack_digests(bad, limit=4096)
+        assert err.value.reason == "malformed"
+
+
+def test_signed_messages_inside_json_keep_their_exact_bytes():
+    from protocol._generated import swarm_pb2
+    from protocol.envelope import signed_from_json
+
+    peer = Identity.generate()
+    header = sign_update(peer, header_for(peer))
+    as_json = signed_to_json(header)
+    assert "body_text" in as_json and signed_from_json(as_json) == header
+    odd = swarm_pb2.Signed(body=b"\xff\xfe not utf-8", signature=b"s" * 64, public_key=b"k" * 32)
+    assert "body" in signed_to_json(odd) and signed_from_json(signed_to_json(odd)) == odd
+
+
+def test_manifest_owners_travel_as_entry_indices_and_must_name_an_entry():
+    from protocol.envelope import MANIFEST_TAG
+    from protocol.signing import sign_body
+
+    coordinator, a, b = Identity.generate(), Identity.generate(), Identity.generate()
+    entries = sorted((ManifestEntry(peer_id=p.peer_id, payload_sha256=sha256_hex(PAYLOAD), payload_size=len(PAYLOAD),
+                                    header=signed_to_json(sign_update(p, header_for(p))), holders=[], serves=True)
+                      for p in (a, b)), key=lambda e: e.peer_id)
+    ids = [e.peer_id for e in entries]
+    manifest = RoundManifest(run_id="run", round=3, base_param_hash="B", entries=entries, excluded={},
+                             owners=[[ids[0], ids[1]], [ids[1], ids[0]], []])
+    keys = CoordinatorKeys.of_key(coordinator.public_key)
+    signed = sign_manifest(coordinator, manifest)
+    assert b'"owners":[[0,1],[1,0],[]]' in signed.body
+    assert open_manifest(signed, keys=keys, run_id="run", round_=3).owners == manifest.owners
+    with pytest.raises(ValueError):
+        sign_manifest(coordinator, dataclasses.replace(manifest, owners=[[Identity.generate().peer_id]]))
+    fields = {**dataclasses.asdict(manifest)}
+    for bad in ([[2]], [[-1]], [["0"]], [[True]], [0], "0,1"):
+        forged = sign_body(coordinator, MANIFEST_TAG, {**fields, "owners": bad})
+        with pytest.raises(EnvelopeError) as err:
+            open_manifest(forged, keys=keys, run_id="run", round_=3)
+        assert err.value.reason == "malformed", bad
