@@ -280,6 +280,37 @@ def growth_lines(runs: list[dict]) -> list[str]:
                  groups) + [""]
 
 
+def method_means(run: dict) -> dict[str, tuple[float, float]]:
+    """{rpc: (sent, received)} mean bytes per (peer, round) over the row's kept rounds, from the
+    ledger's per-RPC split ("served:X": what the peer answered to others' calls of X)."""
+    kept = [r for r in run["rows"] if r["round"] >= run["skip_rounds"] and "by_method" in r]
+    totals: dict[str, list[float]] = {}
+    for row in kept:
+        for method, (sent, received) in row["by_method"].items():
+            t = totals.setdefault(method, [0.0, 0.0])
+            t[0] += sent
+            t[1] += received
+    return {m: (t[0] / len(kept), t[1] / len(kept)) for m, t in totals.items()} if kept else {}
+
+
+def method_lines(runs: list[dict]) -> list[str]:
+    """Bytes per peer per round by RPC (the public-swarm rows): where a round's bytes go."""
+    rows = [(r, method_means(r)) for r in runs if r["label"] == RECIPE]
+    rows = [(r, m) for r, m in rows if m]
+    if not rows:
+        return []
+    methods = sorted({m for _, means in rows for m in means}, key=lambda m: -max(sum(means.get(m, (0, 0))) for _, means in rows))
+    lines = ["## Where the public-swarm recipe's bytes go, by RPC", "",
+             "Mean KB per peer per round, sent / received, from every peer's ledger split by the RPC that moved the bytes; "
+             "`served:X` is what the peer answered to others' X calls (payload slices to owners, aggregated slices, the "
+             "coordinator's gather); the rest are its own calls (to the coordinator: control; FetchPayload: data).", "",
+             "| RPC | " + " | ".join(f"n = {r['peers']}" for r, _ in rows) + " |", "|---|" + "---:|" * len(rows)]
+    for method in methods:
+        cells = [f"{means[method][0] / 1e3:,.1f} / {means[method][1] / 1e3:,.1f}" if method in means else "-" for _, means in rows]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def write_markdown(path: Path, data: dict) -> None:
     runs, inv, recipe = data["runs"], data["invocation"], data["recipe"]
     resolved = ", ".join(f"`{k}` = `{v!r}`" for k, v in recipe["overrides"].items())
@@ -294,6 +325,7 @@ def write_markdown(path: Path, data: dict) -> None:
               "## Control vs data", "", *table(split_columns(runs), runs), "",
               "data / expected: the mean data received over docs/sliced-exchange.md's formula with the spot checks",
               "(scripts/measure_scale.py's `expected`, with this row's P, A, S, r and k).", "",
+              *method_lines(runs),
               "## Growth from the smallest to the largest swarm", "", *growth_lines(runs), *target_lines(runs)]
     write_keeping_notes(path, "\n".join(lines))
 
