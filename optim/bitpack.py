@@ -1,4 +1,5 @@
-"""Fixed-width bit packing of small unsigned integers (the per-chunk offsets of optim/sparsify.py).
+"""Bit streams: fixed-width packing of small unsigned integers, and bitmaps (set-bit positions).
+Behind the index parts of optim/sparsify.py and optim/index_coding.py.
 
 Layout: value i of a stream of `width`-bit values occupies bits [i*width, (i+1)*width) of the
 byte string, bit b being bit (b % 8) of byte b // 8 (little-endian bit order: the first value
@@ -10,6 +11,9 @@ How: 8 consecutive values fill exactly `width` bytes, so a (G, 8) block of value
 most 3 bytes (width <= 16, shift <= 7). Packing is 8 x 3 column adds (the bits of different
 values never overlap, so adding is OR-ing), unpacking 8 column gathers. Work runs in pieces of
 PIECE values, so temporaries stay a few tens of MB however long the stream.
+
+A bitmap is the width-1 case read as positions: bit p (same bit order) is set for each p given,
+ceil(num_bits / 8) bytes (the global `topk` bitmap, the unary quotients of the Rice code).
 """
 
 from __future__ import annotations
@@ -91,3 +95,29 @@ def _unpack_piece(payload: memoryview | bytes, width: int) -> torch.Tensor:
         word = rows[:, byte] | (rows[:, byte + 1] << 8) | (rows[:, byte + 2] << 16)
         out[:, j] = (word >> shift) & mask
     return out.view(-1)
+
+
+_BIT_WEIGHTS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+_POPCOUNT = torch.tensor([bin(byte).count("1") for byte in range(256)], dtype=torch.int64)
+
+
+def pack_bitmap(positions: torch.Tensor, num_bits: int) -> bytes:
+    """Distinct int64 (n,) positions in [0, num_bits) -> ceil(num_bits / 8) bytes with exactly those
+    bits set (bit p is bit p % 8 of byte p // 8)."""
+    bits = torch.zeros(-(-num_bits // 8) * 8, dtype=torch.uint8)
+    bits[positions] = 1
+    return tensor_to_bytes((bits.view(-1, 8) * _BIT_WEIGHTS).sum(dim=1, dtype=torch.uint8))
+
+
+def bitmap_positions(payload: bytes | memoryview) -> torch.Tensor:
+    """Inverse of pack_bitmap: int64 (n,) positions of the set bits, increasing."""
+    packed = tensor_from_bytes(payload, torch.uint8)
+    nonzero = packed.nonzero().view(-1)  # (z,) only bytes with a set bit are expanded
+    bits = (packed[nonzero, None] >> torch.arange(8, dtype=torch.uint8)) & 1  # (z, 8)
+    at = bits.nonzero()  # (n, 2): row in `nonzero`, bit within the byte; row-major: increasing
+    return nonzero[at[:, 0]] * 8 + at[:, 1]
+
+
+def popcounts(payload: bytes | memoryview) -> torch.Tensor:
+    """int64 (len(payload),) number of set bits of each byte."""
+    return _POPCOUNT[tensor_from_bytes(payload, torch.uint8).to(torch.int64)]

@@ -14,12 +14,17 @@ encodes the VALUES kept by the earlier one:
     dct-topk:CHUNK:K                 top-K DCT-II coefficients per chunk of CHUNK
     e.g.  topk:0.01+int8   dct-topk:64:4+int8   randk:0.05+fp16   (a sparsifier alone keeps fp32)
 
-Payload = header (4 bytes) + index bytes + value bytes, nothing else, and its length is a pure
-function of (spec, d): `max_encoded_size(d)` is exact, so a receiver refuses a wrong-sized payload
-before parsing it. Header = 0xC5, format version (1), crc32(spec) & 0xFFFF (uint16): a payload
-made with another codec or another format version is refused with a clear message.
+Payload = header (4 bytes) + index bytes + value bytes, nothing else. The value bytes' size is a
+pure function of (spec, d), and so is the index part's for topk and randk; chunk-topk and
+dct-topk Rice-code their offsets, whose size depends on which offsets were kept. So
+`max_encoded_size(d)` is an upper bound (exact for the fixed-size codecs) that a receiver checks
+a declared size against before reading, and `encoded_length(payload, d)` reads a payload's own
+length from its first bytes (the index part is self-delimiting): a payload can be cut out of a
+concatenation (optim/slicing.py). Report sizes with len(payload), never max_encoded_size.
+Header = 0xC5, format version (1 byte), crc32(spec) & 0xFFFF (uint16): a payload made with another
+codec or another format version is refused with a clear message.
 Example: fp16 of 1000 values = 4 + 2*1000 = 2004 bytes; int8 = 4 + 4*ceil(d/64) + d.
-See optim/quantize.py and optim/sparsify.py for the exact layouts.
+See optim/quantize.py, optim/sparsify.py and optim/index_coding.py for the exact layouts.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ from optim.sparsify import ChunkTopK, DctTopK, RandK, Sparsifier, TopK
 __all__ = ["Codec", "CodecError", "ErrorFeedback", "build", "HEADER_SIZE", "FORMAT_VERSION"]
 
 MAGIC = 0xC5
-FORMAT_VERSION = 2  # 2: per-chunk offsets bit-packed (chunk-topk, dct-topk; optim/bitpack.py)
+# 2: per-chunk offsets bit-packed at a fixed width (chunk-topk, dct-topk; optim/bitpack.py)
+# 3: per-chunk offsets Rice-coded, variable length (optim/index_coding.py)
+FORMAT_VERSION = 3
 HEADER_SIZE = 4
 
 VALID_FORMS = (
@@ -59,6 +66,8 @@ class Codec(Protocol):
     def decode(self, payload: bytes, numel: int, *, seed: int = 0) -> torch.Tensor: ...
 
     def max_encoded_size(self, numel: int) -> int: ...
+
+    def encoded_length(self, payload: bytes | memoryview, numel: int) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,16 +91,37 @@ class StagedCodec:
         return struct.pack("<BBH", MAGIC, FORMAT_VERSION, zlib.crc32(self.spec.encode()) & 0xFFFF)
 
     def _layout(self, numel: int) -> tuple[int, int]:
-        """(index bytes, number of values) for a vector of numel."""
+        """(most index bytes, number of values) for a vector of numel."""
         if not isinstance(numel, int) or numel < 0:
             raise ValueError(f"numel must be a non-negative int, got {numel!r}")
         if self.sparsifier is None:
             return 0, numel
-        return self.sparsifier.index_size(numel), self.sparsifier.num_values(numel)
+        return self.sparsifier.max_index_size(numel), self.sparsifier.num_values(numel)
 
     def max_encoded_size(self, numel: int) -> int:
-        index_size, num_values = self._layout(numel)
-        return HEADER_SIZE + index_size + self.values.size(num_values)
+        """The longest payload for a vector of numel (every payload's length for a fixed-size codec)."""
+        max_index_size, num_values = self._layout(numel)
+        return HEADER_SIZE + max_index_size + self.values.size(num_values)
+
+    def encoded_length(self, payload: bytes | memoryview, numel: int) -> int:
+        """The length of the payload that starts `payload` (which may run on into other bytes),
+        read from its header and index part; CodecError when they cannot start one."""
+        view = memoryview(payload)
+        _, num_values = self._layout(numel)
+        if len(view) < HEADER_SIZE:
+            raise CodecError(f"{self.spec}: expected at least the {HEADER_SIZE}-byte header, got {len(view)} bytes")
+        self._check_header(view)
+        index_length = 0 if self.sparsifier is None else self.sparsifier.index_length(view[HEADER_SIZE:], numel)
+        return HEADER_SIZE + index_length + self.values.size(num_values)
+
+    def _check_header(self, view: memoryview) -> None:
+        magic, version, tag = struct.unpack_from("<BBH", view)
+        if magic != MAGIC:
+            raise CodecError(f"{self.spec}: not a swarmloco codec payload (first byte {magic:#04x})")
+        if version != FORMAT_VERSION:
+            raise CodecError(f"{self.spec}: payload format version {version}, this build reads {FORMAT_VERSION}")
+        if view[:HEADER_SIZE] != self._header():
+            raise CodecError(f"{self.spec}: payload was made by a different codec (spec tag {tag:#06x})")
 
     def encode(self, x: torch.Tensor, *, seed: int = 0) -> bytes:
         if not isinstance(x, torch.Tensor) or x.dim() != 1 or not x.is_floating_point():
@@ -103,22 +133,20 @@ class StagedCodec:
         return self._header() + index_bytes + self.values.encode(kept)
 
     def decode(self, payload: bytes, numel: int, *, seed: int = 0) -> torch.Tensor:
-        expected = self.max_encoded_size(numel)
-        if len(payload) != expected:
-            raise CodecError(f"{self.spec}: expected exactly {expected} bytes for {numel} values, got {len(payload)}")
+        most = self.max_encoded_size(numel)
+        if len(payload) > most:  # before reading anything: the bound is the receiver's, not the payload's
+            raise CodecError(f"{self.spec}: expected at most {most} bytes for {numel} values, got {len(payload)}")
         view = memoryview(payload)
-        magic, version, tag = struct.unpack_from("<BBH", view)
-        if magic != MAGIC:
-            raise CodecError(f"{self.spec}: not a swarmloco codec payload (first byte {magic:#04x})")
-        if version != FORMAT_VERSION:
-            raise CodecError(f"{self.spec}: payload format version {version}, this build reads {FORMAT_VERSION}")
-        if view[:HEADER_SIZE] != self._header():
-            raise CodecError(f"{self.spec}: payload was made by a different codec (spec tag {tag:#06x})")
-        index_size, num_values = self._layout(numel)
-        values = self.values.decode(view[HEADER_SIZE + index_size :], num_values)
+        expected = self.encoded_length(view, numel)
+        if len(payload) != expected:
+            raise CodecError(f"{self.spec}: expected exactly {expected} bytes for {numel} values "
+                             f"(as its index part says), got {len(payload)}")
+        _, num_values = self._layout(numel)
+        index_end = len(payload) - self.values.size(num_values)
+        values = self.values.decode(view[index_end:], num_values)
         if self.sparsifier is None:
             return values
-        return self.sparsifier.decode(view[HEADER_SIZE : HEADER_SIZE + index_size], values, numel, seed)
+        return self.sparsifier.decode(view[HEADER_SIZE:index_end], values, numel, seed)
 
 
 def _describe(x: object) -> str:

@@ -8,9 +8,11 @@ verified and aggregated on its own. The unit of work of the sliced exchange.
 
 A sliced payload is the concatenation of the slices' own payloads, each made by the run's codec
 on that slice alone (a sparsifier selects per slice; randk's shared index set is drawn per slice
-from a seed derived from the round's seed and the slice index). Every slice's byte range is a pure
-function of (codec, layout), so a receiver knows each slice's exact size before reading it, and a
-signed header can commit to each slice's sha256 separately.
+from a seed derived from the round's seed and the slice index), and a signed header can commit
+to each slice's sha256 separately. A slice's payload may be shorter than its bound
+(max_slice_payload_size: chunk-topk Rice-codes its offsets), but it is self-delimiting, so split
+finds every slice's bytes from the payload alone; a receiver fetching one slice checks the size
+it is offered against the bound (its sha256 pins the bytes).
 
 Slice boundaries fall on multiples of the codec's block and chunk sizes, so slicing changes no
 block's or chunk's contents: a dense codec encodes a sliced vector to exactly the bytes it would
@@ -20,7 +22,7 @@ An owner publishes each aggregated slice in a result format: a dense dtype (fp32
 result_format picks one from the run's codec) or a codec spec (e.g. chunk-topk:4096:64+int8,
 result_codec), so the aggregate is compressed too. Either way the bytes are a pure function of
 the aggregate and the format (seed RESULT_SEED, top-k ties to the lower index), so every honest
-owner of a slice signs the same hash; result_size gives their exact length.
+owner of a slice signs the same hash (and its length, len(bytes)); max_result_size bounds it.
 """
 
 from __future__ import annotations
@@ -102,13 +104,11 @@ class SlicedCodec:
 
     codec: Codec
     layout: SliceLayout
-    payload_bounds: tuple[int, ...] = field(init=False)
+    max_slice_sizes: tuple[int, ...] = field(init=False)  # (S,) the longest payload of each slice
 
     def __post_init__(self) -> None:
-        offsets = [0]
-        for j in range(self.layout.num_slices):
-            offsets.append(offsets[-1] + self.codec.max_encoded_size(self.layout.size(j)))
-        object.__setattr__(self, "payload_bounds", tuple(offsets))
+        sizes = tuple(self.codec.max_encoded_size(self.layout.size(j)) for j in range(self.layout.num_slices))
+        object.__setattr__(self, "max_slice_sizes", sizes)
 
     @property
     def spec(self) -> str:
@@ -120,10 +120,15 @@ class SlicedCodec:
 
     def max_encoded_size(self, numel: int) -> int:
         self._check_numel(numel)
-        return self.payload_bounds[-1]
+        return sum(self.max_slice_sizes)
 
-    def slice_payload_size(self, j: int) -> int:
-        return self.payload_bounds[j + 1] - self.payload_bounds[j]
+    def max_slice_payload_size(self, j: int) -> int:
+        """An upper bound on slice j's payload (its exact size for a fixed-size codec)."""
+        return self.max_slice_sizes[j]
+
+    def encoded_length(self, payload: bytes | memoryview, numel: int) -> int:
+        self._check_numel(numel)
+        return self._slice_ends(memoryview(payload))[-1]
 
     def encode(self, x: torch.Tensor, *, seed: int = 0) -> bytes:
         self._check_numel(x.numel())
@@ -133,11 +138,31 @@ class SlicedCodec:
         return self.codec.encode(values, seed=slice_seed(seed, j))
 
     def split(self, payload: bytes) -> list[bytes]:
-        """A whole sliced payload -> its S slice payloads (exact sizes checked)."""
-        if len(payload) != self.payload_bounds[-1]:
-            raise CodecError(f"{self.spec}: expected {self.payload_bounds[-1]} bytes for the sliced payload, got {len(payload)}")
-        b = self.payload_bounds
-        return [payload[b[j] : b[j + 1]] for j in range(self.layout.num_slices)]
+        """A whole sliced payload -> its S slice payloads, each cut where its own bytes say it
+        ends; CodecError when a slice does not start a payload of the codec, runs past the end
+        or past its bound, or bytes are left over."""
+        most = sum(self.max_slice_sizes)
+        if len(payload) > most:
+            raise CodecError(f"{self.spec}: expected at most {most} bytes for the sliced payload, got {len(payload)}")
+        ends = self._slice_ends(memoryview(payload))
+        if ends[-1] != len(payload):
+            raise CodecError(f"{self.spec}: the sliced payload's {self.layout.num_slices} slices end at byte {ends[-1]}, "
+                             f"it has {len(payload)}")
+        return [payload[start:end] for start, end in zip(ends, ends[1:])]
+
+    def _slice_ends(self, view: memoryview) -> list[int]:
+        """[0, end of slice 0, ..., end of slice S-1] read from the slices' own headers."""
+        ends = [0]
+        for j in range(self.layout.num_slices):
+            try:
+                length = self.codec.encoded_length(view[ends[-1] :], self.layout.size(j))
+            except CodecError as exc:
+                raise CodecError(f"slice {j} of the sliced payload: {exc}") from None
+            if length > self.max_slice_sizes[j] or ends[-1] + length > len(view):
+                raise CodecError(f"slice {j} of the sliced payload: {length} bytes from byte {ends[-1]} run past "
+                                 f"the payload's {len(view)} bytes or its bound of {self.max_slice_sizes[j]}")
+            ends.append(ends[-1] + length)
+        return ends
 
     def decode_slice(self, data: bytes, j: int, *, seed: int = 0) -> torch.Tensor:
         """Slice j's bytes -> (layout.size(j),) float32; CodecError when they cannot be it."""
@@ -199,9 +224,10 @@ def result_codec(fmt: str) -> StagedCodec:
     return codec
 
 
-def result_size(size: int, fmt: str) -> int:
-    """Exact bytes of an aggregated slice of `size` values in format `fmt` (every result of a
-    format has this length, so a receiver checks it before reading)."""
+def max_result_size(size: int, fmt: str) -> int:
+    """The most bytes an aggregated slice of `size` values takes in format `fmt`: exact for a dense
+    format, an upper bound for a codec whose index part varies (chunk-topk). The actual size is
+    len(encode_result(...)); a receiver checks a declared size against this bound."""
     if is_dense_result(fmt):
         return size * torch.empty((), dtype=RESULT_DTYPES[fmt]).element_size()
     return result_codec(fmt).max_encoded_size(size)

@@ -80,12 +80,15 @@ def fetch_blob(
     sha256: str,
     size: int,
     *,
+    exact: bool = True,
     deadline: timedelta = TRANSFER_DEADLINE,
     shuffle: bool = False,
 ) -> bytes:
     """Fetch the object with this sha256 and exact size (a payload, one slice of it, an
     aggregated slice) from the first holder that has it, resuming a broken stream at the byte
-    it broke on (from the same or the next holder). Never reads past `size`."""
+    it broke on (from the same or the next holder). Never reads past `size`. exact=False: `size`
+    only bounds the object (a slice of a payload whose codec has a variable length); its sha256
+    pins the bytes, and so their length, either way."""
     order = list(dict.fromkeys(h for h in holders if h))
     if shuffle:
         random.shuffle(order)
@@ -103,7 +106,7 @@ def fetch_blob(
             data, _ = receive_chunks(
                 stream,
                 max_size=size,
-                expected_size=size,
+                expected_size=size if exact else None,
                 expected_sha256=sha256,
                 prefix=received,
             )

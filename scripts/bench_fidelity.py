@@ -163,8 +163,10 @@ def _same(stored: dict[str, Any], now: dict[str, Any]) -> bool:
 
 def _stale_wire(stored: dict[str, Any]) -> bool:
     """A run stored before the codec's current payload format (optim/codecs.FORMAT_VERSION) measured
-    other bytes for the codecs whose layout changed (format 2 bit-packs per-chunk offsets)."""
-    chunked = any(stage.startswith(("chunk-topk", "dct-topk")) for stage in str(stored.get("codec", "")).split("+"))
+    other bytes for the codecs whose layout changed (format 2 bit-packs per-chunk offsets, format 3
+    Rice-codes them), as its payload codec or as its compressed result format."""
+    specs = [str(stored.get("codec", "")), str(stored.get("config", {}).get("exchange", {}).get("result_codec") or "")]
+    chunked = any(stage.strip().startswith(("chunk-topk", "dct-topk")) for spec in specs for stage in spec.split("+"))
     return chunked and stored.get("codec_format", 1) != FORMAT_VERSION
 
 

@@ -11,8 +11,8 @@ Local mode starts a coordinator and peers as processes on loopback (peer.cli.lau
 interceptor counts (bytes_sent / bytes_received, every RPC, serialized protobuf sizes) and the
 time split compute / encode / wait (commit + manifest) / fetch / aggregate, plus the per-remote
 snapshot (coordinator vs other peers). Goodput of update transfers = payload bytes fetched in the
-round / fetch time. Beside them: the codec's exact payload size (max_encoded_size of the model)
-and the real payload length. Attach mode polls `swarmloco status` JSON instead: per-peer totals,
+round / fetch time. Beside them: the codec's largest payload (max_encoded_size of the model: exact
+for fixed-size codecs, an upper bound for chunk-topk / dct-topk) and the real payload length. Attach mode polls `swarmloco status` JSON instead: per-peer totals,
 the last round's bytes and the utilization the peers report in heartbeats (no time split there).
 """
 

@@ -62,8 +62,10 @@ def run_config(*, peers: int, rounds: int, inner_steps: int, codec: str, mode: s
 
 def exchange_sizes(cfg) -> dict:
     """What one peer's round moves by construction: the model's numel, the payload P (the wire
-    codec's largest message), the aggregate A (every slice's result in the result format, dense or
-    a codec spec: exchange.result_codec), the slice count S and the result format."""
+    codec's largest message), the aggregate A (every slice's largest result in the result format,
+    dense or a codec spec: exchange.result_codec), the slice count S and the result format. P and
+    A are exact for fixed-size codecs and upper bounds for chunk-topk / dct-topk, whose Rice-coded
+    offsets vary in length (the rows' "payload" is each round's real size)."""
     from optim import slicing
     from peer.learn.model import build_model, num_params
     from peer.run.round_math import RoundMath
@@ -72,7 +74,7 @@ def exchange_sizes(cfg) -> dict:
     rm = RoundMath(cfg, numel)
     layout = rm.layout
     return {"numel": numel, "payload": rm.codec.max_encoded_size(numel), "result_format": rm.result_format,
-            "result": sum(slicing.result_size(layout.size(j), rm.result_format) for j in range(layout.num_slices)),
+            "result": sum(slicing.max_result_size(layout.size(j), rm.result_format) for j in range(layout.num_slices)),
             "slices": layout.num_slices}
 
 

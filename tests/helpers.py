@@ -89,13 +89,35 @@ def vector(d: int, seed: int = 0):
 
 
 def round_trip(spec: str, x, seed: int = 0):
-    """x through the codec `spec` and back; the payload is exactly the codec's max_encoded_size."""
+    """x through the codec `spec` and back; the payload fits the codec's max_encoded_size and says
+    its own length (encoded_length), even with other bytes after it."""
     from optim.codecs import build
 
     codec = build(spec)
     payload = codec.encode(x, seed=seed)
-    assert len(payload) == codec.max_encoded_size(x.numel())
+    assert len(payload) <= codec.max_encoded_size(x.numel())
+    assert codec.encoded_length(payload + b"\xff" * 9, x.numel()) == len(payload)
     return codec.decode(payload, x.numel(), seed=seed)
+
+
+def rice_stream(gaps: list[int], b: int) -> bytes:
+    """The Rice-coded index part of optim/index_coding.py written one bit at a time from its
+    docstring, for any gaps (also ones its encoder would refuse): remainders at b bits, then
+    each quotient as that many zero bits and a one bit, each stream zero-padded to a byte."""
+    remainders = 0
+    for i, gap in enumerate(gaps):
+        remainders |= (gap & ((1 << b) - 1)) << (i * b)
+    unary, bit = 0, 0
+    for gap in gaps:
+        bit += gap >> b
+        unary |= 1 << bit
+        bit += 1
+    return remainders.to_bytes(ceil_div(len(gaps) * b, 8), "little") + unary.to_bytes(ceil_div(bit, 8), "little")
+
+
+def chunk_gaps(offsets: list[int], k: int) -> list[int]:
+    """Gaps of flat per-chunk offsets (entries [c*k, c*k + k) in chunk c): o_0, o_i - o_{i-1} - 1."""
+    return [o - (-1 if i % k == 0 else offsets[i - 1]) - 1 for i, o in enumerate(offsets)]
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -1,4 +1,5 @@
-"""optim/bitpack.py: the fixed-width bit stream behind the per-chunk offsets of sparsify.py."""
+"""optim/bitpack.py: the fixed-width bit streams and bitmaps behind the index parts of sparsify.py
+and index_coding.py."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from optim import bitpack
-from optim.bitpack import pack_bits, packed_size, unpack_bits
+from optim.bitpack import bitmap_positions, pack_bitmap, pack_bits, packed_size, popcounts, unpack_bits
 from optim.quantize import CodecError
 
 
@@ -64,3 +65,15 @@ def test_values_and_widths_out_of_range_are_value_errors() -> None:
         pack_bits(torch.tensor([-1]), 3)
     with pytest.raises(ValueError, match="1..16"):
         pack_bits(torch.tensor([1]), 17)
+
+
+@pytest.mark.parametrize("num_bits", [0, 1, 7, 8, 9, 1000, 4099])
+def test_bitmaps_set_exactly_the_given_bits_low_bit_first(num_bits: int) -> None:
+    generator = torch.Generator().manual_seed(num_bits)
+    for count in {0, num_bits // 3, num_bits}:
+        positions = torch.randperm(num_bits, generator=generator)[:count].sort().values
+        payload = pack_bitmap(positions, num_bits)
+        assert payload == sum(1 << p for p in positions.tolist()).to_bytes(-(-num_bits // 8), "little")
+        assert torch.equal(bitmap_positions(payload), positions)
+        assert popcounts(payload).tolist() == [bin(byte).count("1") for byte in payload]
+    assert bitmap_positions(bytes([0b10000001, 0, 0b00000100])).tolist() == [0, 7, 18]

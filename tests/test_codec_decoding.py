@@ -10,12 +10,14 @@ import struct
 import pytest
 import torch
 
-from optim.bitpack import pack_bits, unpack_bits
 from optim.codecs import HEADER_SIZE, CodecError, build
-from optim.sparsify import offset_width
-from tests.helpers import ALL_CODEC_SPECS as ALL_SPECS, ceil_div, round_trip, vector
+from tests.helpers import ALL_CODEC_SPECS as ALL_SPECS, chunk_gaps, rice_stream, round_trip, vector
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# A payload of the wrong length: past the receiver's bound, shorter than a header, or not the
+# length its own header and index part say; per-chunk codecs may find a cut index part first.
+SIZE_PROBLEM = r"expected (exactly|at most|at least)|fewer than"
 
 
 # --- strict decoding ---------------------------------------------------------------------------------
@@ -25,14 +27,14 @@ def test_truncated_extended_and_header_bit_flips_raise_codec_error(spec: str) ->
     codec, d = build(spec), 1000
     payload = codec.encode(vector(d))
     for bad in (payload[:-1], payload + b"\0", b"", payload[:HEADER_SIZE]):
-        with pytest.raises(CodecError, match="expected exactly"):
+        with pytest.raises(CodecError, match=SIZE_PROBLEM):
             codec.decode(bad, d)
     for bit in range(8 * HEADER_SIZE):
         flipped = bytearray(payload)
         flipped[bit // 8] ^= 1 << (bit % 8)
         with pytest.raises(CodecError):
             codec.decode(bytes(flipped), d)
-    with pytest.raises(CodecError, match="expected exactly"):
+    with pytest.raises(CodecError, match=SIZE_PROBLEM):
         codec.decode(payload, 2 * d)  # the receiver's layout decides the size, not the payload
 
 
@@ -42,15 +44,21 @@ def test_payload_from_another_codec_of_the_same_size_is_refused() -> None:
         build("bf16").decode(payload, 100)
 
 
-def edit_offsets(chunk: int, count: int, change):  # noqa: ANN001, ANN201 - change(int64 offsets) -> None
-    """An edit for corrupt(): unpack the `count` bit-packed offsets after the header, change them,
-    pack them back (so the bytes stay well-formed and only the offsets' meaning is wrong)."""
-    width, size = offset_width(chunk), ceil_div(count * offset_width(chunk), 8)
+def move_offset(spec: str, d: int, i: int, to: int):  # noqa: ANN201 - an edit for corrupt()
+    """Offset i (of the flat per-chunk offsets) moved to `to` by changing its gap alone, the index
+    part re-coded as optim/index_coding.py lays it out (so the bytes stay well-formed and only
+    the offsets' meaning is wrong)."""
+    codec = build(spec)
+    sparsifier = codec.sparsifier
+    code, m = sparsifier.offset_code, sparsifier.num_values(d)
 
     def edit(payload: bytearray) -> None:
-        offsets = unpack_bits(bytes(payload[HEADER_SIZE : HEADER_SIZE + size]), width, count)
-        change(offsets)
-        payload[HEADER_SIZE : HEADER_SIZE + size] = pack_bits(offsets, width)
+        index = bytes(payload[HEADER_SIZE : len(payload) - codec.values.size(m)])
+        span = d if spec.startswith("chunk") else code.chunk * -(-d // code.chunk)
+        offsets = code.decode(index, span).tolist()
+        gaps = chunk_gaps(offsets, code.k)
+        gaps[i] += to - offsets[i]
+        payload[HEADER_SIZE : len(payload) - codec.values.size(m)] = rice_stream(gaps, code.parameter)
 
     return edit
 
@@ -71,14 +79,14 @@ def corrupt(spec: str, d: int, edit) -> bytes:  # noqa: ANN001 - edit(bytearray)
         ("topk:0.01", 200_000, lambda p: struct.pack_into("<i", p, 4 + 4000, -1), "segment counts"),
         ("topk:0.5", 1000, lambda p: p.__setitem__(4, p[4] ^ 1), "bits set"),  # bitmap popcount
         ("topk:0.5", 1001, lambda p: p.__setitem__(4 + 125, 0x80), "past the end"),
-        # per-chunk offsets, bit-packed after the header: 7 bits at CHUNK 100, so 100..127 fit
-        ("chunk-topk:100:4", 1000, edit_offsets(100, 40, lambda o: o.__setitem__(5, 100)), "chunk size 100"),
-        ("dct-topk:100:4", 1000, edit_offsets(100, 40, lambda o: o.__setitem__(39, 127)), "chunk size 100"),
-        ("chunk-topk:64:4", 1000, edit_offsets(64, 64, lambda o: o.__setitem__(1, o[0])), "strictly increasing"),
-        ("dct-topk:64:4", 1000, edit_offsets(64, 64, lambda o: o.__setitem__(5, o[4])), "strictly increasing"),
-        # 30 offsets of 7 bits = 210 bits in 27 bytes: the top 6 bits of byte 4 + 26 are padding
-        ("chunk-topk:100:3", 1000, lambda p: p.__setitem__(4 + 26, p[4 + 26] | 0x80), "padding bits"),
-        ("dct-topk:100:3", 1000, lambda p: p.__setitem__(4 + 26, p[4 + 26] | 0x04), "padding bits"),
+        # per-chunk offsets, Rice-coded gaps after the header (tests/test_index_coding.py has the rest);
+        # gaps are >= 0, so offsets strictly increase by construction: only the range can be wrong
+        ("chunk-topk:100:4", 1000, move_offset("chunk-topk:100:4", 1000, 7, 100), "chunk-topk:100:4: an offset is >= .*chunk size 100"),
+        ("dct-topk:100:4", 1000, move_offset("dct-topk:100:4", 1000, 39, 127), "dct-topk:100:4: an offset is >= .*chunk size 100"),
+        ("chunk-topk:64:4", 1000, move_offset("chunk-topk:64:4", 1000, 63, 40), "the vector ends at 1000"),  # last chunk: 40
+        # 70 offsets, b = 3: the remainders' 210 bits fill 27 bytes, the top 6 bits of byte 4 + 26 are padding
+        ("chunk-topk:100:7", 1000, lambda p: p.__setitem__(4 + 26, p[4 + 26] | 0x80), "padding bits"),
+        ("dct-topk:100:7", 1000, lambda p: p.__setitem__(4 + 26, p[4 + 26] | 0x04), "padding bits"),
         ("int8", 1000, lambda p: struct.pack_into("<f", p, 4, float("nan")), "scale"),
         ("int8", 1000, lambda p: struct.pack_into("<f", p, 8, -1.0), "scale"),
         ("int8", 1000, lambda p: p.__setitem__(-1, 255), "code"),  # q = 128 > 127

@@ -10,14 +10,14 @@ import struct
 import pytest
 import torch
 
-from optim import codecs
+from optim import codecs, dct
 from optim.codecs import HEADER_SIZE, Codec, CodecError, ErrorFeedback, build
-from tests.helpers import ALL_CODEC_SPECS as ALL_SPECS, ceil_div, round_trip, vector
+from tests.helpers import ALL_CODEC_SPECS as ALL_SPECS, ceil_div, chunk_gaps, rice_stream, round_trip, vector
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-# --- exact sizes: header 4 bytes + index bytes + value bytes, nothing else -------------------------
+# --- sizes: header 4 bytes + index bytes + value bytes, nothing else ---------------------------------
 
 @pytest.mark.parametrize(
     ("spec", "d", "expected"),
@@ -34,23 +34,48 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
         ("topk:0.01", 200_000, 4 + (2 * 2000 + 4 * 3) + 4 * 2000),  # 4 segments of 65536: 3 counts
         ("topk:0.5", 1000, 4 + 125 + 4 * 500),  # bitmap (125 bytes) beats 1000 bytes of offsets
         ("randk:0.1+fp16", 1000, 4 + 0 + 2 * 100),  # indices come from the seed: none on the wire
-        # per-chunk offsets are bit-packed at ceil(log2(CHUNK)) bits: 6 at 64, 9 at 300 and 512
-        ("chunk-topk:64:4", 1000, 4 + ceil_div(64 * 6, 8) + 4 * 64),  # 15 full chunks + 40 left: 64 kept
-        ("chunk-topk:64:50", 1000, 4 + ceil_div(790 * 6, 8) + 4 * 790),  # short last chunk keeps its 40
-        ("chunk-topk:300:20", 1000, 4 + ceil_div(80 * 9, 8) + 4 * 80),
-        ("dct-topk:64:4+int8", 1000, 4 + ceil_div(64 * 6, 8) + (4 + 64)),  # 16 chunks x 4 coefficients
-        ("dct-topk:512:16", 1000, 4 + ceil_div(32 * 9, 8) + 4 * 32),
         ("sign", 1001, 4 + 4 * ceil_div(1001, 64) + ceil_div(1001, 8)),  # 1 bit + a scale per 64
-        ("chunk-topk:32:1+sign", 1000, 4 + ceil_div(32 * 5, 8) + (4 * 1 + 4)),  # 31 full chunks + 8 left: 32 kept
         ("randk:0.2+sign", 1000, 4 + 0 + (4 * ceil_div(200, 64) + 25)),
         ("stat2", 1001, 4 + 16 * 1 + ceil_div(1001, 4)),  # a 4-entry float32 table per 4096 + 2 bits each
-        ("chunk-topk:4096:64+stat2", 10_000, 4 + ceil_div(192 * 12, 8) + 16 + ceil_div(192, 4)),  # 2 full + 1808 left
     ],
 )
 def test_encoded_size_is_exact(spec: str, d: int, expected: int) -> None:
     codec = build(spec)
     assert codec.max_encoded_size(d) == expected
     assert len(codec.encode(vector(d))) == expected
+
+
+def kept_offsets(spec: str, x: torch.Tensor) -> list[int]:
+    """The flat per-chunk offsets chunk-topk / dct-topk keep of x, chunk by chunk, increasing."""
+    kind, chunk, k = spec.split("+")[0].split(":")
+    chunk, k = int(chunk), int(k)
+    if kind == "dct-topk":
+        return dct.top_coefficients(x, chunk, k)[0].view(-1).tolist()
+    return [o for start in range(0, x.numel(), chunk)
+            for o in sorted(x[start : start + chunk].abs().topk(min(k, x[start : start + chunk].numel())).indices.tolist())]
+
+
+@pytest.mark.parametrize(
+    ("spec", "d", "values_bytes", "m"),
+    [  # m kept values; the offsets Rice-coded at b = index_coding.rice_parameter(CHUNK, K) (3 at 64:4)
+        ("chunk-topk:64:4", 1000, lambda m: 4 * m, 64),  # 15 full chunks + 40 left: 64 kept
+        ("chunk-topk:64:50", 1000, lambda m: 4 * m, 790),  # short last chunk keeps its 40
+        ("chunk-topk:300:20", 1000, lambda m: 4 * m, 80),
+        ("dct-topk:64:4+int8", 1000, lambda m: 4 + m, 64),  # 16 chunks x 4 coefficients
+        ("dct-topk:512:16", 1000, lambda m: 4 * m, 32),
+        ("chunk-topk:32:1+sign", 1000, lambda m: 4 * 1 + 4, 32),  # 31 full chunks + 8 left: 32 kept
+        ("chunk-topk:4096:64+stat2", 10_000, lambda m: 16 + ceil_div(m, 4), 192),  # 2 full + 1808 left
+    ],
+)
+def test_per_chunk_sizes_are_header_rice_coded_offsets_and_values(spec: str, d: int, values_bytes, m: int) -> None:  # noqa: ANN001
+    codec, x = build(spec), vector(d)
+    offsets = kept_offsets(spec, x)
+    k = int(spec.split("+")[0].split(":")[2])
+    assert len(offsets) == m
+    expected = HEADER_SIZE + len(rice_stream(chunk_gaps(offsets, k), codec.sparsifier.offset_code.parameter)) + values_bytes(m)
+    payload = codec.encode(x)
+    assert len(payload) == expected <= codec.max_encoded_size(d)
+    assert codec.encoded_length(payload + bytes(5), d) == expected
 
 
 @pytest.mark.parametrize("spec", ALL_SPECS)

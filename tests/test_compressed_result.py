@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from optim import codecs, slicing
-from optim.bitpack import packed_size, unpack_bits
 from optim.codecs import CodecError, ErrorFeedback
+from optim.index_coding import RiceOffsets
 
 D = 446_000  # 108 full chunks of 4096 and a short one of 3632
 
@@ -18,14 +18,20 @@ def vector(seed: int = 0, numel: int = D) -> torch.Tensor:
 
 
 def test_sizes_by_hand_for_446k_values():
-    # kept: 108 * 64 + min(64, 3632) = 6976; offsets: 6976 * 12 bits = 10464 bytes; header 4
+    # kept: 108 * 64 + min(64, 3632) = 6976; header 4
+    # offsets Rice-coded at b = 5 bits (optim/index_coding.py): remainders 6976 * 5 bits = 4360 bytes;
+    # unary quotients at most 6976 + 108 * (4032 >> 5) + (3568 >> 5) = 20695 bits = 2587 bytes
+    # (12-bit offsets took 6976 * 12 bits = 10464 bytes)
     # int8: 4 * ceil(6976 / 64) + 6976 = 7412        stat2: 16 * ceil(6976 / 4096) + 6976 / 4 = 1776
-    assert slicing.result_size(D, "chunk-topk:4096:64+int8") == 4 + 10464 + 7412 == 17880
-    assert slicing.result_size(D, "chunk-topk:4096:64+stat2") == 4 + 10464 + 1776 == 12244
-    assert slicing.result_size(D, "fp16") == 2 * D and slicing.result_size(D, "bf16") == 2 * D
-    assert slicing.result_size(D, "fp32") == 4 * D
-    for fmt in ("chunk-topk:4096:64+int8", "chunk-topk:4096:64+stat2", "fp16"):
-        assert len(slicing.encode_result(vector(), fmt)) == slicing.result_size(D, fmt)
+    assert slicing.max_result_size(D, "chunk-topk:4096:64+int8") == 4 + 4360 + 2587 + 7412 == 14363
+    assert slicing.max_result_size(D, "chunk-topk:4096:64+stat2") == 4 + 4360 + 2587 + 1776 == 8727
+    assert slicing.max_result_size(D, "fp16") == 2 * D and slicing.max_result_size(D, "bf16") == 2 * D
+    assert slicing.max_result_size(D, "fp32") == 4 * D
+    assert len(slicing.encode_result(vector(), "fp16")) == 2 * D
+    for fmt, values in (("chunk-topk:4096:64+int8", 7412), ("chunk-topk:4096:64+stat2", 1776)):
+        size = len(slicing.encode_result(vector(), fmt))
+        assert size <= slicing.max_result_size(D, fmt)
+        assert 8 * (size - 4 - values) / 6976 < 7.7  # bits per offset on a gaussian aggregate (12 before)
 
 
 def test_dense_formats_are_unchanged():
@@ -58,7 +64,7 @@ def test_ties_go_to_the_lower_index():
     x = torch.zeros(16)
     x[[1, 3, 5, 6]] = 1.0  # chunk 0 of 8: four equal magnitudes for K = 2; chunk 1: all zeros
     payload = slicing.encode_result(x, "chunk-topk:8:2")
-    offsets = unpack_bits(memoryview(payload)[4 : 4 + packed_size(4, 3)], 3, 4)
+    offsets = RiceOffsets(8, 2).decode(memoryview(payload)[4:-4 * 4], 16)  # 4 fp32 values at the end
     assert offsets.tolist() == [1, 3, 0, 1]
     assert slicing.decode_result(payload, 16, "chunk-topk:8:2").nonzero().view(-1).tolist() == [1, 3]
     # global top-k alike: 3 of the 4 equal values, the lowest indices
@@ -108,7 +114,7 @@ def test_only_reproducible_codecs_are_result_formats():
         with pytest.raises(ValueError):
             slicing.result_codec(fmt)
     with pytest.raises(ValueError):
-        slicing.result_size(10, "nonsense")
+        slicing.max_result_size(10, "nonsense")
 
 
 # --- error feedback: what the swarm did not apply ----------------------------------------------

@@ -38,13 +38,36 @@ def test_sliced_int8_decodes_to_the_same_values_as_unsliced():
     assert len(payload) == sliced.max_encoded_size(10_000)
     assert torch.equal(sliced.decode(payload, 10_000), codec.decode(codec.encode(x), 10_000))
     parts = sliced.split(payload)
-    assert [len(p) for p in parts] == [sliced.slice_payload_size(j) for j in range(5)]
+    assert [len(p) for p in parts] == [sliced.max_slice_payload_size(j) for j in range(5)]  # int8: fixed sizes
     layout = sliced.layout
     assert torch.equal(sliced.decode_slice(parts[3], 3), sliced.decode(payload, 10_000)[layout.range(3)])
     with pytest.raises(codecs.CodecError):
         sliced.decode_slice(parts[3], 2 if layout.size(2) != layout.size(3) else 99)
     with pytest.raises(codecs.CodecError):
         sliced.split(payload[:-1])
+
+
+def test_variable_length_slices_split_where_each_says_it_ends():
+    d = 445_952  # the demo model and the public-swarm recipe's payload codec; 32 slices asked, 28 of 4 chunks made
+    x = torch.randn(d, generator=torch.Generator().manual_seed(2))
+    codec = codecs.build("chunk-topk:4096:64+stat2")
+    sliced = slicing.SlicedCodec(codec, slicing.SliceLayout.build(d, 32, slicing.codec_alignment(codec)))
+    payload = sliced.encode(x)
+    parts = sliced.split(payload)
+    assert len(payload) < sliced.max_encoded_size(d) and sliced.encoded_length(payload, d) == len(payload)
+    assert all(len(p) <= sliced.max_slice_payload_size(j) for j, p in enumerate(parts))
+    assert len({len(p) for p in parts}) > 1  # Rice-coded offsets: slices differ in length
+    whole = sliced.decode(payload, d)
+    for j in (0, 17, sliced.layout.num_slices - 1):
+        assert torch.equal(sliced.decode_slice(parts[j], j), whole[sliced.layout.range(j)])
+    for bad in (payload[:-1], payload + b"\0", payload[: len(parts[0])]):
+        with pytest.raises(codecs.CodecError, match="sliced payload"):
+            sliced.split(bad)
+    moved = bytearray(payload)
+    moved[len(parts[0]) + len(parts[1]) - 1] ^= 0xFF  # the last byte of slice 1 (a stat2 value byte)
+    assert len(sliced.split(bytes(moved))[1]) == len(parts[1])  # values do not move a boundary
+    with pytest.raises(codecs.CodecError, match="slice 1 of the sliced payload"):
+        sliced.split(payload[: len(parts[0])] + bytes(sliced.max_slice_payload_size(1)) + payload[len(parts[0]) :])
 
 
 def test_sparse_codecs_select_per_slice():

@@ -1,5 +1,5 @@
-"""Sparsifiers (optim/sparsify.py, dct.py, bitpack.py through the codecs): which coordinates each
-keeps, randk's shared index sets, the DCT, and the bit-packed per-chunk offsets on the wire."""
+"""Sparsifiers (optim/sparsify.py, dct.py, index_coding.py through the codecs): which coordinates each
+keeps, randk's shared index sets, the DCT, and the Rice-coded per-chunk offsets on the wire."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from optim import dct
-from optim.bitpack import unpack_bits
 from optim.codecs import HEADER_SIZE, CodecError, build
-from optim.sparsify import ChunkTopK, DctTopK, offset_width, random_index_set
-from tests.helpers import ceil_div, round_trip, vector
+from optim.sparsify import ChunkTopK, DctTopK, random_index_set
+from tests.helpers import ceil_div, chunk_gaps, rice_stream, round_trip, vector
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -108,15 +107,11 @@ def test_per_chunk_offsets_round_trip_exactly_including_a_short_last_chunk(chunk
     assert torch.equal(y, expected)
 
     offsets, values = dct.top_coefficients(x, chunk, k)  # (num_chunks, k) each
-    index_bytes, kept = DctTopK(chunk, k).encode(x, 0)
-    assert len(index_bytes) == ceil_div(offsets.numel() * offset_width(chunk), 8)
-    assert torch.equal(unpack_bits(index_bytes, offset_width(chunk), offsets.numel()), offsets.view(-1))
-    y = DctTopK(chunk, k).decode(memoryview(index_bytes), kept, d, 0)
+    sparsifier = DctTopK(chunk, k)
+    index_bytes, kept = sparsifier.encode(x, 0)
+    assert index_bytes == rice_stream(chunk_gaps(offsets.view(-1).tolist(), k), sparsifier.offset_code.parameter)
+    y = sparsifier.decode(memoryview(index_bytes), kept, d, 0)
     assert torch.equal(y, dct.from_coefficients(offsets, values, chunk, d))
-
-
-def test_offset_width_is_ceil_log2_of_the_chunk() -> None:
-    assert [offset_width(c) for c in (1, 2, 3, 64, 65, 100, 256, 4096, 65536)] == [1, 1, 2, 6, 7, 7, 8, 12, 16]
 
 
 @pytest.mark.parametrize(
@@ -131,10 +126,10 @@ def test_recipe_codecs_payload_size_and_ratio(spec: str, values_bytes, min_ratio
     d = 445_952  # a small model's parameter count; the short last chunk of 4096 holds 3584
     chunk, k = (int(n) for n in spec.split("+")[0].split(":")[1:])
     m = k * ceil_div(d, chunk)  # every chunk, the short last one too, keeps k here
-    expected = HEADER_SIZE + ceil_div(m * offset_width(chunk), 8) + values_bytes(m)
     codec = build(spec)
     payload = codec.encode(vector(d))
-    assert len(payload) == codec.max_encoded_size(d) == expected
+    index_bytes = len(payload) - HEADER_SIZE - values_bytes(m)
+    assert index_bytes <= codec.sparsifier.max_index_size(d) < ceil_div(m * 12 if chunk == 4096 else m * 6, 8)  # fixed width: 12 / 6 bits
     assert 4 * d / len(payload) > min_ratio
     assert codec.decode(payload, d).shape == (d,)
 
@@ -142,7 +137,9 @@ def test_recipe_codecs_payload_size_and_ratio(spec: str, values_bytes, min_ratio
 @pytest.mark.parametrize("sparsifier", [ChunkTopK(64, 4), DctTopK(64, 4), ChunkTopK(100, 3), DctTopK(4096, 64)])
 def test_per_chunk_decoders_refuse_a_wrong_index_length(sparsifier) -> None:  # noqa: ANN001
     d = 1000
-    size, m = sparsifier.index_size(d), sparsifier.num_values(d)
-    for wrong in (size - 1, size + 1, 0):
-        with pytest.raises(CodecError, match=f"{sparsifier.name}: bit-packed stream: expected {size} bytes"):
-            sparsifier.decode(memoryview(bytes(wrong)), torch.zeros(m), d, 0)
+    index_bytes, kept = sparsifier.encode(vector(d), 0)
+    size = len(index_bytes)
+    assert sparsifier.index_length(memoryview(index_bytes + b"\xff" * 3), d) == size
+    for wrong, why in ((index_bytes[:-1], "fewer than"), (index_bytes + b"\0", f"its streams end at {size}"), (b"", "fewer than")):
+        with pytest.raises(CodecError, match=f"{sparsifier.name}: .*{why}"):
+            sparsifier.decode(memoryview(wrong), kept, d, 0)

@@ -102,9 +102,9 @@ class SlicedMath(ModeMath):
         return None
 
     def traffic(self, math, sizes):
-        # expected bytes of the owner draw (every virtual peer serves)
-        layout = math.layout
-        result_bytes = sum(slicing.result_size(layout.size(j), math.result_format) for j in range(layout.num_slices))
+        # expected bytes of the owner draw (every virtual peer serves), over this round's results as
+        # reduced (their real lengths: a compressed result's varies with the aggregate)
+        result_bytes = sum(math.result_bytes[j] for j in range(math.layout.num_slices))
         x = math.cfg.exchange
         traffic = [expected_traffic(len(sizes), own, result_bytes, x.replicas, spot_checks=x.spot_checks,
                                     coverage=x.spot_check_coverage, num_slices=math.layout.num_slices) for own in sizes]

@@ -97,6 +97,7 @@ class RoundMath:
                                if use_feedback else None)
         self._sent_round: int | None = None  # the round of the message the error feedback kept
         self.last_aggregate: torch.Tensor | None = None  # (d,) the last round's aggregate (eager updates)
+        self.result_bytes: dict[int, int] = {}  # slice -> len of the last result reduce_slice made for it
 
     # --- sender --------------------------------------------------------------------------
 
@@ -154,14 +155,17 @@ class RoundMath:
         the matching part of the swarm's previous aggregate."""
         n = rows.shape[0]
         if n == 0:
-            return slicing.encode_result(torch.zeros(self.layout.size(j)), self.result_format)
-        seed = codec_seed(self.cfg, round_)
-        rule, f = self.rule_for(n, excluded_for_cause)
-        previous = self.aggregator.previous
-        center = None if previous is None else previous[self.layout.range(j)]
-        with single_thread():
-            combined = rule.aggregate_part(rows, seed=seed, num_byzantine=f, center=center, report=False)  # (s_j,)
-        return slicing.encode_result(combined, self.result_format)
+            combined = torch.zeros(self.layout.size(j))
+        else:
+            seed = codec_seed(self.cfg, round_)
+            rule, f = self.rule_for(n, excluded_for_cause)
+            previous = self.aggregator.previous
+            center = None if previous is None else previous[self.layout.range(j)]
+            with single_thread():
+                combined = rule.aggregate_part(rows, seed=seed, num_byzantine=f, center=center, report=False)  # (s_j,)
+        result = slicing.encode_result(combined, self.result_format)
+        self.result_bytes[j] = len(result)  # a compressed result's length varies (simulate counts the real one)
+        return result
 
     def decode_result(self, data: bytes, j: int) -> torch.Tensor:
         """An aggregated slice's bytes -> (s_j,) float32 (raises CodecError)."""

@@ -160,7 +160,7 @@ class SliceExchange:
             return data
         others = [rnd.endpoints[o] for o in rnd.owners[j] if o in rnd.endpoints]
         holders = [h for h in rnd.holders[peer_id] + others if h and h != self.own_endpoint]
-        data = fetch_blob(self.pool, holders, sha, self.math.sliced_codec.slice_payload_size(j))
+        data = fetch_blob(self.pool, holders, sha, self.math.sliced_codec.max_slice_payload_size(j), exact=False)
         self.store.put_blob(sha, rnd.round, data)  # re-served: other owners may fetch it from us
         return data
 
