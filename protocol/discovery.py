@@ -14,6 +14,7 @@ child, and gRPC is not fork-safe.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -26,6 +27,8 @@ from protocol.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, peer_
 
 RUNS_KEY = "swarmloco:runs"
 RECORD_TTL_S = 60.0
+SHUTDOWN_GRACE_S = 3.0  # `stop_dht`: the DHT process's own shutdown gets this long, then it is killed
+log = logging.getLogger("swarmloco.discovery")
 _MAGIC = b"\x00SLC-ED25519\x00"
 _SUFFIX = len(_MAGIC) + PUBLIC_KEY_BYTES + SIGNATURE_BYTES
 
@@ -107,10 +110,14 @@ def start_dht(
 ) -> DHT:
     """Start a hivemind DHT node; raise DiscoveryError with advice when initial peers don't answer.
 
-    The node's process and its p2pd daemon end when this process ends, also on SIGKILL."""
+    The node's process and its p2pd daemon end when this process ends, also on SIGKILL; stop them
+    with `stop_dht`. A fixed port in `host_maddrs` that another process listens on is refused here,
+    before anything starts (protocol/ports.py: p2pd itself would share it)."""
     from cryptography.hazmat.primitives import serialization
 
-    from protocol import lifetime
+    from protocol import lifetime, ports
+
+    ports.check_dht_ports(host_maddrs)
 
     private_bytes = identity.private_key.private_bytes(
         serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
@@ -132,6 +139,7 @@ def start_dht(
             startup_timeout=timeout_s,
             wait_timeout=5,
             num_workers=4,
+            shutdown_timeout=SHUTDOWN_GRACE_S,
         )
         # The DHT process and its p2pd die with this process, however it ends (protocol/lifetime.py).
         lifetime.bind_forked_process(dht)
@@ -140,6 +148,24 @@ def start_dht(
     except Exception as exc:  # hivemind raises a variety of errors for unreachable peers
         hint = "is the coordinator running and its port open? try --client-mode behind NAT" if initial_peers else ""
         raise DiscoveryError(f"cannot start the DHT or reach {', '.join(initial_peers) or 'any peer'}: {exc}. {hint}") from None
+
+
+def stop_dht(dht: DHT) -> None:
+    """Stop the DHT process and its p2pd within about SHUTDOWN_GRACE_S + 2 s, whatever state they are in.
+
+    hivemind's `shutdown()` asks the process to stop and, after its grace period, terminates it
+    (SIGTERM: protocol/lifetime.py gives the DHT process that signal's default action back). A
+    process that still lives then is killed: nothing here waits without a bound, and
+    multiprocessing's exit handler, which joins the process without one, finds it gone. p2pd ends
+    with its DHT process (its parent-death signal, else the DHT process's watchdog)."""
+    if dht.pid is None:  # never started
+        return
+    dht.shutdown()
+    dht.join(1.0)
+    if dht.is_alive():
+        log.warning("the DHT process %d did not stop; killing it", dht.pid)
+        dht.kill()
+        dht.join(1.0)
 
 
 def visible_maddrs(dht: DHT) -> list[str]:

@@ -20,9 +20,18 @@ protocol/discovery.py's `start_dht`) -> p2pd (started by the DHT process with as
 `adopt_asyncio_subprocesses` gives it a parent-death signal). `swarmloco demo` and the tests'
 launcher (peer/cli/launcher.py) start the coordinator and peers with `preexec_for_child`.
 
-The DHT process gets SIGKILL: it inherits the CLI's Python signal handlers through fork, so
-SIGTERM and SIGINT only set a flag in its copy of the parent. p2pd gets SIGTERM, the signal
-hivemind itself stops it with, so it removes its socket files.
+The DHT process gets SIGKILL, p2pd SIGTERM (the signal hivemind itself stops it with, so it
+removes its socket files).
+
+Signals meant for the process group (Ctrl+C in a terminal, `kill -TERM -PGID`, the launcher's
+stop) reach the CLI process only: the DHT process moves to a process group of its own as it
+starts (`bind_forked_process`), and p2pd, which it starts, is in that group too. The CLI process
+stops them in order (protocol/discovery.py, `stop_dht`). Before, the group's SIGINT also reached
+p2pd, which exited at once; the DHT process's graceful shutdown then waited forever on the dead
+daemon's control socket, hivemind's fallback `terminate()` (SIGTERM) was swallowed by the CLI's
+handler the DHT process had inherited through fork, and the CLI process hung at exit in
+multiprocessing's join of its DHT child. So the DHT process also gets SIGTERM's default action
+back (its parent's `terminate()` ends it) and ignores SIGINT (as hivemind does once it runs).
 """
 
 from __future__ import annotations
@@ -125,6 +134,18 @@ def adopt_asyncio_subprocesses(sig: int = signal.SIGTERM) -> None:
     asyncio.create_subprocess_exec = create_subprocess_exec  # type: ignore[assignment]
 
 
+def detach_from_group_signals() -> None:
+    """First thing in a forked child that its parent stops (the DHT process): a process group of its
+    own, so the group's Ctrl+C or SIGTERM reaches the parent only; SIGINT ignored and SIGTERM back to
+    its default (the fork copied the parent's Python handlers), so the parent's terminate() ends it."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # not permitted (a session leader cannot move): signals to the group still reach it
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def bind_forked_process(process: BaseProcess, sig: int = signal.SIGKILL) -> None:
     """Before `process.start()` (a fork-context multiprocessing process): the child ties itself to
     the process that starts it (`die_with_parent`) and the asyncio subprocesses it starts to
@@ -135,6 +156,7 @@ def bind_forked_process(process: BaseProcess, sig: int = signal.SIGKILL) -> None
     run = process.run
 
     def bound_run() -> None:
+        detach_from_group_signals()
         die_with_parent(parent, pdeathsig)
         adopt_asyncio_subprocesses()
         run()

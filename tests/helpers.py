@@ -1,13 +1,16 @@
-"""What several test files share, in one place: the tiny run config, a free loopback port, and
-reading a real swarm's children (a line they print, the JSON summary they write).
+"""What several test files share, in one place: the tiny run config, a free loopback port,
+reading a real swarm's children (a line they print, the JSON summary they write), and the process
+tree of a child (Linux /proc: what it started, and whether any of it is left).
 
 Fixtures live in tests/conftest.py; this module holds plain functions, imported by name."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import socket
 import time
 from pathlib import Path
@@ -188,3 +191,62 @@ def read_summary(swarm, name: str) -> dict:
     """The JSON summary the Swarm child `name` wrote when it exited (coordinator, standby or peer)."""
     return json.loads((swarm.workdir / f"{name}.json").read_text())
 
+
+
+def _stat(pid: int) -> tuple[int, str, int] | None:
+    """(ppid, state, start time) of a process, None when there is none."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # "pid (comm) state ppid ...": comm may hold spaces
+    return int(fields[1]), fields[0], int(fields[19])
+
+
+def process_tree(root: int) -> dict[int, int]:
+    """pid -> start time of `root` and all its descendants, whatever their process group (the
+    start time tells a reused pid apart)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            children.setdefault(stat[0], []).append(int(entry.name))
+    found, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if (stat := _stat(pid)) is not None:
+            found[pid] = stat[2]
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def process_alive(pid: int, started: int) -> bool:
+    """Is the process `pid` that started at `started` still running (a zombie is dead, only not yet reaped)?"""
+    stat = _stat(pid)
+    return stat is not None and stat[2] == started and stat[1] != "Z"
+
+
+def still_running(processes: dict[int, int], within_s: float) -> dict[int, str]:
+    """pid -> command line of those of `processes` (a process_tree) still running after up to `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = {pid: cmdline(pid) for pid, started in processes.items() if process_alive(pid, started)}
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def kill_tree(processes: dict[int, int]) -> None:
+    """SIGKILL every process of `processes` (a process_tree) still running: a failed test's cleanup."""
+    for pid, started in processes.items():
+        if process_alive(pid, started):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

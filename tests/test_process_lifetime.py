@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,76 +15,24 @@ import pytest
 
 from peer.cli.launcher import Swarm
 from peer.cli.status import fetch_status
-from tests.helpers import ROOT, free_port, write_run_config
+from protocol.ports import ListenAddress, in_use
+from tests.helpers import ROOT, cmdline, free_port, kill_tree, process_tree, still_running, write_run_config
 
 pytestmark = pytest.mark.integration
 GONE_WITHIN_S = 20.0  # the parent-death signal acts at once; the watchdog within a second
 
 
-
-def _stat(pid: int) -> tuple[int, str, int] | None:
-    """(ppid, state, start time) of a process, None when there is none."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()  # "pid (comm) state ppid ...": comm may hold spaces
-    return int(fields[1]), fields[0], int(fields[19])
-
-
-def _tree(root: int) -> dict[int, int]:
-    """pid -> start time of `root` and all its descendants (the start time tells a reused pid apart)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
-            children.setdefault(stat[0], []).append(int(entry.name))
-    found, todo = {}, [root]
-    while todo:
-        pid = todo.pop()
-        if (stat := _stat(pid)) is not None:
-            found[pid] = stat[2]
-            todo.extend(children.get(pid, []))
-    return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _alive(pid: int, started: int) -> bool:
-    stat = _stat(pid)
-    return stat is not None and stat[2] == started and stat[1] != "Z"  # a zombie is dead, only not yet reaped
-
-
 def _bindable(port: int) -> bool:
     """Can a listener bind 127.0.0.1:port (without SO_REUSEPORT, which p2pd uses to share it)?"""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT connections are no holders
-        try:
-            s.bind(("127.0.0.1", port))
-            s.listen()
-            return True
-        except OSError:
-            return False
+    return not in_use(ListenAddress("127.0.0.1", port))
 
 
 def _wait_until_gone(processes: dict[int, int], ports: list[int]) -> tuple[dict[int, str], list[int]]:
+    alive = still_running(processes, GONE_WITHIN_S)
     deadline = time.monotonic() + GONE_WITHIN_S
-    while True:
-        alive = {pid: _cmdline(pid) for pid, started in processes.items() if _alive(pid, started)}
-        held = [port for port in ports if not _bindable(port)]
-        if (not alive and not held) or time.monotonic() > deadline:
-            return alive, held
+    while (held := [port for port in ports if not _bindable(port)]) and time.monotonic() < deadline:
         time.sleep(0.1)
-
-
-def _kill_all(processes: dict[int, int]) -> None:
-    for pid, started in processes.items():
-        if _alive(pid, started):
-            os.kill(pid, signal.SIGKILL)
+    return alive, held
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process trees from /proc (Linux)")
@@ -105,8 +52,8 @@ def test_sigkilled_coordinator_and_peer_leave_no_process_and_free_their_ports(tm
                 assert peer.alive() and time.monotonic() < deadline, "".join(peer.lines)[-3000:]
                 time.sleep(0.2)
             for child in (coordinator, peer):
-                tree = _tree(child.process.pid)
-                commands = [_cmdline(pid) for pid in tree]
+                tree = process_tree(child.process.pid)
+                commands = [cmdline(pid) for pid in tree]
                 # The process itself, its forked DHT process (same command line) and hivemind's p2pd.
                 assert sum("peer.cli.main" in c for c in commands) >= 2 and any("p2pd" in c for c in commands), commands
                 trees.update(tree)
@@ -118,7 +65,7 @@ def test_sigkilled_coordinator_and_peer_leave_no_process_and_free_their_ports(tm
             assert not alive, f"left running {GONE_WITHIN_S:.0f} s after SIGKILL: {alive}"
             assert not held, f"ports still bound: {[name for name, port in ports.items() if port in held]}"
         finally:
-            _kill_all(trees)
+            kill_tree(trees)
 
 
 LAUNCHER = """
@@ -142,12 +89,12 @@ def test_a_sigkilled_launcher_takes_its_swarm_with_it(tmp_path):
     try:
         line = launcher.stdout.readline()  # printed once the coordinator printed its addresses
         assert line.startswith("coordinator pid"), line
-        trees = _tree(launcher.pid)
-        assert any("p2pd" in _cmdline(pid) for pid in trees), [_cmdline(pid) for pid in trees]
+        trees = process_tree(launcher.pid)
+        assert any("p2pd" in cmdline(pid) for pid in trees), [cmdline(pid) for pid in trees]
         launcher.kill()
         launcher.wait(timeout=10)
         alive, _ = _wait_until_gone(trees, [])
         assert not alive, f"left running {GONE_WITHIN_S:.0f} s after the launcher's SIGKILL: {alive}"
     finally:
         launcher.kill()
-        _kill_all(trees)
+        kill_tree(trees)

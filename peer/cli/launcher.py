@@ -1,11 +1,12 @@
 """Start a coordinator and peers as real processes on loopback; always clean them up.
 
 Used by `swarmloco demo` and by the integration tests. Each child runs in its own session
-(process group) so that stopping it also stops what it started (hivemind's p2pd daemon), and
-nothing is left running or bound, also when the caller fails or is interrupted. A launcher that
-is itself killed (SIGKILL, OOM) takes its children with it: they are started with a parent-death
-signal (protocol/lifetime.py; when the Swarm is driven from the main thread, as the demo and
-pytest do).
+(process group), so that a signal meant for it (`kill`, SIGTERM then SIGKILL in `stop_all`)
+reaches it and nothing else, and nothing is left running or bound, also when the caller fails or
+is interrupted: a child stops its DHT process and p2pd itself, and they die with it when it is
+killed (they run in a process group of their own, tied to it by parent-death signals:
+protocol/lifetime.py). A launcher that is itself killed (SIGKILL, OOM) takes its children with
+it the same way (when the Swarm is driven from the main thread, as the demo and pytest do).
 
 `Swarm(..., tls=True)` runs the whole swarm over TLS with a throwaway CA and one certificate for
 127.0.0.1 (`make_loopback_tls`), passed to every child with --tls-cert/--tls-key/--tls-ca.
@@ -113,7 +114,7 @@ class Swarm:
             stderr=subprocess.STDOUT,
             text=True,
             env=env,
-            start_new_session=True,  # own process group: killpg reaches p2pd too
+            start_new_session=True,  # own process group: a terminal's Ctrl+C to ours is not sent to it
             preexec_fn=lifetime.preexec_for_child(),  # and it dies with us, however we die
         )
         child = Child(name, process, log_path)
@@ -192,7 +193,7 @@ class Swarm:
             except subprocess.TimeoutExpired:
                 pass
         for child in children:
-            self.kill(child, signal.SIGKILL)  # the whole group: stray p2pd daemons included
+            self.kill(child, signal.SIGKILL)  # its DHT process and p2pd follow on their parent-death signals
             try:
                 child.process.wait(timeout=5)
             except subprocess.TimeoutExpired:

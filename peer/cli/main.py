@@ -217,7 +217,9 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         ),
         stop,
     )
-    return 0
+    if interrupts.received() is not None:
+        print("interrupted: stopped cleanly", file=sys.stderr)
+    return interrupts.exit_status()  # 0 when the run ended; 130 / 143 when Ctrl+C / SIGTERM stopped it
 
 
 def cmd_peer(args: argparse.Namespace, make_node=None) -> int:
@@ -227,8 +229,11 @@ def cmd_peer(args: argparse.Namespace, make_node=None) -> int:
 
     if (follower_exit := ranks.before_peer(args)) is not None:  # --nproc / torchrun: ranks 1.. only train
         return follower_exit
+    from protocol import ports
     from protocol.keys import check_fingerprint
 
+    if not args.client_mode:  # refused before anything starts (the DHT port: protocol/discovery.py)
+        ports.check_grpc_port(args.host, args.port)
     options = PeerOptions(
         coordinator=args.coordinator,
         initial_peers=args.initial_peers,
@@ -334,8 +339,10 @@ def main(argv: list[str] | None = None) -> int:
         _configure_tls(args)  # before any channel or server exists
         return handlers[args.verb](args)
     except KeyboardInterrupt:
+        from peer.cli import interrupts
+
         print("interrupted: stopped cleanly", file=sys.stderr)
-        return 130
+        return interrupts.exit_status(default=130)
     except ValueError as exc:  # bad input: ConfigError, IdentityError, a bad flag value
         print(f"swarmloco {args.verb}: {exc}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ from peer.coordinator.state import Coordinator
 from peer.coordinator.server import build_coordinator_server
 from peer.run import faults
 from peer.run.progress import coordinator_line, format_bytes
-from protocol import discovery
+from protocol import discovery, ports
 from protocol.accounting import ByteCounter
 from protocol.identity import Identity
 
@@ -79,7 +79,7 @@ class Lease:
         return max(rivals, key=lambda r: r.term) if rivals else None
 
 
-def _run_is_held(dht, cfg: RunConfig, options: CoordinatorOptions) -> bool:
+def _run_is_held(dht, cfg: RunConfig, options: CoordinatorOptions, stop: threading.Event) -> bool:
     """A coordinator that joins an existing DHT (it came back after a takeover) follows when the run
     has a live active coordinator: records take a moment to arrive after the DHT bootstraps."""
     deadline = time.monotonic() + (max(3 * cfg.control.lease_s, JOIN_LOOKUP_S) if options.initial_peers else 0.0)
@@ -87,9 +87,8 @@ def _run_is_held(dht, cfg: RunConfig, options: CoordinatorOptions) -> bool:
         active, _, finished = standby.live_active(dht, cfg.run_id, options.coordinator_key)
         if active is not None or finished is not None:  # a finished run is not started again either
             return True
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or stop.wait(0.5):
             return False
-        time.sleep(0.5)
 
 
 def _follow(options: CoordinatorOptions, identity: Identity, dht, stop: threading.Event) -> standby.Takeover | None:
@@ -111,6 +110,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
     stop = stop or threading.Event()
     cfg = options.config
     identity = Identity.load_or_create(options.identity_path) if options.identity_path else Identity.generate()
+    ports.check_grpc_port(options.host, options.port)  # before the DHT starts (a standby binds it only to take over)
     dht = None
     if options.use_dht:
         # The DHT first: hivemind forks its worker, and gRPC is not fork-safe.
@@ -120,7 +120,9 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
     server = operations = None
     term = 0
     try:
-        if dht is not None and (options.standby or _run_is_held(dht, cfg, options)):
+        if stop.is_set():  # stopped while the DHT started
+            return {"role": "standby" if options.standby else "active", "stopped": True}
+        if dht is not None and (options.standby or _run_is_held(dht, cfg, options, stop)):
             takeover = _follow(options, identity, dht, stop)
             if takeover is None:
                 return {"role": "standby", "took_over": False}
@@ -183,4 +185,4 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         if server is not None:
             server.stop(grace=1.0).wait(3.0)
         if dht is not None:
-            dht.shutdown()
+            discovery.stop_dht(dht)
