@@ -68,7 +68,7 @@ def test_data_directory_of_files(tmp_path):
 
 def test_single_file_is_split_by_position(tmp_path):
     path = tmp_path / "book.txt"
-    text = bytes(range(256)) * 40  # 10240 bytes
+    text = ((bytes(range(32, 127)) + b"\n") * 107)[:10240]  # 10240 bytes of text (binary bytes are refused)
     path.write_bytes(text)
     corpus = load_corpus(DataConfig(path=str(path), val_fraction=0.25), seq_len=64)
     assert bytes(corpus.train.tolist()) == text[:7680]
@@ -159,7 +159,7 @@ def test_shard_for_peer_is_stable_and_spreads():
 
 def test_validation_batches_are_fixed_and_evenly_spaced(tmp_path):
     path = tmp_path / "t.txt"
-    path.write_bytes(bytes(i % 251 for i in range(20_000)))
+    path.write_bytes(bytes(32 + i % 95 for i in range(20_000)))  # printable: a file of binary bytes is refused
     corpus = load_corpus(DataConfig(path=str(path), val_fraction=0.5), seq_len=16)
     batches = validation_batches(corpus, batch_size=2, seq_len=16, count=3)
     assert len(batches) == 3
@@ -167,7 +167,7 @@ def test_validation_batches_are_fixed_and_evenly_spaced(tmp_path):
     for (x, y), (x2, y2) in zip(batches, again):
         assert torch.equal(x, x2) and torch.equal(y, y2) and x.shape == (2, 16)
     # 6 windows at offsets floor(k * 9983 / 5), k = 0..5, into val = bytes 10000..19999
-    # (9983 = 10000 - seq_len - 1, the last valid offset); byte i of the file is i mod 251.
+    # (9983 = 10000 - seq_len - 1, the last valid offset); byte i of the file is 32 + i mod 95.
     offsets = [0, 1996, 3993, 5989, 7986, 9983]
     firsts = [int(x[r, 0]) for x, _ in batches for r in range(2)]
-    assert firsts == [(10_000 + o) % 251 for o in offsets]
+    assert firsts == [32 + (10_000 + o) % 95 for o in offsets]

@@ -8,11 +8,38 @@ from __future__ import annotations
 
 import argparse
 
+from peer.learn.corpus_formats import DEFAULT_TEXT_FIELD  # torch-free: --help stays fast
+
+
+PREPARE_DATA_HELP = """\
+Tokenize the run's corpus into memory-mapped token shards + manifest.json ([data] shards = DIR).
+
+What --data may hold (by extension, mixed freely in a folder):
+  *.jsonl, *.ndjson (.gz too)  one JSON object a line: only its --text-field is tokenized
+  *.parquet                    only the --text-field column (strings), streamed by batches (needs pyarrow:
+                               pip install 'swarmloco[parquet]')
+  anything else                text, as bytes
+A folder's text file goes to validation by a hash of its path; a .jsonl line or .parquet row by a
+hash of its path and line/row; a single text file by position (its last val_fraction).
+
+Bad input:
+  a bad JSON line, a record that is not an object, no --text-field key, a text that is not a
+  string, a .parquet file without that column     -> stops, naming the file and line (or column)
+  a record whose text is null or ""               -> skipped, counted in the summary
+  a file that is not text (binary: NUL bytes, or more than half not UTF-8)
+                                                  -> refused as --data; skipped with a warning in a
+                                                     folder (refused if nothing is left)
+"""
+
 
 def add_model_verbs(sub) -> None:
-    pd = sub.add_parser("prepare-data", help="tokenize the run's corpus into memory-mapped token shards + manifest (data.shards)")
+    pd = sub.add_parser("prepare-data", help="tokenize the run's corpus into memory-mapped token shards + manifest (data.shards)",
+                        description=PREPARE_DATA_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     pd.add_argument("--config", metavar="RUN.toml", help="the run config (its data, tokenizer and model vocabulary)")
-    pd.add_argument("--data", help="text file or folder to tokenize (default: the config's data.path, else the stdlib sources)")
+    pd.add_argument("--data", help="a text, .jsonl or .parquet file, or a folder mixing them (default: the config's data.path, "
+                                   "else the stdlib sources)")
+    pd.add_argument("--text-field", default=DEFAULT_TEXT_FIELD, metavar="KEY",
+                    help="the key of a .jsonl record, or the column of a .parquet file, that holds the text (default: text)")
     pd.add_argument("--out", required=True, metavar="DIR", help="folder to write the shards, manifest.json and tokenizer.json into")
     pd.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard file")
 

@@ -1,19 +1,23 @@
 """Training text: the corpus, each peer's shard of it, and the fixed validation batches.
 
 Default corpus: the Python standard library's own `.py` sources on this machine (real text,
-offline, nobody here wrote it). `data.path` may instead name a text file or a directory.
+offline, nobody here wrote it). `data.path` may instead name a file or a directory of text,
+.jsonl and .parquet files (peer/learn/corpus_formats.py: only a record's text field is read, and a
+file that is not text is refused, or skipped in a folder).
 
 Split. In a directory, a file is validation iff sha256(relative path) mod 1000 is below
 val_fraction * 1000: stable across machines and runs, and disjoint by construction (a file is
 never in both splits). A single file is split by position instead: its last val_fraction of
-bytes is validation (a hash would put the whole file on one side).
+bytes is validation (a hash would put the whole file on one side). A .jsonl or .parquet file is
+split by record instead, wherever it is: a line or row is validation iff the same hash of
+"relative path#line" (or "#row") says so, so one big file still feeds both splits.
 
 Cap. At most max_corpus_bytes are read, split proportionally: validation gets
 int(max_corpus_bytes * val_fraction) bytes and train the rest; files are taken in sorted
 path order and each goes to its split until that split's budget is spent (the last file is
 truncated). So the cap never starves one side, and startup stays well under a second.
 
-Each split is the concatenation of its files, separated by b"\\n", as a (n,) uint8 tensor.
+Each split is the concatenation of its files and records, separated by b"\\n", as a (n,) uint8 tensor.
 
 Note: on different Python versions the stdlib differs, so two machines can hold different
 default corpora; `Corpus.digest` tells them apart (compare it before comparing val losses).
@@ -31,6 +35,7 @@ from typing import Any
 import torch
 
 from peer.learn.corpus import Corpus, CorpusError
+from peer.learn.corpus_formats import DEFAULT_TEXT_FIELD, SAMPLE_BYTES, ReadStats, file_format, split_records
 from peer.learn.token_shards import open_shards
 from peer.learn.tokenizer import encode_corpus
 from peer.run.config import DataConfig
@@ -44,22 +49,23 @@ _EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 _CACHE: dict[tuple, Corpus] = {}
 
 
-def load_corpus(cfg: DataConfig, *, seq_len: int | None = None) -> Corpus:
+def load_corpus(cfg: DataConfig, *, seq_len: int | None = None, text_field: str = DEFAULT_TEXT_FIELD) -> Corpus:
     """Read (once per process, then cached) and split the corpus named by cfg.
 
     data.shards: memory-mapped token files (peer/learn/token_shards.py); data.tokenizer bpe: the
     bytes encoded by the run's BPE (peer/learn/tokenizer.py), whose hash must be the run's.
+    text_field: the key of a .jsonl record (the column of a .parquet file) that holds its text.
     With seq_len, also check that both splits hold at least one (seq_len + 1)-token window."""
     key = (cfg.path, cfg.val_fraction, cfg.max_corpus_bytes, cfg.shards, cfg.tokenizer, cfg.tokenizer_path,
-           cfg.tokenizer_sha256, cfg.bpe_vocab_size)
+           cfg.tokenizer_sha256, cfg.bpe_vocab_size, text_field)
     corpus = _CACHE.get(key)
     if corpus is None:
         if cfg.shards:
             corpus = open_shards(cfg)
         elif cfg.tokenizer == "bpe":
-            corpus = encode_corpus(cfg, _read_corpus(cfg))
+            corpus = encode_corpus(cfg, _read_corpus(cfg, text_field))
         else:
-            corpus = _read_corpus(cfg)
+            corpus = _read_corpus(cfg, text_field)
         _CACHE[key] = corpus
     if seq_len is not None:
         check_split_size(corpus.train, seq_len, "train", corpus.source)
@@ -122,40 +128,63 @@ def corpus_files(cfg: DataConfig) -> tuple[str, Path, list[Path] | None]:
     return str(root), root, files
 
 
-def _read_corpus(cfg: DataConfig) -> Corpus:
+def _read_corpus(cfg: DataConfig, text_field: str) -> Corpus:
     source, root, files = corpus_files(cfg)
+    stats = ReadStats(source)
     if files is None:
-        return _split_single_file(root, cfg)
+        if file_format(root) == "text":
+            return _split_single_file(root, cfg, stats)
+        root, files = root.parent, [root]  # one .jsonl/.parquet file: split by record, as in a folder
     if not files:
         raise CorpusError(f"{source} holds no files to read; point --data at a text file or a folder of them")
 
     val_budget = int(cfg.max_corpus_bytes * cfg.val_fraction)
     budgets = {True: val_budget, False: cfg.max_corpus_bytes - val_budget}  # keyed by is_validation
     parts: dict[bool, list[bytes]] = {True: [], False: []}
+
+    def take(is_val: bool, piece: bytes) -> None:
+        parts[is_val].append(piece[: budgets[is_val]])
+        budgets[is_val] -= len(piece) + len(SEPARATOR)
+
+    is_val_key = lambda key: is_validation_file(key, cfg.val_fraction)  # noqa: E731
     used = 0
     for path in files:
-        is_val = is_validation_file(path.relative_to(root).as_posix(), cfg.val_fraction)
+        if budgets[True] <= 0 and budgets[False] <= 0:
+            break
+        relative = path.relative_to(root).as_posix()
+        if file_format(path) != "text":
+            took = False
+            for is_val, text in split_records(path, relative, text_field, is_val_key, stats):
+                if budgets[is_val] > 0:
+                    take(is_val, text)
+                    took = True
+                elif budgets[not is_val] <= 0:
+                    break
+            used += took
+            continue
+        is_val = is_val_key(relative)
         if budgets[is_val] <= 0:
-            if budgets[not is_val] <= 0:
-                break
             continue
         with open(path, "rb") as handle:
             chunk = handle.read(budgets[is_val])
-        if not chunk:
+            head = chunk if len(chunk) >= SAMPLE_BYTES else chunk + handle.read(SAMPLE_BYTES - len(chunk))
+        if not chunk or not stats.admit_text(path, head, single=False):
             continue
-        parts[is_val].append(chunk)
-        budgets[is_val] -= len(chunk) + len(SEPARATOR)
+        stats.files["text"] += 1
+        take(is_val, chunk)
         used += 1
+    stats.finish()
     if used == 0:
-        raise CorpusError(f"{source} is empty (every file has 0 bytes); add some text")
+        raise CorpusError(f"{source} is empty (every file has 0 bytes, or every record an empty text); add some text")
     return _make_corpus(SEPARATOR.join(parts[False]), SEPARATOR.join(parts[True]), source, used)
 
 
-def _split_single_file(path: Path, cfg: DataConfig) -> Corpus:
+def _split_single_file(path: Path, cfg: DataConfig, stats: ReadStats) -> Corpus:
     with open(path, "rb") as handle:
         text = handle.read(cfg.max_corpus_bytes)
     if not text:
         raise CorpusError(f"--data {path} is empty; add some text")
+    stats.admit_text(path, text[:SAMPLE_BYTES], single=True)
     cut = len(text) - int(len(text) * cfg.val_fraction)
     return _make_corpus(text[:cut], text[cut:], str(path), 1)
 

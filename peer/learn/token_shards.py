@@ -85,7 +85,8 @@ class ShardWriter:
         self.handle = open(self.folder / name, "wb")
         self.files.append({"file": name, "tokens": 0, "sha256": hashlib.sha256()})
 
-    def write(self, ids: list[int]) -> None:
+    def write(self, ids) -> None:
+        """Append a list or array of token ids."""
         array = np.asarray(ids, dtype=self.dtype)
         while len(array):
             if self.handle is None or self.files[-1]["tokens"] >= self.shard_tokens:
@@ -108,18 +109,18 @@ class ShardWriter:
         return [{**f, "sha256": f["sha256"].hexdigest()} for f in self.files]
 
 
-def write_shards(folder: str | Path, *, train: Iterable[list[int]], val: Iterable[list[int]], vocab_size: int,
+def write_shards(folder: str | Path, *, pieces: Iterable[tuple[str, Any]], vocab_size: int,
                  tokenizer: str, tokenizer_json: str | None, shard_tokens: int, source: str) -> dict[str, Any]:
-    """Stream token lists into `folder`; returns (and writes) the manifest."""
+    """Stream ("train" | "val", token ids) pieces into `folder`, both splits in one pass (a .jsonl
+    file's records go to either); returns (and writes) the manifest."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST).unlink(missing_ok=True)  # a run that stops half-way leaves no manifest naming old files
     dtype = dtype_for(vocab_size)
-    splits = {}
-    for name, pieces in (("train", train), ("val", val)):
-        writer = ShardWriter(folder, name, dtype, shard_tokens)
-        for ids in pieces:
-            writer.write(ids)
-        splits[name] = writer.close()
+    writers = {name: ShardWriter(folder, name, dtype, shard_tokens) for name in ("train", "val")}
+    for name, ids in pieces:
+        writers[name].write(ids)
+    splits = {name: writer.close() for name, writer in writers.items()}
     manifest = {
         "format": FORMAT, "dtype": dtype, "vocab_size": vocab_size, "tokenizer": tokenizer, "source": source,
         "tokenizer_sha256": hashlib.sha256(tokenizer_json.encode()).hexdigest() if tokenizer_json else "",
