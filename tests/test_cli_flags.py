@@ -34,6 +34,7 @@ FLAG_VALUES: dict[str, tuple[str, list[str], object]] = {
     "--expected-peers": ("rounds.expected_peers", ["3"], 3),
     "--run-seed": ("seed", ["5"], 5),
     "--overlap": ("rounds.overlap_communication", [], True),
+    "--init-from": ("model.init_from", ["{init_dir}"], "{init_dir}"),  # a checkpoint folder the test writes
 }
 
 
@@ -75,9 +76,22 @@ def test_readme_documents_exactly_the_flags_each_verb_takes():
     assert set(FLAG_VALUES) == {spec.flag for spec in RUN_FLAGS}
 
 
+@pytest.fixture(scope="module")
+def init_dir(tmp_path_factory) -> str:
+    """A Hugging Face checkpoint folder for --init-from: a tiny byte-level llama, as `swarmloco export` writes it."""
+    from peer.learn.hf_checkpoint import export_model
+    from peer.learn.model import build_model
+
+    cfg = RunConfig.from_dict({"model": {"arch": "llama", "d_model": 32, "n_layer": 1, "n_head": 2}})
+    return str(export_model(build_model(cfg.model, 0), cfg, tmp_path_factory.mktemp("init") / "hf").resolve())
+
+
 @pytest.mark.parametrize("flag, verb", sorted(documented_run_flags()))
-def test_every_documented_flag_reaches_the_run_config(flag, verb):
+def test_every_documented_flag_reaches_the_run_config(flag, verb, request):
     path, argv, expected = FLAG_VALUES[flag]
+    if flag == "--init-from":
+        folder = request.getfixturevalue("init_dir")
+        argv, expected = [a.format(init_dir=folder) for a in argv], expected.format(init_dir=folder)
     default = field_value(loaded_config(verb, []), path)
     changed = field_value(loaded_config(verb, [flag, *argv]), path)
     assert changed == expected != default

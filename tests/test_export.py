@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from peer.cli.main import main
-from peer.learn.hf_export import ExportError, export_model, hf_config
+from peer.learn.hf_checkpoint import ExportError, export_model, hf_config
 from peer.learn.llama import LlamaLM
 from peer.learn.model import build_model, flat_params, param_hash
 from peer.run.presets import PRESETS

@@ -10,7 +10,7 @@ from pathlib import Path
 
 def main(args: argparse.Namespace) -> int:
     from peer.cli.checkpoint_model import load_checkpoint_model
-    from peer.learn.hf_export import export_model
+    from peer.learn.hf_checkpoint import export_model
     from peer.learn.model import num_params
 
     model, cfg, codec = load_checkpoint_model(args.checkpoint, args.config)

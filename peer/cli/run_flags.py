@@ -55,6 +55,7 @@ RUN_FLAGS: tuple[RunFlag, ...] = (
     ),
     RunFlag("--run-seed", "seed"),
     RunFlag("--overlap", "rounds.overlap_communication"),  # simulate: the overlapped schedule's math, no time hidden
+    RunFlag("--init-from", "model.init_from"),  # peers take θ_0 from the coordinator: only its machine needs DIR
 )
 
 
@@ -138,6 +139,8 @@ def resolve_run_config(source: str | Path | RunConfig | None, overrides: Mapping
         for section in sections:
             table = table.setdefault(section, {})
         table[name] = value
+    if "model.init_from" in overrides:  # read that directory again, even if the source named another's hash
+        data["model"].pop("init_sha256", None)
     cfg = RunConfig.from_dict(data)
     explicit = named_in_file or "aggregation.name" in overrides
     explicit_codec = codec_in_file or "compression.codec" in overrides

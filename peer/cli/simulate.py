@@ -45,7 +45,7 @@ from optim import eager as eager_math
 from peer.cli.run_flags import load_run_config
 from peer.run.config import RunConfig
 from peer.learn.data import ShardSampler, load_corpus, validation_batches
-from peer.learn.model import build_model, flat_params, load_flat_params, num_params
+from peer.learn.model import build_model, flat_params, initial_model, load_flat_params, num_params
 from peer.cli.simulate_ddp import ConcatenatedSampler, ring_allreduce_bytes
 from peer.cli.simulate_options import SimulationOptions
 from peer.cli.simulate_result import Curve, human_bytes, log_round, simulation_result
@@ -101,7 +101,7 @@ def _samplers(cfg: RunConfig, peers: int) -> tuple[list[ShardSampler], list]:
 
 def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
     samplers, val_batches = _samplers(cfg, opts.peers)
-    global_model = build_model(cfg.model, cfg.seed)  # holds θ_r for evaluation only
+    global_model = initial_model(cfg.model, cfg.seed)  # holds θ_r for evaluation only (θ_0: model.init_from's, if set)
     params = flat_params(global_model)  # θ_r, (d,) float32
     numel = params.numel()
     lying = opts.attack == LYING_OWNER  # honest updates; the first `byzantine` peers lie as slice owners
@@ -219,7 +219,7 @@ def _craft_attacks(
 
 def _run_ddp(opts: SimulationOptions, cfg: RunConfig) -> Curve:
     samplers, val_batches = _samplers(cfg, opts.peers)
-    model = build_model(cfg.model, cfg.seed)
+    model = initial_model(cfg.model, cfg.seed)
     numel = num_params(model)
     trainer = InnerTrainer(model, cfg.inner, ConcatenatedSampler(samplers))  # type: ignore[arg-type]
     curve = Curve(numel=numel, initial_val_loss=evaluate(model, val_batches))

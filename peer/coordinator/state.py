@@ -24,7 +24,7 @@ from peer.coordinator.status_view import coordinator_status
 from peer.exchange.coordinator_side import OpenRound, RoundContext
 from peer.exchange.modes import coordinator_exchange
 from peer.learn.data import load_corpus, validation_batches
-from peer.learn.model import build_model, flat_params, layout_hash, load_flat_params, param_hash
+from peer.learn.model import build_model, flat_params, initial_model, layout_hash, load_flat_params, param_hash
 from peer.learn.training import evaluate
 from peer.run import checkpoint, state_sync
 from peer.run.config import RunConfig
@@ -73,7 +73,9 @@ class Coordinator:
         self.lock = threading.RLock()
         self.round_closed = threading.Condition(self.lock)
 
-        self.model = build_model(cfg.model, cfg.seed)
+        restoring = self.checkpoint_path is not None and self.checkpoint_path.exists()
+        # θ_0: the seeded init or model.init_from's checkpoint; a checkpoint of this run restores θ_r below instead
+        self.model = build_model(cfg.model, cfg.seed) if restoring else initial_model(cfg.model, cfg.seed)
         self.layout_hash = layout_hash(self.model)
         params = flat_params(self.model)  # θ_0, (d,) float32
         self.numel = params.numel()
@@ -98,7 +100,7 @@ class Coordinator:
                                 start_wait_until=time.monotonic() + cfg.rounds.start_timeout_s)
         self.started_at = time.monotonic()
 
-        if self.checkpoint_path is not None and self.checkpoint_path.exists():
+        if restoring:
             self._restore(checkpoint.load(self.checkpoint_path))
         self.param_hash = param_hash(self.params)
         self.initial_val_loss = self.evaluate()

@@ -2,8 +2,10 @@
 
 Module names follow Hugging Face's LlamaForCausalLM (model.embed_tokens, model.layers.{i}.self_attn.q_proj,
 ..., model.norm, lm_head), and the math follows it too (RMSNorm in float32, RoPE with rotate_half,
-SDPA attention), so `swarmloco export` writes our state_dict as it is and transformers computes
-the same logits (tests/test_export.py). forward(idx, targets) has GPT's contract: (logits, loss).
+SDPA attention, grouped-query attention when model.n_kv_head < n_head), so `swarmloco export`
+writes our state_dict as it is, transformers computes the same logits (tests/test_export.py), and
+`[model] init_from` loads a transformers Llama checkpoint into it (peer/learn/hf_checkpoint.py,
+tests/test_init_from.py). forward(idx, targets) has GPT's contract: (logits, loss).
 """
 
 from __future__ import annotations
@@ -18,18 +20,18 @@ from peer.run.presets import ffn_width
 from peer.run.config import ModelConfig
 
 INIT_STD = 0.02
-RMS_EPS = 1e-5
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
 
@@ -47,20 +49,28 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    """Multi-head attention; with n_kv_head < n_head, grouped-query: query head i reads key/value
+    head i // (n_head / n_kv_head), as transformers' repeat_kv does."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         d = cfg.d_model
-        self.n_head, self.head_dim, self.theta = cfg.n_head, d // cfg.n_head, cfg.rope_theta
+        self.n_head, self.n_kv_head = cfg.n_head, kv_heads_of(cfg)
+        self.head_dim, self.theta = d // cfg.n_head, cfg.rope_theta
         self.q_proj = nn.Linear(d, d, bias=False)
-        self.k_proj = nn.Linear(d, d, bias=False)
-        self.v_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, self.n_kv_head * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d, self.n_kv_head * self.head_dim, bias=False)
         self.o_proj = nn.Linear(d, d, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = (proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k, v = (proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2) for proj in (self.k_proj, self.v_proj))
         cos, sin = rope_tables(T, self.head_dim, self.theta, x.device, q.dtype)  # (T, hd), broadcast over (B, H)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if self.n_kv_head != self.n_head:  # (B, H_kv, T, hd) -> (B, H, T, hd)
+            group = self.n_head // self.n_kv_head
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -80,9 +90,9 @@ class SwiGLU(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.d_model)
+        self.input_layernorm = RMSNorm(cfg.d_model, cfg.rms_eps)
         self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.d_model)
+        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.rms_eps)
         self.mlp = SwiGLU(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -95,7 +105,7 @@ class LlamaBody(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(vocab_of(cfg), cfg.d_model)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layer))
-        self.norm = RMSNorm(cfg.d_model)
+        self.norm = RMSNorm(cfg.d_model, cfg.rms_eps)
 
 
 class LlamaLM(nn.Module):
@@ -141,6 +151,11 @@ class LlamaLM(nn.Module):
 
 def vocab_of(cfg: ModelConfig) -> int:
     return cfg.vocab_size or 256
+
+
+def kv_heads_of(cfg: ModelConfig) -> int:
+    """Key/value heads: model.n_kv_head, or n_head (0: plain multi-head attention)."""
+    return cfg.n_kv_head or cfg.n_head
 
 
 def build_llama(cfg: ModelConfig, seed: int, device: str | torch.device = "cpu") -> LlamaLM:

@@ -139,6 +139,18 @@ def build_model(cfg: ModelConfig, seed: int) -> nn.Module:
     return model
 
 
+def initial_model(cfg: ModelConfig, seed: int) -> nn.Module:
+    """θ_0 of a run, as a model: model.init_from's checkpoint when the run starts from one
+    (peer/learn/hf_checkpoint.py), else build_model's seeded init. The coordinator starts from it;
+    peers build_model (the same layout) and take θ_r from the coordinator at join."""
+    model = build_model(cfg, seed)
+    if cfg.init_from:
+        from peer.learn.hf_checkpoint import load_init_weights
+
+        load_init_weights(model, cfg)
+    return model
+
+
 def layout_of(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of every parameter in `parameters()` order: the layout of flat_params."""
     return [(name, tuple(p.shape)) for name, p in model.named_parameters()]

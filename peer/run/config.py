@@ -73,6 +73,10 @@ class RunConfig:
                 len(key) == 64 and all(c in "0123456789abcdef" for c in key.lower()),
                 f"allowed_peers entry {key!r} is not a hex Ed25519 public key (64 hex characters)",
             )
+        if self.model.init_from:  # the checkpoint's tokenizer.json is the run's (peer/learn/hf_checkpoint.py)
+            from peer.learn.hf_checkpoint import init_tokenizer
+
+            self.data = init_tokenizer(self.data, self.model)
         if self.model.vocab_size == 0:  # the tokenizer's default vocabulary
             self.model.vocab_size = 256 if self.data.tokenizer == "bytes" else self.data.bpe_vocab_size
         require(self.data.tokenizer == "bpe" or self.model.vocab_size == 256,

@@ -39,7 +39,14 @@ class ModelConfig:
     arch = "llama" is a Llama-style decoder (RMSNorm, RoPE, SwiGLU; peer/learn/llama.py);
     `preset` names one of its sizes (peer/run/presets.py: llama-20m ... llama-1b) and then
     sets arch, d_model, n_layer, n_head and ffn_hidden. vocab_size 0 means the tokenizer's
-    default (256 for bytes, data.bpe_vocab_size for BPE)."""
+    default (256 for bytes, data.bpe_vocab_size for BPE).
+
+    `init_from` names a local Hugging Face checkpoint directory of a Llama (config.json +
+    safetensors, as transformers' save_pretrained or `swarmloco export` writes it): its
+    config.json sets arch and every shape field, its weights are θ_0 and its tokenizer.json the
+    run's tokenizer (peer/learn/hf_checkpoint.py). It is read when the config is made; init_sha256
+    then names the checkpoint, so the run's config hash changes with it, and a config that carries
+    the hash (the one a coordinator serves) is not read again."""
 
     seq_len: int = 128
     d_model: int = 128
@@ -52,12 +59,25 @@ class ModelConfig:
     ffn_hidden: int = 0  # llama: SwiGLU hidden width (0: 8/3 d_model rounded up to 64)
     tie_embeddings: bool = False  # llama: lm head shares the embedding matrix (gpt always ties)
     rope_theta: float = 10000.0
+    n_kv_head: int = 0  # llama: key/value heads, grouped-query attention when fewer than n_head (0: n_head)
+    rms_eps: float = 1e-5  # llama: RMSNorm epsilon
+    init_from: str = documented("", "a local Hugging Face checkpoint directory of a Llama (config.json, safetensors, "
+                                "tokenizer.json) that the run starts from: its shape, weights and tokenizer")
+    init_sha256: str = ""  # init_from: the checkpoint's hash, filled in when the config is made
 
     def __post_init__(self) -> None:
+        require(isinstance(self.init_from, str), f"model.init_from={self.init_from!r}: expected a directory path")
+        require(self.init_from or not self.init_sha256, "model.init_sha256 names an init_from checkpoint: set model.init_from too")
+        if self.init_from and not self.init_sha256:
+            require(not self.preset, f"model.preset={self.preset!r} and model.init_from both set the model's shape: drop one")
+            from peer.learn.hf_checkpoint import resolve_init_from  # torch, safetensors: only for such a run
+
+            resolve_init_from(self)
         if self.preset:
             apply_preset(self)
         require(self.arch in ("gpt", "llama"), f"model.arch={self.arch!r}: choose gpt or llama")
         require(self.vocab_size >= 0 and self.ffn_hidden >= 0, "model.vocab_size and model.ffn_hidden must be >= 0")
+        require(self.arch == "llama" or not self.init_from, "model.init_from needs arch llama (its config.json sets it)")
         require(self.arch == "llama" or self.vocab_size in (0, 256),
                  f"model.vocab_size={self.vocab_size}: the byte-level gpt has 256; use arch llama (or a preset) for a BPE vocabulary")
         require(self.rope_theta > 0, f"model.rope_theta={self.rope_theta}: use a positive base")
@@ -67,6 +87,10 @@ class ModelConfig:
             self.n_head > 0 and self.d_model % self.n_head == 0,
             f"model.d_model={self.d_model} must be divisible by model.n_head={self.n_head}",
         )
+        require(self.n_kv_head >= 0 and (self.n_kv_head == 0 or self.n_head % self.n_kv_head == 0),
+                 f"model.n_kv_head={self.n_kv_head}: use 0 (= n_head) or a divisor of model.n_head={self.n_head}")
+        require(self.arch == "llama" or self.n_kv_head in (0, self.n_head), "model.n_kv_head (grouped-query attention) needs arch llama")
+        require(_is_number(self.rms_eps) and self.rms_eps > 0, f"model.rms_eps={self.rms_eps!r}: use a small positive number (1e-5, 1e-6)")
         require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout}: use a value in [0, 1)")
 
 

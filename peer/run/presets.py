@@ -45,12 +45,15 @@ def ffn_width(d_model: int, ffn_hidden: int) -> int:
     return ffn_hidden or 64 * -(-(8 * d_model) // (3 * 64))
 
 
-def count_params(*, d_model: int, n_layer: int, ffn_hidden: int, vocab_size: int, tie_embeddings: bool) -> int:
-    """Parameters of the llama model: embeddings (+ untied head), per layer 4 d^2 attention
-    + 3 d f SwiGLU + 2 RMSNorm gains, and the final norm."""
+def count_params(*, d_model: int, n_layer: int, ffn_hidden: int, vocab_size: int, tie_embeddings: bool,
+                 n_head: int = 1, n_kv_head: int = 0) -> int:
+    """Parameters of the llama model: embeddings (+ untied head), per layer 2 d^2 (q, o) + 2 d kv
+    (k, v; kv = d with n_kv_head 0, else n_kv_head heads of d / n_head) attention + 3 d f SwiGLU
+    + 2 RMSNorm gains, and the final norm."""
     f = ffn_width(d_model, ffn_hidden)
+    kv = d_model // n_head * (n_kv_head or n_head)
     embeddings = vocab_size * d_model * (1 if tie_embeddings else 2)
-    return embeddings + n_layer * (4 * d_model * d_model + 3 * d_model * f + 2 * d_model) + d_model
+    return embeddings + n_layer * (2 * d_model * d_model + 2 * d_model * kv + 3 * d_model * f + 2 * d_model) + d_model
 
 
 def describe(name: str, vocab_size: int = 8192, tie_embeddings: bool = False) -> str:
