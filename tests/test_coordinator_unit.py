@@ -9,7 +9,6 @@ signed-message helpers are tests/coordinator_harness.py.
 from __future__ import annotations
 
 import dataclasses
-import base64
 import time
 
 import grpc
@@ -20,7 +19,7 @@ from peer.coordinator.state import Coordinator
 from peer.node.coordinator_client import CoordinatorClient
 from protocol.accounting import ByteCounter
 from protocol.wire import swarm_pb2
-from protocol.envelope import HEARTBEAT_TAG
+from protocol.envelope import HEARTBEAT_TAG, UPDATE_TAG, header_body, signed_from_json
 from protocol.identity import Identity, verify_signature
 from protocol.payload_service import push_chunks
 from protocol.rpc_errors import Refused, refusal_of
@@ -34,7 +33,8 @@ def cfg() -> RunConfig:
 
 
 def _decode_signed(d: dict) -> tuple[bytes, bytes, bytes]:
-    return tuple(base64.b64decode(d[k]) for k in ("body", "signature", "public_key"))  # type: ignore[return-value]
+    signed = signed_from_json(d)
+    return signed.body, signed.signature, signed.public_key
 
 
 def test_equivocation_bans_and_keeps_both_signed_headers(cfg):
@@ -90,7 +90,7 @@ def test_replayed_and_forged_updates_are_refused_with_their_reason(cfg):
         assert not reply.accepted and reply.refusal == swarm_pb2.STALE_ROUND and reply.current_round == c.round
         # Forgery 1: Mallory signs a header that names Alice.
         _, _, header = make_update(served, alice, seed=4)
-        forged = sign_body(mallory, "swarmloco/update-header/v1", {f: getattr(header, f) for f in header.__slots__})
+        forged = sign_body(mallory, UPDATE_TAG, header_body(header))
         reply = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=forged), timeout=10)
         assert not reply.accepted and reply.refusal == swarm_pb2.BAD_SIGNATURE and "forged" in reply.reason
         # Forgery 2: Alice's header with Mallory's signature and key swapped in / a flipped body byte.
