@@ -182,10 +182,11 @@ def announce_run(
     dht: DHT, identity: Identity, *, run_id: str, endpoint: str, role: str = "active", term: int = 0,
     coordinators: Sequence[str] = (), ttl_s: float = RECORD_TTL_S,
 ) -> bool:
-    """A coordinator's run record. The active one's doubles as its lease: it is written with a TTL
-    of the run's lease and renewed every third of it, so it lapses soon after the coordinator stops."""
+    """A coordinator's run record. The active one's doubles as its lease (peer/coordinator/lease.py):
+    it is written with a TTL of the lease, which it names (`lease_s`: standbys derive their own
+    deadlines from it), and renewed every third of it, so it lapses soon after the coordinator stops."""
     value = {"run_id": run_id, "endpoint": endpoint, "public_key": identity.public_key.hex(), "role": role, "term": term,
-             "coordinators": sorted(coordinators)}
+             "coordinators": sorted(coordinators), "lease_s": round(float(ttl_s), 3)}
     return _store(dht, RUNS_KEY, identity, value, ttl_s)
 
 
@@ -205,6 +206,7 @@ class RunRecord:
     role: str = "active"  # or "standby": follows the active one, takes over when its lease lapses
     term: int = 0
     coordinators: tuple[str, ...] = ()  # the fingerprints this coordinator's run config lists
+    lease_s: float = 0.0  # the record's TTL as its writer set it (an active one's: its lease)
 
 
 def _entries(dht: DHT, key: str) -> dict[str, dict[str, Any]]:
@@ -227,7 +229,7 @@ def run_records(dht: DHT, run_id: str | None = None) -> list[RunRecord]:
         try:
             record = RunRecord(str(value["run_id"]), str(value["endpoint"]), bytes.fromhex(value["public_key"]), coordinator_id,
                                str(value.get("role", "active")), int(value.get("term", 0)),
-                               tuple(str(c) for c in value.get("coordinators", ())))
+                               tuple(str(c) for c in value.get("coordinators", ())), float(value.get("lease_s", 0.0)))
         except (KeyError, ValueError, TypeError):
             continue
         if peer_id_of(record.public_key) == coordinator_id and (run_id is None or record.run_id == run_id):

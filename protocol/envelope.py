@@ -209,6 +209,7 @@ class RoundManifest:
     excluded: dict[str, str]  # peer_id -> reason (evidence is kept by the coordinator)
     owners: list[list[str]] = field(default_factory=list)  # sliced exchange: slice -> owner peer_ids
     last: bool = False  # the run's last round: after it, the run is over
+    term: int = 0  # the signer's coordinator term: a receiver that has seen a higher one refuses it (run_state.TermFence)
 
 
 def sign_manifest(identity: Identity, manifest: RoundManifest) -> swarm_pb2.Signed:
@@ -237,6 +238,12 @@ def _indices(value: list, bound: int) -> list[int]:
     return value
 
 
+def _term(value: object) -> int:
+    if type(value) is not int or value < 0:
+        raise TypeError
+    return value
+
+
 def open_manifest(signed: swarm_pb2.Signed, *, keys: CoordinatorKeys, run_id: str, round_: int) -> RoundManifest:
     """A round manifest signed by one of the run's coordinator keys (ImpersonationError otherwise)."""
     keys.check(signed, f"the manifest of round {round_}")
@@ -251,6 +258,7 @@ def open_manifest(signed: swarm_pb2.Signed, *, keys: CoordinatorKeys, run_id: st
             excluded=dict(fields["excluded"]),
             owners=_owners(fields.get("owners", []), entries),
             last=bool(fields.get("last", False)),
+            term=_term(fields["term"]),
         )
     except SignatureError as exc:
         raise EnvelopeError(exc.reason, f"manifest refused: {exc}") from None

@@ -13,11 +13,12 @@ and, with its term and role, how peers tell the active coordinator from a standb
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import asdict, dataclass
-from typing import Literal
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
-from protocol.envelope import EnvelopeError, open_envelope
+from protocol.envelope import EnvelopeError, open_envelope, signed_to_json
 from protocol.identity import Identity
 from protocol.keys import CoordinatorKeys, ImpersonationError  # noqa: F401  (re-exported: peer/node imports them from here)
 from protocol.signing import sign_body
@@ -75,11 +76,58 @@ def open_run_state(signed: swarm_pb2.Signed, *, keys: CoordinatorKeys | None, ru
 def newer(a: RunState, b: RunState) -> bool:
     """The one rule every peer follows between two active coordinators: the higher term wins; in
     one term (two actives: evidence of a race), the lower fingerprint."""
-    return (a.term, _neg(a.signer)) > (b.term, _neg(b.signer))
+    return rank(a.term, a.signer) > rank(b.term, b.signer)
 
 
 def _neg(fingerprint: str) -> tuple[int, ...]:
     return tuple(-ord(c) for c in fingerprint)
+
+
+def rank(term: int, signer: str) -> tuple[int, tuple[int, ...]]:
+    """The one rule as a sort key: the larger rank holds the run (a higher term, then a lower key)."""
+    return term, _neg(signer)
+
+
+@dataclass(slots=True)
+class TermFence:
+    """Fencing by term: the highest (term, key) a receiver has seen the run's keys sign or announce,
+    and what it refuses because of it. Whatever is signed in a lower term, or in the same term by a
+    higher key than the one rule picks (`newer`), comes from a coordinator that was superseded: it
+    is stale, however recent it looks. Two keys signing in one term are evidence of a race (both
+    took over): the signed messages that show it are kept in `evidence`.
+
+    Feed it every term seen: a run state, a manifest, the probe of a candidate coordinator, a DHT
+    run record. Thread-safe (a peer's heartbeat and exchange threads share one)."""
+
+    term: int = -1
+    signer: str = ""  # the key that holds `term` by the rule
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+    _signed: dict[tuple[int, str], swarm_pb2.Signed] = field(default_factory=dict)  # one signed message per (term, key)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, term: int, signer: str, signed: swarm_pb2.Signed | None = None) -> bool:
+        """Note (term, signer) from something a run key signed; False when it is stale."""
+        with self._lock:
+            if signed is not None and (term, signer) not in self._signed and len(self._signed) < 64:
+                self._signed[(term, signer)] = signed
+            if term == self.term and signer != self.signer:
+                self._two_actives(term, signer)
+            if rank(term, signer) >= rank(self.term, self.signer):
+                self.term, self.signer = term, signer
+                return True
+            return False
+
+    def stale(self, term: int, signer: str) -> bool:
+        """Whether (term, signer) was superseded, without noting it."""
+        with self._lock:
+            return rank(term, signer) < rank(self.term, self.signer)
+
+    def _two_actives(self, term: int, other: str) -> None:
+        keys = sorted({self.signer, other})
+        if any(e["term"] == term and e["keys"] == keys for e in self.evidence):
+            return
+        self.evidence.append({"term": term, "keys": keys, "winner": keys[0],
+                              "signed": [signed_to_json(self._signed[(term, k)]) for k in keys if (term, k) in self._signed]})
 
 
 def now() -> float:

@@ -1,15 +1,22 @@
 """The control plane with real processes on loopback: a standby coordinator takes over from a
-SIGKILLed active one, a returning coordinator does not split the run, and an endpoint that signs
-with another key than the run's is refused however the peer found it."""
+SIGKILLed active one, a returning coordinator does not split the run, a frozen active one
+(SIGSTOP past its lease) neither forks the run's history when it wakes up nor leaves the swarm
+without a standby, and an endpoint that signs with another key than the run's is refused however
+the peer found it."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
-from peer.cli.launcher import MADDR_RE, Swarm
+from peer.cli.launcher import GRPC_RE, MADDR_RE, Swarm
+from peer.cli.status import fetch_status
 from protocol.identity import Identity
 from tests.helpers import free_port, read_summary, wait_line, write_run_config
 
@@ -71,6 +78,88 @@ def test_standby_takes_over_from_a_sigkilled_coordinator_and_the_old_one_comes_b
         assert swarm.wait(back, 120) == 0, "".join(back.lines)[-3000:]
         assert "standby for run" in "".join(back.lines)
     assert old_key != standby_key.peer_id
+
+
+def wait_status(endpoint: str, fact, timeout_s: float) -> dict:
+    """The coordinator's status once `fact(status)` holds (asked again until then)."""
+    deadline = time.monotonic() + timeout_s
+    status: dict = {}
+    while time.monotonic() < deadline:
+        try:
+            status = fetch_status(endpoint)
+        except Exception:  # noqa: BLE001 - not answering yet
+            status = {}
+        if status and fact(status):
+            return status
+        time.sleep(0.2)
+    raise AssertionError(f"{endpoint}: status never showed the fact; last: {json.dumps(status)[:2000]}")
+
+
+def logged_rounds(path) -> dict[int, str]:
+    """round -> param hash of every `round` event in a run log."""
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {e["round"]: e["param_hash"] for e in events if e["event"] == "round"}
+
+
+@pytest.mark.parametrize("hog", [False, True], ids=["idle", "cpu-hog"])
+def test_a_frozen_active_coordinator_neither_forks_the_run_nor_leaves_it_without_a_standby(swarm, tmp_path, monkeypatch, hog):
+    """The active coordinator freezes itself (SIGSTOP, a fail point) right after recording round 2,
+    and stays frozen past its lease until the standby has taken over (its status answers as the
+    active one, term 1); then it is resumed (SIGCONT). It must close no round after that (its lease
+    check refuses, then it sees term 1 in the DHT and steps down), follow the new active as a
+    standby, and no round number may have two hashes across both coordinators' histories and run
+    logs; every peer ends on the new coordinator's final hash. With `hog`, a busy loop shares the
+    two cores throughout."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])] if hog else []
+    try:
+        standby_key = Identity.load_or_create(swarm.workdir / "standby.pem")
+        config = write_run_config(tmp_path / "run.json", rounds={"rounds": 5, "expected_peers": 2}, control={"lease_s": 2.0})
+        logs = {name: swarm.workdir / f"{name}.jsonl" for name in ("coordinator", "standby")}
+        with monkeypatch.context() as m:
+            m.setenv("SWARMLOCO_FAIL_AT", "round-recorded:2:stop")
+            active = swarm.start_coordinator(["--config", str(config), "--coordinators", standby_key.peer_id,
+                                              "--run-log", str(logs["coordinator"])])
+        old_key = wait_line(active, r"coordinator fingerprint: (\w+)", 30).group(1)
+        standby = swarm.start_standby("standby", ["--port", str(free_port()), "--run-log", str(logs["standby"])])
+        wait_line(standby, r"following run \S+'s active coordinator", 60)
+        peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/2"]) for i in range(2)]
+
+        wait_line(active, r"reached round-recorded:2, stopping this process", 240)
+        took_over = wait_line(standby, r"took over run \S+ with term (\d+) at round (\d+)", 90)
+        assert (int(took_over.group(1)), int(took_over.group(2))) == (1, 3)  # from the state of the round it recorded last
+        endpoint = GRPC_RE.search("".join(standby.lines)).group(1)
+        wait_status(endpoint, lambda s: s["coordinator"]["term"] == 1, 30)
+        swarm.kill(active, signal.SIGCONT)
+
+        wait_line(active, rf"holds run \S+ with term 1 \(ours: 0\): stepping down at round 3", 60)
+        wait_line(active, r"following run \S+'s active coordinator", 90)
+        status = wait_status(endpoint, lambda s: any(f["fingerprint"] == old_key for f in s["coordinator"]["standbys"]), 60)
+        assert status["coordinator"]["fingerprint"] == standby_key.peer_id
+
+        for child in (standby, *peers, active):  # the demoted one follows to the end, then leaves with the run
+            assert swarm.wait(child, 300) == 0, "".join(child.lines)[-3000:]
+    finally:
+        for process in hogs:
+            process.kill()
+            process.wait()
+
+    old, new = read_summary(swarm, "coordinator"), read_summary(swarm, "standby")
+    assert old["role"] == "standby" and old["demoted"]["rival"] == standby_key.peer_id and old["demoted"]["rival_term"] == 1
+    assert [h["round"] for h in old["history"]] == [0, 1, 2]  # nothing closed after the freeze
+    assert max(logged_rounds(logs["coordinator"]), default=-1) == 2
+    assert [h["round"] for h in new["history"]] == list(range(5))  # the run's history, kept across the takeover
+    assert new["initial_val_loss"] == old["initial_val_loss"] and new["coordinator"]["term"] == 1
+    closed: dict[int, set[str]] = {}
+    for rounds in ({h["round"]: h["param_hash"] for h in old["history"]}, {h["round"]: h["param_hash"] for h in new["history"]},
+                   logged_rounds(logs["coordinator"]), logged_rounds(logs["standby"])):
+        for r, param_hash in rounds.items():
+            closed.setdefault(r, set()).add(param_hash)
+    assert all(len(hashes) == 1 for hashes in closed.values()), closed  # no round closed with two hashes
+    final = new["history"][-1]["param_hash"]
+    for i, peer in enumerate(peers):
+        summary = read_summary(swarm, f"peer{i}")
+        assert summary["param_hash"] == final and summary["coordinator_term"] == 1, summary
+        wait_line(peer, rf"finished: run \S+ ended at round 5, final hash {final}", 5)
 
 
 def test_an_endpoint_signing_with_another_key_is_refused(swarm, tmp_path):

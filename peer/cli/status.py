@@ -65,9 +65,15 @@ def status_table(status: dict) -> str:
              f"codec {status['codec']} | outer {status['outer']} | aggregator {status['aggregator']} | deadline {status['deadline_s']}s"]
     coordinator = status.get("coordinator") or {}
     if coordinator:
-        standbys = ", ".join(coordinator.get("standby_endpoints") or []) or "none"
-        lines.append(f"coordinator {coordinator['fingerprint'][:16]} (term {coordinator['term']}) | run keys "
-                     f"{len(coordinator.get('coordinators') or [])} | standbys: {standbys}")
+        heard = coordinator.get("standbys")
+        if heard:  # the standbys that heartbeat this coordinator: the round each holds
+            standbys = ", ".join(f"{s['fingerprint'][:8]} at {s['endpoint'] or '-'} (holds round {s['holding_round']}"
+                                 f"{'' if s['counted'] else ', not counted'})" for s in heard)
+        else:
+            standbys = ", ".join(coordinator.get("standby_endpoints") or []) or "none"
+        lease = (coordinator.get("lease") or {}).get("lease_s")
+        lines.append(f"coordinator {coordinator['fingerprint'][:16]} (term {coordinator['term']}"
+                     f"{f', lease {lease:g}s' if lease else ''}) | run keys {len(coordinator.get('coordinators') or [])} | standbys: {standbys}")
     if status["history"]:
         last = status["history"][-1]
         lines.append(f"last round {last['round'] + 1}: {last['updates']} updates, val loss {last['val_loss']:.4f} "

@@ -5,6 +5,11 @@ adaptive deadline. Closing signs the manifest under the lock; the exchange mode 
 the round is applied at once (all-to-all: the robust rule over the verified updates) or later,
 when the clock finds it ready (sliced: the owners' results are final and the peers gathered).
 Applying runs without the lock; θ_{r+1} is adopted, and round r + 1 opened, under it.
+
+Nothing is signed or adopted without the lease (peer/coordinator/lease.py): the check is made under
+the lock, right before. A round that is due while the lease is not held stays open; one whose
+aggregate is ready waits, off the lock, until the lease is confirmed again or a rival took the run
+(Demoted: the coordinator steps down with the round unapplied). Every manifest carries the term.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import dataclasses
 import time
 from typing import Callable
 
+from peer.coordinator.lease import ALWAYS_HELD, ActGuard, Halted
 from peer.coordinator.round_book import AdaptiveDeadline, RoundBook, RoundResult, should_close
 from peer.exchange.coordinator_side import CoordinatorExchange, RoundContext
 from peer.learn.model import param_hash
@@ -22,6 +28,7 @@ from protocol.reasons import Reason
 from protocol.wire import swarm_pb2
 
 KEEP_MANIFESTS = 4  # rounds back
+LEASE_WAIT_S = 0.5  # a round ready to apply while the lease is not held: look again this often
 
 
 class RoundClock:
@@ -29,12 +36,16 @@ class RoundClock:
     θ_{r+1} and writes the checkpoint (the clock thread, no lock)."""
 
     def __init__(self, ctx: RoundContext, exchange: CoordinatorExchange, *, sign_state: Callable[[], swarm_pb2.Signed],
-                 persist: Callable[[RoundResult], RoundResult], start_wait_until: float) -> None:
+                 persist: Callable[[RoundResult], RoundResult], start_wait_until: float, term: Callable[[], int] = lambda: 0,
+                 halted: Callable[[], bool] = lambda: False) -> None:
         self.ctx = ctx
         self.exchange = exchange
         self.sign_state = sign_state
         self.persist = persist
         self.start_wait_until = start_wait_until
+        self.term = term  # the coordinator's term, signed into every manifest
+        self.halted = halted  # the coordinator is stopping: a wait for the lease gives up (Halted)
+        self.lease: ActGuard = ALWAYS_HELD  # the active's lease (main.py sets the DHT one)
         self.deadline = AdaptiveDeadline(ctx.cfg.rounds)
         self.manifests: dict[int, swarm_pb2.Signed] = {}
 
@@ -54,6 +65,8 @@ class RoundClock:
                 ready, why = self.exchange.ready_to_apply(now)
             else:
                 ready, why = should_close(book, expected, self.deadline.current, ctx.cfg.rounds.min_peers, now)
+                if ready and not self.lease.holds():
+                    return None  # the lease may lapse: sign nothing (a standby may be taking over)
                 ready = ready and self._close_commits()
             if not ready:
                 return None
@@ -63,9 +76,23 @@ class RoundClock:
         """Close the commit phase now: sign the manifest; if the exchange mode applies at once
         (all-to-all), also aggregate and open the next round (else tick() applies it later)."""
         with self.ctx.lock:
+            if not self.lease.holds():
+                return None
             book = self.ctx.open.book
             apply_now = self._close_commits()
         return self._apply(book, why) if apply_now else None
+
+    def while_held(self, act: Callable[[], RoundResult | None]):
+        """act() under the lock once the lease is held; while it is not, wait off the lock (a
+        coordinator that cannot renew its lease acts on nothing). Demoted when a rival took the
+        run, Halted when the coordinator stops meanwhile."""
+        while True:
+            with self.ctx.lock:
+                if self.lease.holds():
+                    return act()
+            if self.halted():
+                raise Halted("the coordinator stopped while its lease was not held")
+            self.lease.wait_held(LEASE_WAIT_S)
 
     def _close_commits(self) -> bool:
         """Under the lock: sign the open round's manifest; True when the round is applied now."""
@@ -76,7 +103,7 @@ class RoundClock:
                 c.status, c.reason = "excluded", str(Reason.LATE)
                 book.excluded[peer_id] = str(Reason.LATE)
         manifest = self.exchange.manifest(book, self._manifest_entries(book, verified), base)
-        manifest = dataclasses.replace(manifest, last=book.round + 1 >= self.ctx.cfg.rounds.rounds)
+        manifest = dataclasses.replace(manifest, last=book.round + 1 >= self.ctx.cfg.rounds.rounds, term=self.term())
         signed = self.manifests[book.round] = sign_manifest(self.ctx.identity, manifest)
         fail_point("manifest-signed", book.round)
         for old in [r for r in self.manifests if r < book.round - KEEP_MANIFESTS]:
@@ -97,11 +124,14 @@ class RoundClock:
     def _apply(self, book: RoundBook, why: str) -> RoundResult:
         """θ_{r+1} computed by the exchange mode without the lock, adopted under it; then persisted."""
         aggregated = self.exchange.aggregate(book, self.ctx.open.params)
-        with self.ctx.lock:
+
+        def adopt() -> RoundResult:
             self.ctx.open.params = aggregated.params
             result = self._advance(book, aggregated.used, why, {**aggregated.excluded, **book.excluded})
             self.exchange.applied(book, aggregated, self.ctx.open.param_hash)
-        return self.persist(result)
+            return result
+
+        return self.persist(self.while_held(adopt))
 
     def _advance(self, book: RoundBook, used: list[str], why: str, excluded: dict[str, str]) -> RoundResult:
         """θ_{r+1} is ctx.open.params: record the round, open the next."""

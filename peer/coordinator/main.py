@@ -12,6 +12,7 @@ from pathlib import Path
 from peer.run.config import RunConfig
 from peer.coordinator.operations import OperationsOptions, start_operations
 from peer.coordinator import standby
+from peer.coordinator.lease import Demoted, Halted, Lease
 from peer.coordinator.state import Coordinator
 from peer.coordinator.server import build_coordinator_server
 from peer.run import faults
@@ -19,6 +20,7 @@ from peer.run.progress import coordinator_line, format_bytes
 from protocol import discovery, ports
 from protocol.accounting import ByteCounter
 from protocol.identity import Identity
+from protocol.run_state import TermFence
 
 log = logging.getLogger("swarmloco.coordinator")
 JOIN_LOOKUP_S = 15.0  # a coordinator joining an existing DHT looks this long for the run's live active record
@@ -43,42 +45,6 @@ class CoordinatorOptions:
     operations: OperationsOptions | None = None  # metrics, dashboard, run log (peer/coordinator/operations.py)
 
 
-class Lease:
-    """The active coordinator's DHT run record, renewed every third of control.lease_s; also reads
-    the run's other records: standbys' endpoints (for peers' failover) and a successor."""
-
-    def __init__(self, dht, identity: Identity, coordinator: Coordinator) -> None:
-        self.dht, self.identity, self.coordinator = dht, identity, coordinator
-        self.lease_s = coordinator.cfg.control.lease_s
-        self.renewed = 0.0
-
-    def due(self) -> bool:
-        return time.monotonic() - self.renewed > self.lease_s / 3
-
-    def close_run(self) -> None:
-        c = self.coordinator
-        discovery.announce_run(self.dht, self.identity, run_id=c.cfg.run_id, endpoint=c.endpoint, role="finished", term=c.term,
-                               coordinators=c.cfg.control.coordinators, ttl_s=discovery.RECORD_TTL_S)
-
-    def renew(self) -> discovery.RunRecord | None:
-        """Renew; return the record of a coordinator that took the run over from us, if any."""
-        c = self.coordinator
-        self.renewed = time.monotonic()
-        discovery.announce_run(self.dht, self.identity, run_id=c.cfg.run_id, endpoint=c.endpoint, role="active", term=c.term,
-                               coordinators=c.cfg.control.coordinators, ttl_s=self.lease_s)
-        try:
-            records = discovery.vouched(discovery.run_records(self.dht, c.cfg.run_id))
-        except Exception as exc:  # a DHT hiccup: renew again next time
-            log.info("reading the run's records failed: %s", exc)
-            return None
-        with c.lock:
-            c.standby_endpoints = sorted(r.endpoint for r in records if r.role == "standby" and r.endpoint)
-        # The one rule (protocol.run_state.newer): a higher term, or the same term and a lower key.
-        rivals = [r for r in records if r.role == "active" and r.coordinator_id != self.identity.peer_id
-                  and (r.term > c.term or (r.term == c.term and r.coordinator_id < self.identity.peer_id))]
-        return max(rivals, key=lambda r: r.term) if rivals else None
-
-
 def _run_is_held(dht, cfg: RunConfig, options: CoordinatorOptions, stop: threading.Event) -> bool:
     """A coordinator that joins an existing DHT (it came back after a takeover) follows when the run
     has a live active coordinator: records take a moment to arrive after the DHT bootstraps."""
@@ -91,18 +57,40 @@ def _run_is_held(dht, cfg: RunConfig, options: CoordinatorOptions, stop: threadi
             return False
 
 
-def _follow(options: CoordinatorOptions, identity: Identity, dht, stop: threading.Event) -> standby.Takeover | None:
+def _follow(options: CoordinatorOptions, identity: Identity, dht, stop: threading.Event, fence: TermFence) -> standby.Takeover | None:
     # Default: beside the identity file (the coordinator's own state folder), else the working folder.
     folder = Path(options.identity_path).parent if options.identity_path else Path(".")
     path = Path(options.checkpoint_path or folder / f"standby-{identity.peer_id[:16]}.ckpt")
     options.checkpoint_path = str(path)
-    endpoint = f"{options.announce_host}:{options.port}"
+    endpoint = f"{options.announce_host}:{options.port}" if options.port else ""  # where it will answer once it takes over
     print(f"coordinator {identity.peer_id[:8]} | standby for run {options.config.run_id}: following the active coordinator; "
           f"fingerprint {identity.peer_id}", flush=True)
     for maddr in discovery.visible_maddrs(dht):
         print(f"  --initial-peers {maddr}", flush=True)
     return standby.follow(dht=dht, identity=identity, run_id=options.config.run_id, checkpoint_path=path, endpoint=endpoint,
-                          pinned=options.coordinator_key, stop=stop)
+                          pinned=options.coordinator_key, stop=stop, fence=fence)
+
+
+@dataclass(slots=True)
+class Led:
+    """How a spell as the active coordinator ended: its summary, and the rival it stepped down for."""
+
+    summary: dict
+    demoted: Demoted | None = None
+
+
+def _lease(coordinator: Coordinator, dht, identity: Identity) -> Lease:
+    """The active's lease (peer/coordinator/lease.py); every read of the run's records refreshes the
+    standby endpoints peers fail over to (the DHT's standby records and the standbys heard from)."""
+    c = coordinator
+
+    def on_records(records: list[discovery.RunRecord]) -> None:
+        endpoints = {r.endpoint for r in records if r.role == "standby" and r.endpoint} | set(c.followers.endpoints())
+        with c.lock:
+            c.standby_endpoints = sorted(endpoints)
+
+    return Lease(dht, identity, run_id=c.cfg.run_id, term=c.term, endpoint=c.endpoint, coordinators=tuple(c.cfg.control.coordinators),
+                 floor_s=c.cfg.control.lease_s, on_records=on_records, on_lapse=c.followers.revive)
 
 
 def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = None) -> dict:
@@ -117,26 +105,58 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         dht = discovery.start_dht(identity, initial_peers=options.initial_peers, host_maddrs=options.host_maddrs,
                                   announce_maddrs=options.announce_maddrs)
     counter = ByteCounter(identity.peer_id)
-    server = operations = None
-    term = 0
+    fence = TermFence()  # the highest term seen: a demoted coordinator follows no lower one
+    summary: dict = {"role": "standby", "took_over": False}
     try:
         if stop.is_set():  # stopped while the DHT started
             return {"role": "standby" if options.standby else "active", "stopped": True}
-        if dht is not None and (options.standby or _run_is_held(dht, cfg, options, stop)):
-            takeover = _follow(options, identity, dht, stop)
-            if takeover is None:
-                return {"role": "standby", "took_over": False}
-            cfg, term = takeover.cfg, takeover.term
-        coordinator = Coordinator(cfg, identity, checkpoint_path=options.checkpoint_path, counter=counter, term=term)
+        following = dht is not None and (options.standby or _run_is_held(dht, cfg, options, stop))
+        term = 0
+        while True:
+            if following:
+                takeover = _follow(options, identity, dht, stop, fence)
+                if takeover is None:
+                    break
+                cfg, term = takeover.cfg, takeover.term
+            led = _lead(options, identity, dht, cfg, term, counter, stop)
+            summary = led.summary
+            if led.demoted is None:
+                break
+            # A rival holds the run: step down and follow it (a takeover later takes a higher term still).
+            rival = led.demoted.rival
+            fence.observe(rival.term, rival.coordinator_id)
+            print(f"coordinator {identity.peer_id[:8]} | {led.demoted}: stepping down at round {summary['round']}; "
+                  f"following it as a standby", flush=True)
+            summary = {**summary, "role": "standby", "demoted": {"round": summary["round"], "term": summary["coordinator"]["term"],
+                                                                 "rival": rival.coordinator_id, "rival_term": rival.term}}
+            following = True
+        if options.summary_json and "history" in summary:
+            Path(options.summary_json).write_text(json.dumps(summary, indent=2))
+        return summary
+    finally:
+        if dht is not None:
+            discovery.stop_dht(dht)
+
+
+def _lead(options: CoordinatorOptions, identity: Identity, dht, cfg: RunConfig, term: int, counter: ByteCounter,
+          stop: threading.Event) -> Led:
+    """Run the rounds as the active coordinator until the run ends, the process stops, or a rival
+    holds the run (then the summary says so and the caller follows it)."""
+    server = operations = lease = None
+    demoted: Demoted | None = None
+    coordinator = Coordinator(cfg, identity, checkpoint_path=options.checkpoint_path, counter=counter, term=term)
+    coordinator.halted = stop.is_set
+    try:
         server = build_coordinator_server(
             coordinator, host=options.host, port=options.port, announce_host=options.announce_host
         ).server
-        server.start()
-        coordinator.sign_state()  # again, now that it names our endpoint
-        lease = Lease(dht, identity, coordinator) if dht is not None else None
-        if lease is not None:
+        options.port = int(coordinator.endpoint.rsplit(":", 1)[1])  # kept: after a demotion, the standby answers here
+        if dht is not None:
             coordinator.initial_peers = discovery.visible_maddrs(dht)
-            lease.renew()
+            lease = coordinator.lease = _lease(coordinator, dht, identity)
+            lease.start()  # one renewal before anything is signed under our name
+        coordinator.sign_state()  # again, now that it names our endpoint
+        server.start()
         if term:
             print(f"coordinator {identity.peer_id[:8]} | took over run {cfg.run_id} with term {term} at round {coordinator.round} "
                   f"(param hash {coordinator.param_hash[:16]})", flush=True)
@@ -152,15 +172,17 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
 
         finished_at = None
         while not stop.is_set():
-            result = coordinator.tick()
+            try:
+                result = coordinator.tick()
+                if lease is not None:
+                    lease.holds()  # raises Demoted once a rival holds the run, whether or not a round was due
+            except Demoted as exc:
+                demoted = exc
+                break
+            except Halted:
+                break
             if result is not None:
                 print(coordinator_line(result, cfg.rounds.rounds, counter.total()), flush=True)
-            if lease is not None and lease.due():
-                successor = lease.renew()
-                if successor is not None:
-                    print(f"coordinator {identity.peer_id[:8]} | coordinator {successor.coordinator_id[:8]} holds run {cfg.run_id} "
-                          f"with term {successor.term} (ours: {coordinator.term}): stepping down", flush=True)
-                    break
             if coordinator.finished:
                 # The last state is served until every peer holds it (or the grace period ends):
                 # a slow peer's last fetch must not find the coordinator gone.
@@ -169,20 +191,20 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
                 if (coordinator.final_state_delivered() and waited > options.linger_s) or waited > cfg.control.end_grace_s:
                     break
             stop.wait(0.1)
-        if lease is not None and coordinator.finished:
-            lease.close_run()  # standbys stop following; newcomers learn the run is over
+        if lease is not None and coordinator.finished and demoted is None:
+            lease.close_run(coordinator.endpoint)  # standbys stop following; newcomers learn the run is over
         summary = coordinator.status()
-        if options.summary_json:
-            Path(options.summary_json).write_text(json.dumps(summary, indent=2))
         if coordinator.finished:
             print(f"coordinator | run finished: val loss {summary['initial_val_loss']:.4f} -> "
                   f"{summary['history'][-1]['val_loss'] if summary['history'] else float('nan'):.4f} | "
                   f"coordinator traffic {format_bytes(counter.total().sent + counter.total().received)}", flush=True)
-        return summary
+        return Led(summary=summary, demoted=demoted)
     finally:
+        if lease is not None:
+            lease.stop()
         if operations is not None:
             operations.close()
         if server is not None:
             server.stop(grace=1.0).wait(3.0)
-        if dht is not None:
-            discovery.stop_dht(dht)
+        coordinator.fetchers.shutdown(wait=False, cancel_futures=True)  # a demoted one lives on as a standby
+        coordinator.channels.close()

@@ -1,7 +1,8 @@
 """The run log: one JSON line per event the coordinator sees, for plots and post-mortems.
 
 Events: `start` (or `takeover`: this coordinator's term is higher than the log's last writer's,
-or another coordinator wrote the log last),
+or another coordinator wrote the log last; a takeover first writes the rounds it inherited, from the
+checkpoint it took over from, that the log lacks, marked `inherited`, so the log holds the whole run),
 `join`, `gone`, `ban` (with the evidence), `round` (loss, bytes, exclusions, close reason),
 `peer_round` (a peer's own bytes and utilization for a round, from its heartbeat), `finished`.
 The watcher derives them by comparing the coordinator's status view with the one it saw last,
@@ -21,20 +22,29 @@ from typing import Any, Callable
 MAX_SERIES = 5000  # rounds kept in memory for the dashboard
 
 
-def last_writer(path: Path) -> dict[str, Any] | None:
-    """The last start/takeover line of an existing log."""
+def _events(path: Path):
     if not path.exists():
-        return None
-    writer = None
+        return
     with path.open() as f:
         for line in f:
             try:
-                event = json.loads(line)
+                yield json.loads(line)
             except ValueError:
                 continue  # a line cut short by a crash
-            if event.get("event") in ("start", "takeover"):
-                writer = event
+
+
+def last_writer(path: Path) -> dict[str, Any] | None:
+    """The last start/takeover line of an existing log."""
+    writer = None
+    for event in _events(path):
+        if event.get("event") in ("start", "takeover"):
+            writer = event
     return writer
+
+
+def logged_rounds(path: Path | None) -> set[int]:
+    """The rounds an existing log already holds."""
+    return {e["round"] for e in _events(path) if e.get("event") == "round" and isinstance(e.get("round"), int)} if path else set()
 
 
 class RunWatcher:
@@ -86,10 +96,25 @@ class RunWatcher:
         self._emit("takeover" if took_over else "start", run_id=s["run_id"], coordinator_id=s["coordinator_id"], endpoint=s["endpoint"],
                    round=s["round"], term=term, previous_coordinator_id=(previous or {}).get("coordinator_id"), codec=s["codec"],
                    aggregator=s["aggregator"], outer=s["outer"], initial_val_loss=s["initial_val_loss"])
-        # A resumed run's earlier rounds are in the log already (or were never ours): start from now.
+        # A resumed run's earlier rounds are in the log already: start from now. A takeover's are in
+        # the previous coordinator's log, maybe on another machine: the ones this log lacks are
+        # written from the history the takeover inherited (no bytes: this coordinator moved none).
+        if took_over:
+            have = logged_rounds(self.path)
+            for h in s["history"]:
+                if h["round"] not in have:
+                    entry = self._entry(h, 0, 0)
+                    self._emit("round", **entry, inherited=True)
+                    self.series.append(entry)
         self._rounds_seen = len(s["history"])
         traffic = s["coordinator_traffic"]
         self._coordinator_bytes = (traffic["bytes_sent"], traffic["bytes_received"])
+
+    @staticmethod
+    def _entry(h: dict[str, Any], sent: int, received: int) -> dict[str, Any]:
+        return {"round": h["round"], "val_loss": h["val_loss"], "updates": h["updates"], "excluded": h["excluded"],
+                "seconds": round(h["seconds"], 3), "close_reason": h["close_reason"], "param_hash": h["param_hash"],
+                "coordinator_bytes_sent": sent, "coordinator_bytes_received": received}
 
     def _peers_changed(self, s: dict[str, Any]) -> None:
         for p in s["peers"]:
@@ -120,9 +145,7 @@ class RunWatcher:
         for i, h in enumerate(new):
             # Several rounds closed between two polls: their coordinator bytes go to the last one.
             last = i == len(new) - 1
-            entry = {"round": h["round"], "val_loss": h["val_loss"], "updates": h["updates"], "excluded": h["excluded"],
-                     "seconds": round(h["seconds"], 3), "close_reason": h["close_reason"], "param_hash": h["param_hash"],
-                     "coordinator_bytes_sent": sent if last else 0, "coordinator_bytes_received": received if last else 0}
+            entry = self._entry(h, sent if last else 0, received if last else 0)
             self._emit("round", **entry, peers={p["peer_id"]: {"bytes_sent": p["bytes_sent"], "bytes_received": p["bytes_received"],
                                                                "state": p["state"]} for p in s["peers"]})
             self.series.append(entry)

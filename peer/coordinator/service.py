@@ -25,6 +25,7 @@ from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.ratelimit import CallerLimits, RateLimiter
 from protocol.reasons import Reason
 from protocol.rpc_errors import RpcAbort, guarded, refusal_for
+from protocol.keys import CoordinatorKeys
 from protocol.signing import SignatureError, open_signed
 
 log = logging.getLogger("swarmloco.coordinator")
@@ -178,6 +179,8 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
         if not _fresh(fields):
             c.registry.reject(Reason.STALE_HEARTBEAT)
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "heartbeat timestamp is stale: check the clock", swarm_pb2.CLOCK_SKEW)
+        if fields.get("role") == "standby":
+            return self._standby_heartbeat(fields, peer_id)
         with c.lock:
             record = c.registry.get(peer_id)
             if record is None:  # a restarted coordinator that lost it, or it never joined
@@ -212,6 +215,27 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
                 reason=record.banned_reason,
                 finished=c.finished,
             )
+
+    def _standby_heartbeat(self, fields: dict[str, Any], peer_id: str) -> swarm_pb2.HeartbeatReply:
+        """A standby says which round's state it holds (peer/coordinator/followers.py). The reply
+        refuses with UNKNOWN_PEER when it is not counted: it may not take over from what it holds."""
+        c = self.coordinator
+        holding, holding_hash, endpoint = fields.get("holding_round"), fields.get("holding_hash"), fields.get("endpoint", "")
+        if not CoordinatorKeys.of(c.cfg.control.coordinators).matches(peer_id) or fields.get("run_id") != c.cfg.run_id:
+            c.registry.reject(Reason.NOT_ALLOWED)
+            raise RpcAbort(grpc.StatusCode.PERMISSION_DENIED, f"{peer_id[:16]} is not one of run {c.cfg.run_id!r}'s coordinator keys",
+                           swarm_pb2.NOT_ALLOWED)
+        if type(holding) is not int or not isinstance(holding_hash, str) or not isinstance(endpoint, str) or not valid_endpoint(endpoint):
+            c.registry.reject(Reason.MALFORMED)
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "a standby heartbeat needs holding_round, holding_hash and endpoint",
+                           swarm_pb2.MALFORMED)
+        counted = c.followers.heard(peer_id, endpoint=endpoint, holding_round=holding, holding_hash=holding_hash[:80],
+                                    leaving=fields.get("leaving") is True)
+        with c.lock:
+            return swarm_pb2.HeartbeatReply(
+                round=c.round, param_hash=c.param_hash, finished=c.finished,
+                refusal=swarm_pb2.REFUSAL_UNSPECIFIED if counted else swarm_pb2.UNKNOWN_PEER,
+                reason="" if counted else f"standby not counted: it must hold the state of round {c.followers.recorded}")
 
     @_guarded
     def SubmitCommitment(self, request, context):

@@ -1,15 +1,24 @@
 """A standby coordinator: follows the active one, takes over when its lease lapses.
 
-The active coordinator's DHT run record is its lease: written with a TTL of `control.lease_s` and
-renewed every third of it (peer/coordinator/main.py). A standby, whose key the run lists in
-`[control] coordinators`, keeps the latest closed round's checkpoint (downloaded every round and
-accepted only against the state the active coordinator signs), and announces itself so peers
-and the active one know where it will answer. When no live active record is left, it takes over
-with term = the highest term seen + 1, from that checkpoint: the swarm continues from the last
-closed round, and peers move to it without a restart (peer/node/trust.py: highest term wins).
+The active coordinator's DHT run record is its lease (peer/coordinator/lease.py). A standby, whose
+key the run lists in `[control] coordinators`, follows the active one round by round: it waits on
+the round in flight (a GetManifest long-poll), downloads each new round's checkpoint as soon as
+the active has written it (accepted only against the state the active signed), and heartbeats the
+active with the round it holds. The active records a round only once every standby it counts
+holds its result (peer/coordinator/followers.py), so the state a standby holds is never older than
+the last round the active recorded. When no live active record is left, it takes over with term =
+the highest term seen + 1, from that state, keeping the run's history and initial loss (they are in
+the checkpoint): the swarm continues from the last recorded round, and peers move to it without a
+restart (peer/node/trust.py: highest term wins).
+
+It takes over only while its *grant* holds: the active counted it in the reply to a heartbeat sent
+less than (GRACE_LEASES − MARGIN) leases ago. Past that, the active may have recorded rounds
+without it (it drops a standby that stays silent or behind), so it says why it will not take over
+and keeps waiting for an active coordinator instead of forking the run's history.
 
 A coordinator started without --standby follows too when the run already has a live active
-coordinator (it came back after a takeover): two actives in one run are never started on purpose.
+coordinator (it came back after a takeover), and so does an active one that was demoted (a rival
+with a higher term holds the run): two actives in one run are never started on purpose.
 """
 
 from __future__ import annotations
@@ -20,7 +29,12 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import grpc
+
+from peer.coordinator.followers import GRACE_LEASES, HEARTBEAT_S
+from peer.coordinator.lease import MARGIN
 from peer.learn.model import param_hash
 from peer.node.coordinator_client import CoordinatorClient, CoordinatorUnavailable
 from peer.node.errors import PeerExit
@@ -29,11 +43,24 @@ from peer.run import checkpoint
 from peer.run.config import ConfigError, RunConfig
 from protocol import discovery
 from protocol.accounting import ByteCounter
+from protocol.channels import create_channel
+from protocol.envelope import EnvelopeError, HEARTBEAT_TAG
 from protocol.identity import Identity
+from protocol.run_state import RunState, TermFence
+from protocol.signing import sign_body
+from protocol.state_manifest import open_state_manifest
+from protocol.wire import swarm_pb2, swarm_pb2_grpc
 
 log = logging.getLogger("swarmloco.coordinator")
-POLL_S = 0.5
-STANDBY_RECORD_TTL_S = 30.0
+POLL_S = 0.5  # DHT lookups of the run's records; waits while the active does not answer
+STATE_POLL_S = 0.1  # while the active writes the checkpoint of a state it signed
+MANIFEST_WAIT_S = 1.0  # long-poll on the round in flight
+CALL_LEASES = 0.5  # deadline of one call to the active, in leases (1-5 s): a frozen one must not hold the standby past its grant
+MAX_CHECKPOINT_MANIFEST_BYTES = 1 << 40  # the state manifest is read for its round only
+
+
+def call_s(lease_s: float) -> float:
+    return min(5.0, max(1.0, CALL_LEASES * lease_s))
 
 
 class StandbyError(RuntimeError):
@@ -44,7 +71,22 @@ class StandbyError(RuntimeError):
 class Takeover:
     cfg: RunConfig  # the run's config, as the active coordinator signed it
     term: int  # the term this coordinator takes over with
-    round: int  # the last closed round's state it holds
+    round: int  # the recorded round's state it holds
+
+
+@dataclass(slots=True)
+class Grant:
+    """The standby's right to take over: the active counted it in its reply to the heartbeat sent
+    at `sent` (monotonic), under a lease of at most `lease_s` (the active's only grows)."""
+
+    sent: float | None = None
+    lease_s: float = 0.0
+
+    def valid(self, now: float) -> bool:
+        return self.sent is not None and now - self.sent < (GRACE_LEASES - MARGIN) * self.lease_s
+
+    def age(self, now: float) -> float | None:
+        return None if self.sent is None else now - self.sent
 
 
 def live_active(dht, run_id: str, pinned: str | None) -> tuple[discovery.RunRecord | None, int, discovery.RunRecord | None]:
@@ -57,83 +99,203 @@ def live_active(dht, run_id: str, pinned: str | None) -> tuple[discovery.RunReco
     return (active[0] if active else None), top_term, (finished[0] if finished else None)
 
 
+class _Download:
+    """One checkpoint download on a thread of its own: a frozen active must not hold the follow loop
+    (its DHT checks, its takeover) for a whole transfer deadline. An abandoned one writes nothing."""
+
+    def __init__(self, endpoint: str, counter: ByteCounter, state: RunState, retry_s: float) -> None:
+        self.state = state
+        self.result: tuple[bytes, Any] | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.client = CoordinatorClient(endpoint, counter, retry_for=timedelta(seconds=retry_s))
+        threading.Thread(target=self._run, name="swarmloco-standby-fetch", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            data, _ = self.client.checkpoint()
+            self.result = (data, checkpoint.from_bytes(data))
+        except BaseException as exc:  # noqa: BLE001 - reported to the follow loop
+            self.error = exc
+        finally:
+            self.client.close()
+            self.done.set()
+
+
+class Following:
+    """The follow loop's state (one per follow() call)."""
+
+    def __init__(self, *, dht, identity: Identity, run_id: str, checkpoint_path: Path, endpoint: str, pinned: str | None,
+                 fence: TermFence) -> None:
+        self.dht, self.identity, self.run_id = dht, identity, run_id
+        self.checkpoint_path, self.endpoint, self.pinned, self.fence = checkpoint_path, endpoint, pinned, fence
+        self.counter = ByteCounter(identity.peer_id)
+        self.held: Takeover | None = None
+        self.held_hash = ""
+        self.grant = Grant()
+        self.top_term = 0
+        self.channel: grpc.Channel | None = None
+        self.stub: swarm_pb2_grpc.CoordinatorStub | None = None
+        self.linked = ""  # the endpoint the channel goes to
+        self.download: _Download | None = None
+        self.closed_round = -1  # the round whose manifest was seen signed
+        self.beat_at = 0.0
+        self.announced = 0.0
+        self.printed = self.warned = False
+
+    def link(self, endpoint: str) -> swarm_pb2_grpc.CoordinatorStub:
+        if self.linked != endpoint:
+            self.close()
+            self.channel, self.linked = create_channel(endpoint, self.counter), endpoint
+            self.stub = swarm_pb2_grpc.CoordinatorStub(self.channel)
+            self.closed_round = -1
+        assert self.stub is not None
+        return self.stub
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+        self.channel = self.stub = None
+        self.linked = ""
+
+    def beat(self, stub: swarm_pb2_grpc.CoordinatorStub, lease_s: float, *, leaving: bool = False) -> None:
+        """Tell the active which round's state we hold; the reply says whether it counts us.
+        `leaving`: the run is over and we go (the active's last record need not wait for us)."""
+        held = self.held
+        body = {"role": "standby", "run_id": self.run_id, "holding_round": held.round if held else -1,
+                "holding_hash": self.held_hash, "endpoint": self.endpoint, "timestamp": time.time(), "leaving": leaving}
+        sent = time.monotonic()
+        reply = stub.Heartbeat(sign_body(self.identity, HEARTBEAT_TAG, body), timeout=call_s(lease_s))
+        self.beat_at = sent
+        counted = reply.refusal == swarm_pb2.REFUSAL_UNSPECIFIED
+        self.grant = Grant(sent=sent, lease_s=lease_s) if counted else Grant()
+        if not counted:
+            log.info("standby: not counted by the active yet (%s)", reply.reason)
+
+    def collect(self, cfg: RunConfig) -> bool:
+        """The finished download, if any, kept when it is the state the active signed for its round."""
+        download = self.download
+        if download is None or not download.done.is_set():
+            return False
+        self.download = None
+        if download.error is not None:
+            log.info("standby: checkpoint of round %d not fetched (%s)", download.state.round, download.error)
+            return False
+        data, ckpt = download.result  # type: ignore[misc]
+        state = download.state
+        if ckpt.config_hash != cfg.config_hash() or ckpt.round != state.round or ckpt.param_hash != state.param_hash \
+                or param_hash(ckpt.params) != state.param_hash:
+            log.info("standby: checkpoint (round %d) does not match the signed state of round %d yet", ckpt.round, state.round)
+            return False
+        checkpoint.write_atomic(self.checkpoint_path, data)
+        self.held, self.held_hash = Takeover(cfg=cfg, term=0, round=state.round), state.param_hash
+        log.info("standby: holding round %d (%s)", state.round, state.param_hash[:16])
+        return True
+
+
 def follow(
     *, dht, identity: Identity, run_id: str, checkpoint_path: Path, endpoint: str, pinned: str | None,
-    stop: threading.Event, wait_for_run_s: float = 60.0,
+    stop: threading.Event, wait_for_run_s: float = 60.0, fence: TermFence | None = None,
 ) -> Takeover | None:
     """Follow the run's active coordinator until its lease lapses; None when stopped or the run ended."""
-    counter = ByteCounter(identity.peer_id)
-    client: CoordinatorClient | None = None
-    held: Takeover | None = None
-    top_term = 0
-    announced = 0.0
+    f = Following(dht=dht, identity=identity, run_id=run_id, checkpoint_path=checkpoint_path, endpoint=endpoint, pinned=pinned,
+                 fence=fence or TermFence())
     started = time.monotonic()
-    printed = False
+    active: discovery.RunRecord | None = None
+    looked = 0.0
     try:
         while not stop.is_set():
-            active, seen, finished = live_active(dht, run_id, pinned)
-            top_term = max(top_term, seen)
-            if finished is not None:
-                print(f"standby {identity.peer_id[:8]} | run {run_id} finished (coordinator {finished.coordinator_id[:8]}, "
-                      f"term {finished.term}): nothing to take over", flush=True)
-                return None
+            now = time.monotonic()
+            if active is None or now - looked >= POLL_S:
+                active, seen, finished = live_active(dht, run_id, pinned)
+                looked = now
+                f.top_term = max(f.top_term, seen)
+                if finished is not None:
+                    print(f"standby {identity.peer_id[:8]} | run {run_id} finished (coordinator {finished.coordinator_id[:8]}, "
+                          f"term {finished.term}): nothing to take over", flush=True)
+                    return None
             if active is None or active.coordinator_id == identity.peer_id:
-                if held is not None:
-                    return Takeover(cfg=held.cfg, term=top_term + 1, round=held.round)
-                if time.monotonic() - started > wait_for_run_s:
+                if f.held is not None:
+                    if f.grant.valid(time.monotonic()):
+                        return Takeover(cfg=f.held.cfg, term=max(f.top_term, f.fence.term) + 1, round=f.held.round)
+                    if not f.warned:
+                        age = f.grant.age(time.monotonic())
+                        print(f"standby {identity.peer_id[:8]} | run {run_id} has no live active coordinator, but this standby "
+                              f"was last counted by it {'never' if age is None else f'{age:.1f}s ago'}: it may lack rounds the "
+                              "active recorded, so it does not take over (it waits for an active coordinator to follow)", flush=True)
+                        f.warned = True
+                elif time.monotonic() - started > wait_for_run_s:
                     raise StandbyError(f"no active coordinator of run {run_id!r} in the DHT after {wait_for_run_s:.0f}s, and no "
                                        "state to take over from: check --initial-peers and --run-id")
                 stop.wait(POLL_S)
                 continue
-            if client is None or client.endpoint != active.endpoint:
-                if client is not None:
-                    client.close()
-                client = CoordinatorClient(active.endpoint, counter, retry_for=timedelta(seconds=2))
+            lease_s = active.lease_s if 1.0 <= active.lease_s <= 600.0 else 2.0  # as the active announces it
             try:
-                info = client.run_info()
-                trusted = trust_run(info, pinned=active.coordinator_id, pinned_by="the DHT-signed run record",
-                                    endpoint=active.endpoint, run_id=run_id)
-            except (CoordinatorUnavailable, PeerExit) as exc:
-                log.info("standby: the active coordinator does not answer (%s); waiting for its lease to lapse", exc)
-                stop.wait(POLL_S)
+                done = _follow_once(f, active, lease_s, stop)
+            except (grpc.RpcError, CoordinatorUnavailable, PeerExit, EnvelopeError) as exc:
+                log.info("standby: the active coordinator does not answer (%s); waiting for its lease to lapse",
+                         exc.details() if isinstance(exc, grpc.RpcError) else exc)
+                looked = 0.0  # look at the DHT again at once
+                stop.wait(STATE_POLL_S)
                 continue
-            if not trusted.keys.matches(identity.peer_id):
-                raise StandbyError(
-                    f"this coordinator's key {identity.peer_id} is not one of run {run_id!r}'s coordinators: the active "
-                    f"coordinator must list it (swarmloco coordinator --coordinators {identity.peer_id} ..., or [control] coordinators)")
-            state = trusted.state
-            if state.finished:
-                print(f"standby {identity.peer_id[:8]} | run {run_id} finished at round {state.round} "
-                      f"(final hash {state.param_hash[:16]}): nothing to take over", flush=True)
+            if done:
                 return None
-            if held is None or state.round > held.round:
-                try:
-                    held = _fetch_state(client, trusted.cfg, state.round, state.param_hash, checkpoint_path) or held
-                except (CoordinatorUnavailable, checkpoint.CheckpointError, ConfigError) as exc:
-                    log.info("standby: checkpoint of round %d not fetched (%s)", state.round, exc)
-            if held is not None and time.monotonic() - announced > STANDBY_RECORD_TTL_S / 3:
-                discovery.announce_run(dht, identity, run_id=run_id, endpoint=endpoint, role="standby", term=state.term,
-                                       coordinators=trusted.cfg.control.coordinators, ttl_s=STANDBY_RECORD_TTL_S)
-                announced = time.monotonic()
-                if not printed:
-                    print(f"standby {identity.peer_id[:8]} | following run {run_id}'s active coordinator "
-                          f"{active.coordinator_id[:8]} (term {state.term}) at {active.endpoint}; holding round {held.round}", flush=True)
-                    printed = True
-            stop.wait(POLL_S)
         return None
     finally:
-        if client is not None:
-            client.close()
+        f.close()
 
 
-def _fetch_state(client: CoordinatorClient, cfg: RunConfig, round_: int, signed_hash: str, path: Path) -> Takeover | None:
-    """The active coordinator's checkpoint, kept only when it is the state it signed for that round."""
-    data, _ = client.checkpoint()
-    ckpt = checkpoint.from_bytes(data)
-    if ckpt.config_hash != cfg.config_hash() or ckpt.round != round_ or ckpt.param_hash != signed_hash \
-            or param_hash(ckpt.params) != signed_hash:
-        log.info("standby: checkpoint (round %d) does not match the signed state of round %d yet", ckpt.round, round_)
-        return None
-    checkpoint.write_atomic(path, data)
-    log.info("standby: holding round %d (%s)", round_, signed_hash[:16])
-    return Takeover(cfg=cfg, term=0, round=round_)
+def _follow_once(f: Following, active: discovery.RunRecord, lease_s: float, stop: threading.Event) -> bool:
+    """One step behind the active coordinator; True when the run is over."""
+    stub = f.link(active.endpoint)
+    info = stub.GetRunInfo(swarm_pb2.RunInfoRequest(), timeout=call_s(lease_s))
+    trusted = trust_run(info, pinned=active.coordinator_id, pinned_by="the DHT-signed run record", endpoint=active.endpoint,
+                        run_id=f.run_id)
+    if not trusted.keys.matches(f.identity.peer_id):
+        raise StandbyError(
+            f"this coordinator's key {f.identity.peer_id} is not one of run {f.run_id!r}'s coordinators: the active "
+            f"coordinator must list it (swarmloco coordinator --coordinators {f.identity.peer_id} ..., or [control] coordinators)")
+    state, cfg = trusted.state, trusted.cfg
+    if not f.fence.observe(state.term, state.signer, info.run_state):
+        log.info("standby: %s signs term %d, superseded by term %d: not following it", state.signer[:8], state.term, f.fence.term)
+        stop.wait(POLL_S)
+        return False
+    if state.finished:
+        try:
+            f.beat(stub, max(cfg.control.lease_s, lease_s), leaving=True)
+        except grpc.RpcError as exc:  # it waits for us a grace at most
+            log.info("standby: could not say we leave (%s)", exc.details())
+        print(f"standby {f.identity.peer_id[:8]} | run {f.run_id} finished at round {state.round} "
+              f"(final hash {state.param_hash[:16]}): nothing to take over", flush=True)
+        return True
+    lease_s = max(cfg.control.lease_s, lease_s)
+    changed = f.collect(cfg)
+    ready = -1  # the round of the checkpoint the active serves now (its signed state manifest says)
+    if info.HasField("state_manifest"):
+        ready = open_state_manifest(info.state_manifest, keys=trusted.keys, run_id=f.run_id,
+                                    max_bytes=MAX_CHECKPOINT_MANIFEST_BYTES).round
+    held_round = f.held.round if f.held is not None else -1
+    if f.download is None and ready == state.round > held_round:
+        f.download = _Download(active.endpoint, f.counter, state, retry_s=call_s(lease_s))
+    if changed or time.monotonic() - f.beat_at >= HEARTBEAT_S:
+        f.beat(stub, lease_s)
+    # Our record's TTL is the run's lease floor, no longer: the DHT keeps, per key, the record that
+    # expires last, so the active record we write when we take over (TTL >= the floor) replaces it.
+    if f.held is not None and time.monotonic() - f.announced > cfg.control.lease_s / 3:
+        discovery.announce_run(f.dht, f.identity, run_id=f.run_id, endpoint=f.endpoint, role="standby", term=state.term,
+                               coordinators=cfg.control.coordinators, ttl_s=cfg.control.lease_s)
+        f.announced = time.monotonic()
+        if not f.printed:
+            print(f"standby {f.identity.peer_id[:8]} | following run {f.run_id}'s active coordinator "
+                  f"{active.coordinator_id[:8]} (term {state.term}) at {active.endpoint}; holding round {f.held.round}", flush=True)
+            f.printed = True
+    if f.held is not None and f.held.round >= state.round and f.closed_round < state.round and f.download is None:
+        # Caught up: wait for the round in flight to close (the manifest), instead of polling.
+        reply = stub.GetManifest(swarm_pb2.ManifestRequest(round=state.round, wait_s=MANIFEST_WAIT_S), timeout=MANIFEST_WAIT_S + call_s(lease_s))
+        if reply.ready or reply.current_round > state.round:
+            f.closed_round = state.round
+    elif f.download is not None:
+        f.download.done.wait(POLL_S)  # collected (and acked) at once on the next step
+    else:
+        stop.wait(STATE_POLL_S)
+    return False

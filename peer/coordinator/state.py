@@ -14,10 +14,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from peer.coordinator.clock import RoundClock
 from peer.coordinator.commitments import Admission
+from peer.coordinator.followers import Followers
+from peer.coordinator.lease import ActGuard
 from peer.coordinator.registry import PeerRegistry
 from peer.coordinator.round_book import AdaptiveDeadline, RoundBook, RoundResult, result_dict
 from peer.coordinator.status_view import coordinator_status
@@ -28,6 +30,7 @@ from peer.learn.model import build_model, flat_params, initial_model, layout_has
 from peer.learn.training import evaluate
 from peer.run import checkpoint, state_sync
 from peer.run.config import RunConfig
+from peer.run.faults import fail_point
 from peer.run.round_math import RoundMath
 from protocol.accounting import ByteCounter
 from protocol.envelope import UpdateHeader
@@ -96,14 +99,20 @@ class Coordinator:
                                 open=self.open, endpoint=lambda: self.endpoint)
         self.exchange = coordinator_exchange(self.ctx)  # the run's exchange mode, its coordinator side
         self.admission = Admission(self.ctx, self.exchange, self.layout_hash)
+        self.halted: Callable[[], bool] = lambda: False  # the process is stopping (main.py): waits for the lease or standbys give up
         self.clock = RoundClock(self.ctx, self.exchange, sign_state=self.sign_state, persist=self._persist,
-                                start_wait_until=time.monotonic() + cfg.rounds.start_timeout_s)
+                                start_wait_until=time.monotonic() + cfg.rounds.start_timeout_s, term=lambda: self.term,
+                                halted=lambda: self.halted())
         self.started_at = time.monotonic()
 
+        self.initial_val_loss: float | None = None  # the run's, kept across restarts and takeovers (checkpoint)
         if restoring:
             self._restore(checkpoint.load(self.checkpoint_path))
         self.param_hash = param_hash(self.params)
-        self.initial_val_loss = self.evaluate()
+        if self.initial_val_loss is None:
+            self.initial_val_loss = self.evaluate()
+        # The standbys that follow us, and the state they must hold before a round is recorded.
+        self.followers = Followers(lambda: self.lease.lease_s or cfg.control.lease_s, recorded=self.round)
         self.checkpoint_bytes = b""
         self._snapshot()
         self.sign_state()
@@ -121,12 +130,24 @@ class Coordinator:
         self.round = ckpt.round
         self.book = RoundBook(round=self.round)
         self.history = [RoundResult(**r) for r in ckpt.extra.get("history", [])]
+        loss = ckpt.extra.get("initial_val_loss")
+        self.initial_val_loss = float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
+        self.term = max(self.term, int(ckpt.extra.get("term", 0)))  # a takeover's is higher still
         self.registry.restore(ckpt.extra.get("peers", []), joined_round=self.round)
         self.clock.start_wait_until = time.monotonic()  # peers that were in the run come back on their own
         log.info("restored round %d from %s", self.round, self.checkpoint_path)
 
-    def _snapshot(self) -> None:
-        """Serialize θ_r for late joiners and write it to disk atomically."""
+    @property
+    def lease(self) -> ActGuard:
+        """What the clock asks before it signs or records (peer/coordinator/lease.py)."""
+        return self.clock.lease
+
+    @lease.setter
+    def lease(self, lease: ActGuard) -> None:
+        self.clock.lease = lease
+
+    def _snapshot(self, history: list[RoundResult] | None = None) -> None:
+        """Serialize θ_r for late joiners and standbys and write it to disk atomically."""
         config_hash, outer_state = self.cfg.config_hash(), self.math.global_state_dict()
         ckpt = checkpoint.Checkpoint(
             round=self.round,
@@ -137,7 +158,10 @@ class Coordinator:
             # Peers, bans and evidence survive a coordinator restart: a banned peer stays banned,
             # and the peers of the run are awaited again instead of the first one back closing the round.
             # The run config itself too, so `swarmloco export/sample` need no --config (its hash is above).
-            extra={"history": [result_dict(r) for r in self.history], "peers": self.registry.to_dicts(), "config": self.cfg.to_dict()},
+            # A standby that takes over from it keeps the run's history, initial loss and term.
+            extra={"history": [result_dict(r) for r in (self.history if history is None else history)],
+                   "peers": self.registry.to_dicts(), "config": self.cfg.to_dict(),
+                   "initial_val_loss": self.initial_val_loss, "term": self.term},
         )
         self.checkpoint_bytes = checkpoint.to_bytes(ckpt)
         # The same state as parts every in-sync peer also serves: joiners fetch it from many of them.
@@ -209,12 +233,16 @@ class Coordinator:
 
     def _persist(self, result: RoundResult) -> RoundResult:
         """The slow part of a close, beside the RPC handlers (only the clock thread runs it):
-        evaluate θ_{r+1}, then record the round and write the checkpoint and state parts. Until it
-        is done, joiners get the previous round's checkpoint, which its own signed state covers."""
+        evaluate θ_{r+1}, write the checkpoint and state parts, and record the round once every
+        counted standby holds that checkpoint (peer/coordinator/followers.py) and while the lease
+        is held. Until the checkpoint is written, joiners get the previous round's, which its own
+        signed state covers."""
         result.val_loss = self.evaluate()
-        with self.lock:
-            self.history.append(result)
-        self._snapshot()
+        self._snapshot(history=[*self.history, result])
+        if not self.followers.wait_for(result.round + 1, stop=lambda: self.halted()):
+            return result  # stopping: not recorded
+        self.clock.while_held(lambda: self.history.append(result))
+        fail_point("round-recorded", result.round)
         return result
 
     def status(self) -> dict[str, Any]:

@@ -6,6 +6,8 @@ import threading
 import time
 from typing import Any, Protocol
 
+from peer.coordinator.followers import Followers
+from peer.coordinator.lease import ActGuard
 from peer.coordinator.registry import PeerRegistry
 from peer.coordinator.round_book import AdaptiveDeadline, RoundBook, RoundResult, result_dict
 from peer.exchange.coordinator_side import CoordinatorExchange
@@ -30,6 +32,8 @@ class StatusSource(Protocol):
     book: RoundBook
     term: int
     standby_endpoints: list[str]
+    followers: Followers
+    lease: ActGuard
     registry: PeerRegistry
     initial_val_loss: float
     history: list[RoundResult]
@@ -56,9 +60,11 @@ def coordinator_status(c: StatusSource) -> dict[str, Any]:
                 "verified": c.book.verified(),
                 "excluded": dict(c.book.excluded),
             },
-            # The control plane: who coordinates (term bumps on every takeover) and who stands by.
+            # The control plane: who coordinates (term bumps on every takeover), its lease, and who
+            # stands by (the standbys heard from: the round each holds, whether a takeover may start there).
             "coordinator": {"fingerprint": c.identity.peer_id, "term": c.term, "role": "active",
-                            "coordinators": list(c.cfg.control.coordinators), "standby_endpoints": list(c.standby_endpoints)},
+                            "coordinators": list(c.cfg.control.coordinators), "standby_endpoints": list(c.standby_endpoints),
+                            "standbys": c.followers.status(), "lease": c.lease.status()},
             "codec": c.cfg.compression.codec,
             "outer": c.cfg.outer.name,
             "aggregator": c.cfg.aggregation.name,

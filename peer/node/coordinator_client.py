@@ -24,6 +24,9 @@ from protocol.streaming import TransferError, receive_chunks
 log = logging.getLogger("swarmloco.peer")
 T = TypeVar("T")
 TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+# The coordinator is gone, or answers nothing (a frozen process keeps its connections open): ask
+# whether another one holds the run now.
+LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 MAX_CHECKPOINT_BYTES = 8 << 30
 RECONNECT_EVERY_S = 3.0
 LOCATE_EVERY_S = 1.0
@@ -65,18 +68,28 @@ class CoordinatorClient:
         that took over): ask `locate`, at most once a second. Else a fresh channel to the same
         address: grpc's own reconnect backoff grows to minutes, while a restarted coordinator is
         usually back within seconds."""
+        if self.relocate():
+            return
+        with self._lock:
+            if time.monotonic() - self._rebuilt_at >= RECONNECT_EVERY_S:
+                self._switch(self.endpoint)
+
+    def relocate(self) -> bool:
+        """Ask `locate` (at most once a second) for the run's active coordinator and switch to it
+        when it is another one: the one we talk to is gone, or was superseded by a higher term
+        (peer/node/trust.py). True when it switched."""
         with self._lock:
             now = time.monotonic()
-            if self.locate is not None and now - self._located_at >= LOCATE_EVERY_S:
-                self._located_at = now
-                found = self.locate()
-                if found is not None and found != self.endpoint:
-                    log.warning("coordinator %s is gone; the run's active coordinator is now %s: switching", self.endpoint, found)
-                    self._switch(found)
-                    self.generation += 1
-                    return
-            if now - self._rebuilt_at >= RECONNECT_EVERY_S:
-                self._switch(self.endpoint)
+            if self.locate is None or now - self._located_at < LOCATE_EVERY_S:
+                return False
+            self._located_at = now
+            found = self.locate()
+            if found is None or found == self.endpoint:
+                return False
+            log.warning("coordinator %s is gone or superseded; the run's active coordinator is now %s: switching", self.endpoint, found)
+            self._switch(found)
+            self.generation += 1
+            return True
 
     def wait_ready(self, timeout: timedelta) -> None:
         wait_ready(self.channel, self.endpoint, timeout)
@@ -99,7 +112,7 @@ class CoordinatorClient:
                         ) from None
                     raise Refused.from_rpc_error(exc) or exc
                 log.info("%s: coordinator unavailable (%s), retrying in %.1fs", what, code, delay)
-                if code == grpc.StatusCode.UNAVAILABLE:
+                if code in LOST:
                     generation = self.generation
                     self._reconnect()
                     if self.generation != generation:  # another coordinator took the run over: ask it at once
@@ -126,7 +139,7 @@ class CoordinatorClient:
         try:
             reply = self.stub.Heartbeat(signed, timeout=DEFAULT_DEADLINE.total_seconds())
         except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            if exc.code() in LOST:
                 self._reconnect()
             raise Refused.from_rpc_error(exc) or exc
         return Refused.check(reply)
@@ -196,7 +209,7 @@ class CoordinatorClient:
                 if time.monotonic() + delay > deadline:
                     raise CoordinatorUnavailable(f"could not download the checkpoint from {self.endpoint}: {exc}") from None
                 log.info("checkpoint transfer broke (%s), resuming at byte %d", exc, len(received))
-                if stream.code == grpc.StatusCode.UNAVAILABLE:
+                if stream.code in LOST:
                     self._reconnect()
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 5.0)

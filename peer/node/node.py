@@ -143,7 +143,8 @@ class PeerNode:
         self.round_exchange = RoundExchange(
             client=self.client, keys=self.authority.keys, run_id=self.cfg.run_id, peer_id=self.identity.peer_id,
             side=self.exchange_side, timeouts=self.timeouts, stop=self.stop,
-            endpoint=self.endpoint, client_mode=self.options.client_mode, rejoin=self.send_join, waiting=self._waiting)
+            endpoint=self.endpoint, client_mode=self.options.client_mode, rejoin=self.send_join, waiting=self._waiting,
+            fence=self.authority.fence, relocate=self.authority.relocate)
         self.send_join()
         self.announce()
         self.heartbeat = Heartbeat(client=self.client, identity=self.identity, counter=self.counter,
@@ -276,7 +277,9 @@ class PeerNode:
         if self.finished:
             self.heartbeat.beat()  # the coordinator serves the final state until every peer says it holds it
             print(f"peer {self.short} | finished: run {self.cfg.run_id} ended at round {self.round}, final hash {self._hash}", flush=True)
-        return {"rounds": done, "round": self.round, "param_hash": self._hash, "history": self.history}
+        fence = self.authority.fence  # the coordinator term it ended under, and any two actives in one term it saw
+        return {"rounds": done, "round": self.round, "param_hash": self._hash, "history": self.history,
+                "coordinator_term": fence.term, "coordinator_evidence": fence.evidence}
 
     # --- one round -----------------------------------------------------------------------
 

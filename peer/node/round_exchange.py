@@ -25,7 +25,8 @@ from protocol.envelope import RoundManifest, open_manifest
 from protocol.long_poll import PollEnd, long_poll
 from protocol.payload_service import push_chunks
 from protocol.rpc_errors import Refused
-from protocol.run_state import CoordinatorKeys, ImpersonationError
+from protocol.identity import peer_id_of
+from protocol.run_state import CoordinatorKeys, ImpersonationError, TermFence
 from protocol.wire import swarm_pb2
 
 log = logging.getLogger("swarmloco.peer")
@@ -33,6 +34,7 @@ REJOIN = {swarm_pb2.UNKNOWN_PEER, swarm_pb2.WRONG_ENDPOINT}  # join again, then 
 RESYNC = {swarm_pb2.STALE_ROUND, swarm_pb2.WRONG_BASE}  # download the swarm's state instead
 FATAL = {swarm_pb2.EQUIVOCATION, swarm_pb2.BANNED}
 PUSH_FAILED = "PUSH_FAILED"  # commit()'s answer when a client-mode push broke twice
+RELOCATE_TRIES = 5  # a superseded coordinator's manifest: look for the active one this many times, a second apart
 
 
 def check_listed(manifest: RoundManifest, update: Update, r: int, *, peer_id: str, left_out_so_far: int) -> bool:
@@ -54,7 +56,8 @@ class RoundExchange:
 
     def __init__(self, *, client: CoordinatorPort, keys: CoordinatorKeys, run_id: str, peer_id: str, side: PeerExchange,
                  timeouts: PeerTimeouts, stop: threading.Event, endpoint: str, client_mode: bool,
-                 rejoin: Callable[[], None], waiting: Callable[[], None] = lambda: None) -> None:
+                 rejoin: Callable[[], None], waiting: Callable[[], None] = lambda: None, fence: TermFence | None = None,
+                 relocate: Callable[[], bool] = lambda: False) -> None:
         self.client = client
         self.keys = keys
         self.run_id = run_id
@@ -67,6 +70,8 @@ class RoundExchange:
         self.rejoin = rejoin  # Join again (raises NotAdmitted when refused)
         self.waiting = waiting  # the round now waits on the coordinator (the node's phase)
         self.left_out: list[int] = []  # rounds whose signed manifest left our valid commitment out without a reason
+        self.fence = fence  # the highest coordinator term seen (peer/node/trust.py): a lower one's manifest is refused
+        self.relocate = relocate  # move to the run's active coordinator (a superseded one signed the manifest)
 
     def commit(self, update: Update, r: int) -> str | None:
         """Push (client mode) and commit round r's update: None when the coordinator holds it (or
@@ -154,6 +159,15 @@ class RoundExchange:
             manifest = open_manifest(reply.manifest, keys=self.keys, run_id=self.run_id, round_=r)
         except ImpersonationError as exc:
             raise PeerExit(f"the coordinator at {self.client.endpoint} signs manifests with a key that is not the run's: {exc}") from None
+        if self.fence is not None and not self.fence.observe(manifest.term, peer_id_of(bytes(reply.manifest.public_key)), reply.manifest):
+            # A coordinator that was superseded (a standby took over with a higher term) closed
+            # this round: not the run's word. Move to the active one; run() commits there again.
+            log.warning("peer %s: round %d: the manifest is signed in term %d, superseded by term %d: refusing it",
+                        self.peer_id[:8], r, manifest.term, self.fence.term)
+            for attempt in range(RELOCATE_TRIES):
+                if self.relocate() or attempt == RELOCATE_TRIES - 1 or self.stop.wait(1.0):
+                    break
+            return Resync(f"the manifest of round {r} comes from a superseded coordinator (term {manifest.term})", wait_s=wait_s)
         if check_listed(manifest, rnd.update, r, peer_id=self.peer_id, left_out_so_far=len(self.left_out)):
             self.left_out.append(r)  # status shows it (the heartbeat carries it)
         fail_point("manifest", r)

@@ -6,13 +6,17 @@ Order of trust at start-up (docs/threat-model.md):
   2. the run state that endpoint serves must be signed by that key, and the run config it serves
      must be the one that signed state names (config hash);
   3. from then on the run's own list of coordinator keys (`[control] coordinators`, inside that
-     config) is all the peer accepts manifests, states and checkpoints from.
+     config) is all the peer accepts manifests, states and checkpoints from;
+  4. and among those keys, only the one that holds the run by the one rule (highest term, then
+     lowest key): whatever a superseded coordinator signs (a lower term than any this peer has
+     seen in a reply, a manifest, a probe) is refused, and the peer moves to the run's active
+     coordinator (RunAuthority.fence, protocol.run_state.TermFence).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Iterable
 
@@ -26,7 +30,7 @@ from protocol import discovery
 from protocol.accounting import ByteCounter
 from protocol.channels import create_channel
 from protocol.envelope import EnvelopeError
-from protocol.run_state import CoordinatorKeys, ImpersonationError, RunState, newer, open_run_state
+from protocol.run_state import CoordinatorKeys, ImpersonationError, RunState, TermFence, newer, open_run_state
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 
 log = logging.getLogger("swarmloco.peer")
@@ -102,10 +106,12 @@ class RunAuthority:
     counter: ByteCounter
     endpoints: list[str]  # the run's other coordinators (standbys), as the run last named them
     dht: Any = None
+    fence: TermFence = field(default_factory=TermFence)  # the highest term seen: nothing signed in a lower one is believed
 
     def locate(self) -> str | None:
         """The run's active coordinator now (after a failover: the standby that took over), among
-        the run's records in the DHT and the coordinator endpoints the run last named."""
+        the run's records in the DHT and the coordinator endpoints the run last named; never one
+        that a higher term than it signs has superseded."""
         candidates = list(self.endpoints)
         if self.dht is not None:
             try:
@@ -113,20 +119,36 @@ class RunAuthority:
             except Exception as exc:  # a DHT hiccup: the known endpoints still count
                 log.info("DHT lookup of the run's coordinators failed: %s", exc)
         found = find_active([c for c in candidates if c], self.keys, self.run_id, self.counter)
-        return found[0] if found else None
+        if found is None or not self.fence.observe(found[1].term, found[1].signer):
+            return None
+        return found[0]
+
+    def relocate(self) -> bool:
+        """The coordinator we talk to was superseded: move to the run's active one (True: moved)."""
+        relocate = getattr(self.client, "relocate", None)
+        return bool(relocate()) if relocate is not None else False
 
     def state(self, round_: int | None = None) -> RunState | None:
         """The coordinator's signed state (at the start of round_, or now), checked against the
-        run's keys; None when it no longer keeps that round's."""
-        info = self.client.run_info(round_, state_only=True)
-        if info.coordinator_endpoints:
-            self.endpoints = list(info.coordinator_endpoints)
-        if not info.HasField("run_state"):
-            return None
-        try:
-            return open_run_state(info.run_state, keys=self.keys, run_id=self.run_id)
-        except ImpersonationError as exc:
-            raise PeerExit(f"the coordinator at {self.client.endpoint} is not one of the run's: {exc}") from None
+        run's keys and the term fence; None when it no longer keeps that round's, or when it was
+        superseded and no successor answers yet."""
+        for attempt in range(2):
+            info = self.client.run_info(round_, state_only=True)
+            if info.coordinator_endpoints:
+                self.endpoints = list(info.coordinator_endpoints)
+            if not info.HasField("run_state"):
+                return None
+            try:
+                state = open_run_state(info.run_state, keys=self.keys, run_id=self.run_id)
+            except ImpersonationError as exc:
+                raise PeerExit(f"the coordinator at {self.client.endpoint} is not one of the run's: {exc}") from None
+            if self.fence.observe(state.term, state.signer, info.run_state):
+                return state
+            log.warning("the coordinator at %s signs term %d, superseded by term %d (%s): refusing its state",
+                        self.client.endpoint, state.term, self.fence.term, self.fence.signer[:8])
+            if attempt == 0 and not self.relocate():
+                break
+        return None
 
     def signed_hash(self, round_: int) -> str | None:
         """The hash of θ_round a run key signed (what a downloaded state must match), if still kept."""
@@ -191,5 +213,6 @@ def join_run(options: Any, identity: Any, counter: ByteCounter) -> JoinedRun:
     client.retry_for = timeouts.coordinator_retry
     authority = RunAuthority(keys=trusted.keys, run_id=trusted.cfg.run_id, client=client, counter=counter,
                              endpoints=list(info.coordinator_endpoints), dht=dht)
+    authority.fence.observe(trusted.state.term, trusted.state.signer, info.run_state)
     client.locate = authority.locate  # failover: the run's active coordinator, wherever it is now
     return JoinedRun(dht=dht, client=client, trusted=trusted, authority=authority, timeouts=timeouts)

@@ -332,12 +332,14 @@ class ControlConfig:
     """Who may coordinate the run, and how a standby takes over (docs/threat-model.md).
 
     A run's identity is its coordinator keys: peers accept manifests and signed states from these
-    keys only. The active coordinator holds a lease in the DHT and renews it every lease_s / 3; when
-    it lapses, a standby listed here takes over with a higher term."""
+    keys only. The active coordinator holds a lease in the DHT and renews it every third of it; when
+    it lapses, a standby listed here takes over with a higher term. lease_s is the lease's floor: it
+    grows to 4x the slowest measured renewal (peer/coordinator/lease.py), so a loaded machine
+    lengthens it instead of losing it."""
 
     coordinators: list[str] = field(default_factory=list, metadata={
         "help": "fingerprints (peer ids) of the keys allowed to coordinate this run; the active coordinator's own is added"})
-    lease_s: float = documented(6.0, "seconds a coordinator's DHT lease lasts: a standby takes over this long after the active one stops")
+    lease_s: float = documented(6.0, "seconds a coordinator's DHT lease lasts at least (it grows with slow renewals): a standby takes over this long after the active one stops")
     end_grace_s: float = documented(60.0, "after the last round: keep serving the final state until every peer has it, at most this long")
 
     def __post_init__(self) -> None:

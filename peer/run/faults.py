@@ -16,6 +16,8 @@ before anything runs. The grammar:
                            with UNAVAILABLE, so a `guarded` handler answers UNAVAILABLE (a plain
                            `error` there answers INTERNAL)
            | delay=SECONDS sleep that long (0 to 3600, fractions allowed) at that point, then go on
+           | stop          SIGSTOP this process: it freezes there until someone sends SIGCONT (a
+                           frozen coordinator: tests/test_failover.py's split brain)
     REPEAT = once          act the first time the point is reached in a matching round (the default)
            | every         act every time it is reached
 
@@ -32,7 +34,7 @@ aggregated, reduced, gathered) it becomes a resync; under a `guarded` RPC handle
 Phases, in the order a round reaches them:
   peer:        trained, committed, manifest, fetched, aggregated
                (sliced exchange: trained, committed, manifest, reduced, gathered)
-  coordinator: manifest-signed
+  coordinator: manifest-signed, round-recorded (the round's result is in the coordinator's history)
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from protocol.rpc_errors import RpcAbort
 
 ENV = "SWARMLOCO_FAIL_AT"
 PEER_PHASES = ("trained", "committed", "manifest", "fetched", "aggregated", "reduced", "gathered")
-COORDINATOR_PHASES = ("manifest-signed",)
+COORDINATOR_PHASES = ("manifest-signed", "round-recorded")
 PHASES = PEER_PHASES + COORDINATOR_PHASES
 ANY_ROUND = None  # FailAt.round for "*"
 MAX_DELAY_S = 3600.0
@@ -65,9 +67,10 @@ class Action(StrEnum):
     ERROR = "error"
     UNAVAILABLE = "unavailable"
     DELAY = "delay"
+    STOP = "stop"
 
 
-ACTIONS = ("kill", "error", "unavailable", "delay=SECONDS")
+ACTIONS = ("kill", "error", "unavailable", "delay=SECONDS", "stop")
 REPEATS = ("once", "every")
 
 
@@ -128,7 +131,7 @@ def parse_action(text: str) -> tuple[Action, float]:
         if not (0.0 <= seconds <= MAX_DELAY_S):  # also refuses nan, inf
             raise ValueError(f"ACTION {text!r}: delay=SECONDS needs SECONDS from 0 to {MAX_DELAY_S:g}, e.g. delay=0.5")
         return Action.DELAY, seconds
-    if eq or name not in (Action.KILL, Action.ERROR, Action.UNAVAILABLE):
+    if eq or name not in (Action.KILL, Action.ERROR, Action.UNAVAILABLE, Action.STOP):
         raise ValueError(f"ACTION {text!r} is not one of {', '.join(ACTIONS)}")
     return Action(name), 0.0
 
@@ -262,13 +265,17 @@ def fail_point(phase: str, round_: int) -> None:
         for injection in (*_injected, *armed):
             if injection._claim(phase, round_):
                 due.append(injection.fault)
-                if injection.fault.action is not Action.DELAY:
+                if injection.fault.action not in (Action.DELAY, Action.STOP):
                     break  # a kill or an error ends the list: the faults after it have not acted
     for fault in due:
         if fault.action is Action.KILL:
             print(f"{ENV}: reached {phase}:{round_}, killing this process (SIGKILL)", file=sys.stderr, flush=True)
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+        elif fault.action is Action.STOP:
+            print(f"{ENV}: reached {phase}:{round_}, stopping this process (SIGSTOP; SIGCONT resumes it)", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGSTOP)
         elif fault.action is Action.DELAY:
             print(f"{ENV}: reached {phase}:{round_}, sleeping {fault.seconds:g} s", file=sys.stderr, flush=True)
             time.sleep(fault.seconds)

@@ -1,0 +1,217 @@
+"""The active coordinator's lease: its DHT run record, renewed on a thread of its own, and the check
+the round clock makes right before it signs or records anything.
+
+Safety does not rest on timing. The record is written with a TTL of the lease; a standby takes over
+once it has lapsed (peer/coordinator/standby.py). The active acts (signs a manifest, adopts a
+round and signs its state, records a round) only while it holds a *confirmed* renewal younger than
+lease · (1 − MARGIN), timed on its own monotonic clock from the moment it *sent* that renewal: the
+record it wrote then cannot have lapsed yet, whatever happened to the process since (SIGSTOP, a
+swap storm, a descheduled thread). A renewal is confirmed when the store succeeded and the run's
+records, read right after it, show no rival: a live active record with a higher term, or the same
+term and a lower key (protocol.run_state.newer). A rival ends the lease for good: `holds()` raises
+Demoted and the coordinator steps down to a standby (peer/coordinator/main.py).
+
+Adaptive: every renewal's round trip (store + read) is measured, and the lease is the largest of
+the configured floor (`control.lease_s`) and LATENCY_FACTOR × the slowest of the last renewals. It
+only grows within a process: a machine that was slow once is assumed slow again, and a standby that
+read a longer lease from the record must never be outrun by a shorter one. Renewals are sent every
+RENEW_FRACTION of the lease, so a renewal may take up to (1 − MARGIN − RENEW_FRACTION) of the lease,
+1.7x the slowest one measured, before the clock pauses.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Callable, Protocol
+
+from protocol import discovery
+from protocol.identity import Identity
+from protocol.run_state import rank
+
+log = logging.getLogger("swarmloco.coordinator")
+MARGIN = 0.25  # of the lease: the active stops acting this long before its record can lapse
+RENEW_FRACTION = 1 / 3  # renew every third of the lease
+LATENCY_FACTOR = 4.0  # lease >= this x the slowest recent renewal round trip
+LATENCIES_KEPT = 8
+MAX_LEASE_S = 120.0  # a DHT that slow is broken: waiting longer only delays a failover
+RETRY_S = 0.5  # after a renewal that was not confirmed
+
+
+class Demoted(RuntimeError):
+    """Another coordinator holds the run (a higher term, or the same term and a lower key)."""
+
+    def __init__(self, rival: discovery.RunRecord, term: int) -> None:
+        super().__init__(f"coordinator {rival.coordinator_id[:8]} holds run {rival.run_id} with term {rival.term} (ours: {term})")
+        self.rival = rival
+
+
+class Halted(RuntimeError):
+    """The coordinator stopped while it waited for its lease: the round in hand is left unapplied."""
+
+
+class ActGuard(Protocol):
+    """What the round clock asks before it signs or records: `holds()` (raises Demoted), and
+    `wait_held(timeout_s)` while it does not; `lease_s` is the lease now (0: none)."""
+
+    lease_s: float
+
+    def holds(self) -> bool: ...
+
+    def wait_held(self, timeout_s: float) -> bool: ...
+
+    def status(self) -> dict: ...
+
+
+class AlwaysHeld:
+    """A coordinator without a DHT (in-process tests, `--no-dht`): nobody else can take the run."""
+
+    lease_s = 0.0
+
+    def holds(self) -> bool:
+        return True
+
+    def wait_held(self, timeout_s: float) -> bool:
+        return True
+
+    def status(self) -> dict:
+        return {"lease_s": None}
+
+
+ALWAYS_HELD = AlwaysHeld()
+
+
+class Lease:
+    """The active coordinator's run record as its lease. `start()` renews once (the coordinator may
+    act from then on) and starts the renewal thread; `stop()` ends it."""
+
+    def __init__(self, dht, identity: Identity, *, run_id: str, term: int, endpoint: str, coordinators: tuple[str, ...],
+                 floor_s: float, on_records: Callable[[list[discovery.RunRecord]], None] = lambda records: None,
+                 on_lapse: Callable[[float], None] = lambda lapsed_at: None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.dht, self.identity = dht, identity
+        self.run_id, self.term, self.endpoint, self.coordinators = run_id, term, endpoint, tuple(coordinators)
+        self.floor_s = floor_s
+        self.lease_s = floor_s  # the current lease: the TTL the next renewal writes
+        self.on_records = on_records  # every read of the run's records (standby endpoints for peers' failover)
+        self.on_lapse = on_lapse  # a renewal confirmed after the last one had run out: when it ran out (followers.revive)
+        self.lapses = 0
+        self.clock = clock
+        self.latencies: deque[float] = deque(maxlen=LATENCIES_KEPT)
+        self.rival: discovery.RunRecord | None = None
+        self.renewals = self.failures = 0
+        self._confirmed: tuple[float, float] | None = None  # (monotonic send time, its lease) of the last confirmed renewal
+        self._last_attempt = (clock(), False)  # (send time, confirmed) of the last renewal
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- what the clock asks -------------------------------------------------------------------
+
+    def holds(self) -> bool:
+        """Whether the coordinator may act now: its last confirmed renewal is younger than that
+        renewal's lease minus the margin. Raises Demoted once a rival holds the run."""
+        with self._changed:
+            if self.rival is not None:
+                raise Demoted(self.rival, self.term)
+            if self._confirmed is None:
+                return False
+            sent, lease_s = self._confirmed
+            return self.clock() - sent < lease_s * (1 - MARGIN)
+
+    def wait_held(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s for the lease to be held (a renewal confirmed); raises Demoted."""
+        deadline = self.clock() + timeout_s
+        with self._changed:
+            while not self.holds():
+                remaining = deadline - self.clock()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+            return True
+
+    def status(self) -> dict:
+        with self._changed:
+            age = None if self._confirmed is None else round(self.clock() - self._confirmed[0], 2)
+            return {"lease_s": round(self.lease_s, 2), "floor_s": self.floor_s, "renewal_age_s": age,
+                    "renewal_latency_s": round(max(self.latencies), 3) if self.latencies else None,
+                    "renewals": self.renewals, "failed_renewals": self.failures, "lapses": self.lapses}
+
+    # --- renewal -------------------------------------------------------------------------------
+
+    def renew(self) -> bool:
+        """Write the record and read the run's records back: True when confirmed (no rival)."""
+        sent = self.clock()
+        lease_s = self.lease_s
+        try:
+            stored = discovery.announce_run(self.dht, self.identity, run_id=self.run_id, endpoint=self.endpoint, role="active",
+                                            term=self.term, coordinators=self.coordinators, ttl_s=lease_s)
+            records = discovery.vouched(discovery.run_records(self.dht, self.run_id))
+        except Exception as exc:  # noqa: BLE001 - a DHT hiccup: the next renewal tries again
+            log.info("lease renewal failed: %s", exc)
+            stored, records = False, None
+        latency = self.clock() - sent
+        rival = self._rival(records or [])
+        lapsed_at: float | None = None
+        with self._changed:
+            self.latencies.append(latency)
+            # Adaptive, and only ever longer (see the module docstring).
+            self.lease_s = min(MAX_LEASE_S, max(self.lease_s, self.floor_s, LATENCY_FACTOR * max(self.latencies)))
+            confirmed = rival is None and stored and records is not None
+            if rival is not None:
+                self.rival = rival
+            elif confirmed:
+                if self._confirmed is not None and sent - self._confirmed[0] >= self._confirmed[1] * (1 - MARGIN):
+                    lapsed_at = self._confirmed[0] + self._confirmed[1] * (1 - MARGIN)
+                self._confirmed = (sent, lease_s)
+                self.renewals += 1
+            else:
+                self.failures += 1
+            self._last_attempt = (sent, confirmed)
+            self._changed.notify_all()
+        if lapsed_at is not None:
+            # It was not held for a while (this process was frozen, or the DHT unreachable): whatever
+            # the clock counted meanwhile was not the standbys' silence.
+            self.lapses += 1
+            log.warning("lease: renewed %.1fs after it ran out", sent - lapsed_at)
+            self.on_lapse(lapsed_at)
+        if records is not None:
+            self.on_records(records)
+        if self.lease_s > lease_s:
+            log.info("lease: renewal took %.2fs; lease now %.1fs", latency, self.lease_s)
+        return confirmed
+
+    def _rival(self, records: list[discovery.RunRecord]) -> discovery.RunRecord | None:
+        """The live active record that wins over ours by the one rule, if any."""
+        ours = rank(self.term, self.identity.peer_id)
+        rivals = [r for r in records if r.role == "active" and r.coordinator_id != self.identity.peer_id
+                  and rank(r.term, r.coordinator_id) > ours]
+        return max(rivals, key=lambda r: rank(r.term, r.coordinator_id)) if rivals else None
+
+    def start(self) -> None:
+        self.renew()
+        self._thread = threading.Thread(target=self._run, name="swarmloco-lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while self.rival is None:
+            with self._changed:
+                interval = self.lease_s * RENEW_FRACTION
+                last_sent, confirmed = self._last_attempt
+            next_at = last_sent + (interval if confirmed else min(interval, RETRY_S))
+            if self._stop.wait(max(0.0, next_at - self.clock())):
+                return
+            self.renew()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=5)  # a renewal in flight ends with its DHT call
+
+    def close_run(self, endpoint: str) -> None:
+        """The run is over: a "finished" record (standbys stop following; newcomers learn it)."""
+        discovery.announce_run(self.dht, self.identity, run_id=self.run_id, endpoint=endpoint, role="finished", term=self.term,
+                               coordinators=self.coordinators, ttl_s=discovery.RECORD_TTL_S)
