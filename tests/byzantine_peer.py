@@ -20,28 +20,26 @@ from peer.cli.main import build_parser, cmd_peer
 from peer.exchange.peer_side import PeerExchange
 from peer.exchange.sliced_peer import SlicedPeer
 from peer.node.node import PeerNode, PeerOptions
-from peer.cli.simulate_slices import sign_false_result
+from peer.cli.simulate_slices import false_result
 from peer.node.round import Update
-from peer.run import slice_plan
 from peer.run.slice_exchange import SliceExchange, SliceRound
-from protocol.slice_result import sign_slice_result
+from protocol.slice_result import sign_slice_results
 from protocol.wire import swarm_pb2
 
 
 class LyingOwner(SliceExchange):
     """Signs a false result for every slice it owns (`colluders` empty), or only for the slices
-    whose owners are all colluders (then they agree on the lie, and only spot checks catch it)."""
+    whose owners are all colluders (then they agree on the lie, and only spot checks catch it),
+    in one batch with its honest ones, as an owner signs them."""
 
     colluders: frozenset[str] = frozenset()
 
     def reduce_owned(self, rnd: SliceRound) -> list[swarm_pb2.Signed]:
-        signed = []
-        for j in slice_plan.owned_by(rnd.owners, self.identity.peer_id):
-            data, result = self.reduce(rnd, j)
-            lie = not self.colluders or set(rnd.owners[j]) <= self.colluders
-            signed.append(sign_false_result(self.identity, self.math, self.store, j, data, result) if lie
-                          else sign_slice_result(self.identity, result))
-        return signed
+        results = []
+        for data, result in self.reduce_owned_slices(rnd):
+            lie = not self.colluders or set(rnd.owners[result.slice]) <= self.colluders
+            results.append(false_result(self.math, self.store, result.slice, data, result) if lie else result)
+        return [sign_slice_results(self.identity, results)] if results else []
 
 
 class ByzantinePeer(PeerNode):

@@ -146,8 +146,8 @@ class FakeCoordinator:
         return swarm_pb2.ManifestReply(ready=manifest is not None, manifest=manifest, current_round=self.round,
                                        finished=self.finished)
 
-    def submit_slice_result(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
-        self._enter("submit_slice_result")
+    def submit_slice_results(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
+        self._enter("submit_slice_results")
         return swarm_pb2.CommitReply(accepted=True, current_round=self.round)
 
     def slice_results(self, round_: int, wait_s: float, *, until_applied: bool = False) -> swarm_pb2.SliceResultsReply:

@@ -308,10 +308,11 @@ def test_every_rpc_survives_thousands_of_hostile_messages(capsys):
 
 
 def test_sliced_round_rpcs_survive_hostile_messages():
-    """SubmitSliceResult, GetSliceResults and ReportEvidence under garbage, forgeries and edge
-    numbers while a sliced round is reducing: every call answered with a typed refusal or a
-    gRPC status, no handler error, and the owner's valid result still lands and closes the round."""
-    from protocol.slice_result import SliceResult, sign_mismatch_report, sign_slice_result
+    """SubmitSliceResult, GetSliceResults and ReportEvidence under garbage, forgeries, malformed
+    batches and edge numbers while a sliced round is reducing: every call answered with a typed
+    refusal or a gRPC status, no handler error, and the owner's valid batch still lands (once)
+    and closes the round; a second, different batch is equivocation."""
+    from protocol.slice_result import SLICE_RESULTS_TAG, SliceResult, sign_mismatch_report, sign_slice_results
 
     with serve_coordinator(tiny_run_config(), generous_limits=True) as served:
         c = served.coordinator
@@ -323,6 +324,7 @@ def test_sliced_round_rpcs_survive_hostile_messages():
         with c.lock:
             assert c.close_round("test") is None and c.book.closed  # the manifest is out; owners reduce
         r, slices = c.book.round, c.math.layout.num_slices
+        assert slices >= 2  # the owner (the only server) owns every slice
         manifest_sha = hashlib.sha256(c.manifests[r].body).hexdigest()
 
         def result(**fields) -> SliceResult:
@@ -330,25 +332,47 @@ def test_sliced_round_rpcs_survive_hostile_messages():
                         result_sha256="ab" * 32, result_size=8, inputs=(owner.peer_id,), excluded={})
             return SliceResult(**{**base, **fields})
 
+        def batch(identity: Identity = owner, **fields) -> swarm_pb2.Signed:
+            """`identity`'s batch over every slice, `fields` changed in slice 0's result."""
+            return sign_slice_results(identity, [result(**fields)] + [result(slice=j, owner=fields.get("owner", owner.peer_id),
+                                                                             round=fields.get("round", r),
+                                                                             manifest_sha256=fields.get("manifest_sha256", manifest_sha))
+                                                                      for j in range(1, slices)])
+
+        signed_ok = batch()
+        body = json.loads(signed_ok.body.split(b"\n", 1)[1])
+
+        def crafted(**fields) -> swarm_pb2.Signed:
+            return sign_body(owner, SLICE_RESULTS_TAG, {**body, **fields})
+
+        padded = signed_ok.body.replace(b",", b"," + b" " * 2000)
         rng = random.Random(7)
         hostile_results = [
             swarm_pb2.Signed(body=rng.randbytes(200), signature=rng.randbytes(64), public_key=rng.randbytes(32)),
-            sign_slice_result(stranger, result(owner=stranger.peer_id)),  # not an owner
-            sign_slice_result(owner, result(slice=slices)),  # no such slice
-            sign_slice_result(owner, result(slice=-1)),
-            sign_slice_result(owner, result(round=r + 7)),
-            sign_slice_result(owner, result(manifest_sha256="cd" * 32)),  # another manifest
-            sign_slice_result(owner, result(result_size=1 << 40)),
-            sign_slice_result(owner, result(result_size=0)),
-            sign_slice_result(owner, result(result_sha256="not-hex")),
-            sign_body(owner, "swarmloco/slice-result/v1", {"run_id": c.cfg.run_id, "round": float("nan")}),
+            batch(stranger, owner=stranger.peer_id),  # not an owner
+            batch(slice=slices),  # no such slice
+            batch(slice=-1),
+            batch(round=r + 7),
+            batch(manifest_sha256="cd" * 32),  # another manifest
+            batch(result_size=1 << 40),
+            batch(result_size=0),
+            batch(result_sha256="not-hex"),
+            batch(excluded={"e" * 32: "unreachable"}),  # a peer the manifest does not list
+            sign_slice_results(owner, [result()]),  # leaves out slices it owns
+            crafted(results=[body["results"][0], *body["results"]]),  # a slice twice
+            crafted(results=list(reversed(body["results"]))),  # out of order
+            crafted(results=[[0, "ab" * 32, True], *body["results"][1:]]),
+            crafted(excluded={owner.peer_id: {"unreachable": [slices + 3]}}),
+            crafted(round=float("nan")),
+            crafted(inputs=[owner.peer_id]),  # a field the batch does not have
+            sign_body(owner, "swarmloco/slice-result/v1", {"run_id": c.cfg.run_id, "round": r}),  # the old per-slice tag
+            swarm_pb2.Signed(body=padded, signature=owner.sign(padded), public_key=owner.public_key),  # oversized
+            swarm_pb2.Signed(body=signed_ok.body, signature=bytes(64), public_key=signed_ok.public_key),  # forged
         ]
-        signed_ok = sign_slice_result(owner, result())
-        forged = swarm_pb2.Signed(body=signed_ok.body, signature=bytes(64), public_key=signed_ok.public_key)
-        hostile_results.append(forged)
         for hostile in hostile_results:
             reply = served.stub.SubmitSliceResult(hostile, timeout=10)
             assert not reply.accepted and reply.refusal != swarm_pb2.REFUSAL_UNSPECIFIED, reply
+        assert not sliced_batches(c, r)
         for request in (swarm_pb2.SliceResultsRequest(round=-1, wait_s=float("nan")),
                         swarm_pb2.SliceResultsRequest(round=(1 << 63) - 1, wait_s=float("inf")),
                         swarm_pb2.SliceResultsRequest(round=r, wait_s=-5.0, until_applied=True)):
@@ -370,9 +394,19 @@ def test_sliced_round_rpcs_survive_hostile_messages():
                                                                        results=[signed_ok]), timeout=10)
         assert not out_of_range.accepted
         assert served.rejections().get("internal-error", 0) == 0
-        # The honest owner's results still land, once each; a second, different one is equivocation.
-        for j in range(slices):
-            assert served.stub.SubmitSliceResult(sign_slice_result(owner, result(slice=j)), timeout=10).accepted
-        assert served.stub.SubmitSliceResult(sign_slice_result(owner, result(slice=0)), timeout=10).accepted  # idempotent
+        # The honest owner's batch lands, once; the round can close on it.
+        assert served.stub.SubmitSliceResult(signed_ok, timeout=10).accepted
+        assert served.stub.SubmitSliceResult(signed_ok, timeout=10).reason == "already submitted"  # idempotent
         with c.lock:
-            assert c.exchange.should_finalize(time.monotonic())[0]
+            assert c.exchange.should_finalize(time.monotonic()) == (True, "every owner reported")
+        # A second, different batch from the same owner in the same round: equivocation, banned with both.
+        second = served.stub.SubmitSliceResult(batch(result_sha256="cd" * 32), timeout=10)
+        assert not second.accepted and second.refusal == swarm_pb2.EQUIVOCATION
+        assert c.registry.get(owner.peer_id).evidence[-1]["kind"] == "result-equivocation"
+        assert served.rejections().get("internal-error", 0) == 0
+
+
+def sliced_batches(c, r: int) -> dict:
+    """The signed batches the coordinator holds for sliced round r."""
+    with c.lock:
+        return dict(c.exchange.rounds[r].batches)

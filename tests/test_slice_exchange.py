@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from peer.cli.simulate_slices import sign_false_result
+from peer.cli.simulate_slices import false_result
 from peer.run.config import RunConfig
 from peer.run.round_math import RoundMath
 from peer.run.slice_exchange import SliceExchange, sliced_manifest
@@ -26,7 +26,7 @@ from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload
 from protocol.signing import open_signed
-from protocol.slice_result import SLICE_RESULT_TAG
+from protocol.slice_result import SLICE_RESULTS_TAG, sign_slice_results
 from protocol.wire import swarm_pb2_grpc
 
 NUMEL = 4096
@@ -101,14 +101,26 @@ def make_round(cfg: RunConfig, nodes: list[Node], r: int = 0, nan_author: int | 
 
 
 def reduce_all(nodes, rounds):
+    """Every owner's signed batch (one per node: all 4 own slices here)."""
     return [signed for node, rnd in zip(nodes, rounds) for signed in node.exchange.reduce_owned(rnd)]
+
+
+def lying_batch(nodes, rounds, owner_id: str, lie_about: set[int]):
+    """`owner_id`'s batch with false results for the slices in `lie_about`, honest for the rest."""
+    i = next(k for k, n in enumerate(nodes) if n.identity.peer_id == owner_id)
+    node = nodes[i]
+    results = [false_result(node.math, node.store, res.slice, data, res) if res.slice in lie_about else res
+               for data, res in node.exchange.reduce_owned_slices(rounds[i])]
+    return sign_slice_results(node.identity, results)
 
 
 def test_every_node_gathers_the_same_aggregate_as_the_whole_vector_math(slice_nodes):
     cfg, nodes = slice_nodes
     rounds, updates = make_round(cfg, nodes)
     results = reduce_all(nodes, rounds)
-    assert len(results) == 8 * 2  # every slice reduced by both of its owners
+    assert len(results) == 4  # one signed batch per owner
+    opened = nodes[0].exchange.open_results(rounds[0], results)
+    assert sorted(opened) == list(range(8)) and all(len(opened[j]) == 2 for j in range(8))  # both owners of every slice
     outcomes = [node.exchange.gather(rnd, results) for node, rnd in zip(nodes, rounds)]
     for outcome in outcomes[1:]:
         assert torch.equal(outcome.combined, outcomes[0].combined)
@@ -129,16 +141,14 @@ def test_a_lone_lying_owner_is_outvoted_and_named(slice_nodes):
     rounds, _ = make_round(cfg, nodes)
     honest = reduce_all(nodes, rounds)
     clean = nodes[0].exchange.gather(rounds[0], honest).combined
-    # The first owner of slice 3 signs a different result (its honest bytes, shifted).
+    # The first owner of slice 3 signs a different result for it (its honest bytes, shifted).
     liar_id = rounds[0].owners[3][0]
-    liar = next(n for n in nodes if n.identity.peer_id == liar_id)
-    data, result = liar.exchange.reduce(rounds[nodes.index(liar)], 3)
-    lie = sign_false_result(liar.identity, liar.math, liar.store, 3, data, result)
-    tampered = [s for s in honest if not _is(s, liar_id, 3)] + [lie]
+    lie = lying_batch(nodes, rounds, liar_id, {3})
+    tampered = [s for s in honest if _owner(s) != liar_id] + [lie]
     for node, rnd in zip(nodes, rounds):
         outcome = node.exchange.gather(rnd, tampered)
         assert torch.equal(outcome.combined, clean)  # the lie changed nobody's parameters
-        assert [lie.signature] == [s.signature for s, *_ in outcome.liars]
+        assert [(lie.signature, 3)] == [(s.signature, res.slice) for s, _, res in outcome.liars]  # its batch: the evidence
         assert 3 in outcome.recomputed
 
 
@@ -149,12 +159,8 @@ def test_colluding_owners_are_caught_by_a_spot_check(slice_nodes):
     clean = nodes[0].exchange.gather(rounds[0], honest).combined
     owners = rounds[0].owners[6]
     checker_index = next(i for i, n in enumerate(nodes) if n.identity.peer_id not in owners)
-    lies = []
-    for owner_id in owners:  # both owners of slice 6 sign the same false bytes
-        owner = next(n for n in nodes if n.identity.peer_id == owner_id)
-        data, result = owner.exchange.reduce(rounds[nodes.index(owner)], 6)
-        lies.append(sign_false_result(owner.identity, owner.math, owner.store, 6, data, result))
-    tampered = [s for s in honest if not any(_is(s, o, 6) for o in owners)] + lies
+    lies = [lying_batch(nodes, rounds, owner_id, {6}) for owner_id in owners]  # both owners of slice 6: the same false bytes
+    tampered = [s for s in honest if _owner(s) not in owners] + lies
     checker = nodes[checker_index]
     unchecked = checker.exchange.gather(rounds[checker_index], tampered, spot_checks=0)
     assert not torch.equal(unchecked.combined, clean) and not unchecked.liars  # agreeing liars pass unchecked
@@ -179,17 +185,17 @@ def test_a_vanished_owner_is_covered_and_a_slice_nobody_reduced_is_recomputed(sl
     results = reduce_all(nodes, rounds)
     clean = nodes[0].exchange.gather(rounds[0], results).combined
     gone = rounds[0].owners[1][0]
-    survivors = [s for s in results if not any(_is(s, gone, j) for j in range(8))]
-    survivors = [s for s in survivors if not _slice_of(s) == 2]  # and nobody reduced slice 2
-    outcome = nodes[3].exchange.gather(rounds[3], survivors)
+    survivors = [s for s in results if _owner(s) != gone]  # its batch never came: every slice has its other owner
+    checker = next(i for i, n in enumerate(nodes) if n.identity.peer_id != gone)
+    outcome = nodes[checker].exchange.gather(rounds[checker], survivors)
+    assert torch.equal(outcome.combined, clean) and outcome.recomputed == []
+    silent = set(rounds[0].owners[2])  # and neither owner of slice 2 sent a batch: recomputed
+    survivors = [s for s in results if _owner(s) not in silent]
+    checker = next(i for i, n in enumerate(nodes) if n.identity.peer_id not in silent)
+    outcome = nodes[checker].exchange.gather(rounds[checker], survivors)
     assert torch.equal(outcome.combined, clean)
     assert 2 in outcome.recomputed
 
 
-def _is(signed, owner: str, j: int) -> bool:
-    fields, _ = open_signed(signed, SLICE_RESULT_TAG)
-    return fields["owner"] == owner and fields["slice"] == j
-
-
-def _slice_of(signed) -> int:
-    return open_signed(signed, SLICE_RESULT_TAG)[0]["slice"]
+def _owner(signed) -> str:
+    return open_signed(signed, SLICE_RESULTS_TAG)[0]["owner"]

@@ -22,7 +22,7 @@ from protocol.envelope import GATHERED_TAG
 from protocol.identity import Identity
 from protocol.rpc_errors import refusal_of
 from protocol.signing import sign_body
-from protocol.slice_result import SliceResult, sign_slice_result
+from protocol.slice_result import SliceResult, sign_slice_results, signed_to_text
 from protocol.wire import swarm_pb2
 from tests.helpers import tiny_run_config
 from tests.coordinator_harness import Served, join, make_update, serve_coordinator
@@ -70,17 +70,22 @@ def final_sliced_round() -> Iterator[FinalRound]:
         assert c.close_round("test") is None and c.book.closed
         r = c.book.round
         manifest_sha = hashlib.sha256(c.manifests[r].body).hexdigest()
-        by_id = {p.peer_id: p for p in (a, b)}
         state = sliced_side(served).rounds[r]
-        for j, owners in enumerate(state.slice_round.owners):
-            for owner in owners:
-                result = SliceResult(run_id=c.cfg.run_id, round=r, slice=j, owner=owner, manifest_sha256=manifest_sha,
-                                     result_sha256="ab" * 32, result_size=8, inputs=tuple(sorted(by_id)), excluded={})
-                assert served.stub.SubmitSliceResult(sign_slice_result(by_id[owner], result), timeout=10).accepted
+        for owner in (a, b):
+            assert served.stub.SubmitSliceResult(owner_batch(c, state, owner, manifest_sha), timeout=10).accepted
         with c.lock:
             assert sliced_side(served).should_finalize(time.monotonic()) == (True, "every owner reported")
             sliced_side(served).finalize()
         yield FinalRound(served, r, [a, b], bystander)
+
+
+def owner_batch(c, state, owner: Identity, manifest_sha: str, result_sha256: str = "ab" * 32) -> swarm_pb2.Signed:
+    """`owner`'s signed batch of (made-up) results for every slice it owns in the open sliced round."""
+    rnd = state.slice_round
+    return sign_slice_results(owner, [
+        SliceResult(run_id=c.cfg.run_id, round=rnd.round, slice=j, owner=owner.peer_id, manifest_sha256=manifest_sha,
+                    result_sha256=result_sha256, result_size=8, inputs=tuple(rnd.peer_ids), excluded={})
+        for j, owners in enumerate(rnd.owners) if owner.peer_id in owners])
 
 
 def gathered_report(identity: Identity, run_id: str, round_: int, **fields) -> swarm_pb2.Signed:
@@ -102,7 +107,9 @@ def test_reading_the_results_marks_nobody_gathered():
             assert reply.ready and not reply.applied and reply.results == []  # the peer has them: not sent again
             final = fr.served.stub.GetSliceResults(swarm_pb2.SliceResultsRequest(round=fr.round, wait_s=0.0),
                                                    metadata=((PEER_HEADER, peer.peer_id),), timeout=10)
-            assert final.ready and len(final.results) == sum(map(len, fr.state.slice_round.owners)) == 8
+            assert final.ready and len(final.results) == 2  # one signed batch per owner, covering its slices
+            opened = sliced_side(fr.served).slices.open_results(fr.state.slice_round, list(final.results))
+            assert sum(map(len, opened.values())) == sum(map(len, fr.state.slice_round.owners)) == 8
         assert fr.state.gathered == set()
         assert fr.served.status()["exchange"] == {"mode": "sliced", "slices": fr.served.coordinator.math.layout.num_slices, "replicas": 2}
         with fr.served.coordinator.lock:
@@ -199,3 +206,47 @@ def test_every_mode_has_a_coordinator_side_and_all_to_all_refuses_the_slice_rpcs
                 call()
             assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and err.value.details() == NO_SLICE_RESULTS
         assert served.status()["exchange"] == {"mode": "all-to-all", "slices": None, "replicas": None}
+
+
+@contextmanager
+def reducing_round() -> Iterator[tuple[Served, object, list[Identity], str]]:
+    """Two listed peers, the manifest out, no results yet: (served, its round state, [a, b], manifest sha)."""
+    with serve_coordinator(sliced_config(), generous_limits=True) as served:
+        c = served.coordinator
+        a, b = Identity.generate(), Identity.generate()
+        for i, peer in enumerate((a, b)):
+            assert join(served, peer, f"127.0.0.1:{9 + i}").accepted
+            signed, _, _ = make_update(served, peer, seed=i)
+            assert served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=signed, endpoint=f"127.0.0.1:{9 + i}"), timeout=10).accepted
+        assert c.close_round("test") is None and c.book.closed
+        state = sliced_side(served).rounds[c.book.round]
+        yield served, state, [a, b], hashlib.sha256(c.manifests[c.book.round].body).hexdigest()
+
+
+def test_an_owner_that_never_sends_its_batch_is_covered_by_the_other_owners_after_the_grace():
+    with reducing_round() as (served, state, (a, b), manifest_sha):
+        c, side = served.coordinator, sliced_side(served)
+        assert all(set(owners) == {a.peer_id, b.peer_id} for owners in state.slice_round.owners)  # 2 servers, r = 2
+        assert served.stub.SubmitSliceResult(owner_batch(c, state, a, manifest_sha), timeout=10).accepted
+        # b died mid-round: every slice has a's result, so the round closes after the grace, not the timeout
+        with c.lock:
+            assert state.covered_at is not None and state.owners_missing() == 1
+            assert side.should_finalize(state.covered_at + 0.5) == (False, "")
+            assert side.should_finalize(state.covered_at + 1.0) == (True, "every slice has a result; 1 owner(s) sent none")
+
+
+def test_a_second_different_batch_from_one_owner_is_equivocation_and_bans_it():
+    with reducing_round() as (served, state, (a, b), manifest_sha):
+        c = served.coordinator
+        first = owner_batch(c, state, a, manifest_sha)
+        assert served.stub.SubmitSliceResult(first, timeout=10).accepted
+        again = served.stub.SubmitSliceResult(first, timeout=10)
+        assert again.accepted and again.reason == "already submitted"  # idempotent
+        second = served.stub.SubmitSliceResult(owner_batch(c, state, a, manifest_sha, result_sha256="cd" * 32), timeout=10)
+        assert not second.accepted and second.refusal == swarm_pb2.EQUIVOCATION
+        record = c.registry.get(a.peer_id)
+        assert record.banned_reason and record.evidence[0]["kind"] == "result-equivocation"
+        assert {record.evidence[0]["first_result"], record.evidence[0]["second_result"]} == {
+            signed_to_text(first), signed_to_text(owner_batch(c, state, a, manifest_sha, result_sha256="cd" * 32))}
+        assert list(state.batches) == [a.peer_id]  # the first batch stands; b's still counts when it comes
+        assert served.stub.SubmitSliceResult(owner_batch(c, state, b, manifest_sha), timeout=10).accepted

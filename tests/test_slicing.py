@@ -1,4 +1,5 @@
-"""Slices of the flat vector: layout, per-slice codec, per-slice robust math, owner draw, signed results."""
+"""Slices of the flat vector: layout, per-slice codec, per-slice robust math, owner draw (signed
+results: tests/test_slice_results.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,6 @@ from optim import codecs, slicing
 from peer.run import slice_plan
 from peer.run.config import ConfigError, RunConfig
 from peer.run.round_math import RoundMath
-from protocol.envelope import EnvelopeError
-from protocol.identity import Identity
-from protocol.slice_result import SliceResult, open_slice_result, sign_slice_result
 
 
 def sliced_config(**aggregation) -> RunConfig:
@@ -129,27 +127,6 @@ def test_owner_draw_is_balanced_distinct_and_seeded():
     assert other != owners
     assert slice_plan.assign_owners(servers[:1], 4, 2, seed) == [["peer00"]] * 4
     assert slice_plan.assign_owners([], 2, 2, seed) == [[], []]
-
-
-def test_signed_slice_results_verify_and_refuse_forgeries():
-    owner, other = Identity.generate(), Identity.generate()
-    result = SliceResult(run_id="r", round=4, slice=2, owner=owner.peer_id, manifest_sha256="0" * 64,
-                         result_sha256="f" * 64, result_size=100, inputs=("a", "b"), excluded={"c": "non-finite"})
-    signed = sign_slice_result(owner, result)
-    peers = ("a", "b", "c")  # the manifest's entries: inputs are those not excluded, not a signed list
-    assert open_slice_result(signed, run_id="r", round_=4, num_slices=8, max_result_bytes=1000, peer_ids=peers) == result
-    assert b'"inputs"' not in signed.body
-    with pytest.raises(EnvelopeError, match="does not list"):
-        open_slice_result(signed, run_id="r", round_=4, num_slices=8, max_result_bytes=1000, peer_ids=("a", "b"))
-    with pytest.raises(EnvelopeError, match="wrong-round|expected"):
-        open_slice_result(signed, run_id="r", round_=5, num_slices=8, max_result_bytes=1000, peer_ids=peers)
-    with pytest.raises(EnvelopeError):
-        open_slice_result(signed, run_id="r", round_=4, num_slices=2, max_result_bytes=1000, peer_ids=peers)
-    with pytest.raises(ValueError):
-        sign_slice_result(other, result)
-    forged = type(signed)(body=signed.body, signature=signed.signature, public_key=other.public_key)
-    with pytest.raises(EnvelopeError):
-        open_slice_result(forged, run_id="r", round_=4, num_slices=8, max_result_bytes=1000, peer_ids=peers)
 
 
 def test_collusion_odds_follow_the_owner_draw():

@@ -2,10 +2,11 @@
 
 The simulator's virtual peers each get an identity and sign real update headers; one shared
 payload store stands in for the network (every slice and result is found there, so nothing is
-fetched); owners are drawn as the coordinator draws them, reduce their slices and sign results
-with peer/run/slice_exchange.py. Byzantine owners (`lying-owner`) sign a false result for every
-slice they own: alone they are outvoted by recomputation; all owners of a slice Byzantine, they
-agree on the lie and only a spot check catches them. What an honest peer gathers is what the
+fetched); owners are drawn as the coordinator draws them, reduce their slices with
+peer/run/slice_exchange.py and each sign one batch of results, as real owners do. Byzantine
+owners (`lying-owner`) sign a false result for every slice they own: alone they are outvoted by
+recomputation; all owners of a slice Byzantine, they agree on the lie and only a spot check
+catches them. What an honest peer gathers is what the
 round applies; the liars it caught are counted.
 
 Identities derive from the seed, so the owner draw (seeded by the round's payload hashes) and
@@ -14,6 +15,7 @@ hence which slices the liars own are the same on every run of the same simulatio
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +32,7 @@ from protocol.envelope import ManifestEntry, build_update_header, sign_manifest,
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadStore
-from protocol.slice_result import SliceResult, sign_slice_result
+from protocol.slice_result import SliceResult, sign_slice_results
 
 LYING_OWNER = "lying-owner"  # simulate's --attack name for Byzantine slice owners
 LAYOUT = "simulated"
@@ -39,7 +41,7 @@ FAKE_ENDPOINT = "127.0.0.1:9"  # never dialled: every slice is in the shared sto
 
 @dataclass(slots=True)
 class LieCount:
-    told: int = 0  # false results signed
+    told: int = 0  # false slice results signed
     caught: int = 0  # of those, named as lies by the honest gatherer
     slices_with_only_liars: int = 0  # slices whose every owner lies (only a spot check can catch them)
     rounds: list[dict] = field(default_factory=list)
@@ -87,20 +89,19 @@ class LocalSlicedRound:
         rounds = [x.open_round(manifest, signed_manifest, r, verify) for x in self.exchanges]
 
         liar_ids = {self.identities[i].peer_id for i in liars}
-        results, told = [], {}  # told: signature of a false result -> its liar's index
+        batches, told = [], {}  # told: (signature of a liar's batch, slice) -> the liar's index
         for i, (exchange, rnd) in enumerate(zip(self.exchanges, rounds)):
-            for j in slice_plan.owned_by(owners, self.identities[i].peer_id):
-                data, result = exchange.reduce(rnd, j)
-                if i in liars:
-                    signed = self._lie(i, rnd.round, j, data, result)
-                    told[signed.signature] = i
-                else:
-                    signed = sign_slice_result(self.identities[i], result)
-                results.append(signed)
+            reduced = [exchange.reduce(rnd, j) for j in slice_plan.owned_by(owners, self.identities[i].peer_id)]
+            if not reduced:
+                continue
+            results = [false_result(self.math, self.store, res.slice, data, res) if i in liars else res for data, res in reduced]
+            batches.append(sign_slice_results(self.identities[i], results))
+            if i in liars:
+                told.update({(batches[-1].signature, result.slice): i for result in results})
         only_liars = sum(1 for o in owners if o and set(o) <= liar_ids)
         honest = next(i for i in range(len(self.identities)) if i not in liars and payloads[i] is not None)
-        outcome = self.exchanges[honest].gather(rounds[honest], results, spot_checks=spot_checks, rng=self.rng)
-        caught = {lie.signed.signature for lie in outcome.liars} & set(told)  # each with its signed result: the evidence
+        outcome = self.exchanges[honest].gather(rounds[honest], batches, spot_checks=spot_checks, rng=self.rng)
+        caught = {(lie.signed.signature, lie.result.slice) for lie in outcome.liars} & set(told)  # each with its signed batch: the evidence
         self.lies.told += len(told)
         self.lies.caught += len(caught)
         self.lies.slices_with_only_liars += only_liars
@@ -109,9 +110,6 @@ class LocalSlicedRound:
                                  "spot_checked": len(outcome.spot_checked), "named": sorted({told[s] for s in caught})})
         return outcome.combined
 
-    def _lie(self, i: int, r: int, j: int, data: bytes, result: SliceResult):
-        return sign_false_result(self.identities[i], self.math, self.store, j, data, result)
-
     def close(self) -> None:
         for exchange in self.exchanges:
             exchange.close()
@@ -119,12 +117,11 @@ class LocalSlicedRound:
         self.pool.close()
 
 
-def sign_false_result(identity: Identity, math: RoundMath, store: PayloadStore, j: int, data: bytes, result: SliceResult):
+def false_result(math: RoundMath, store: PayloadStore, j: int, data: bytes, result: SliceResult) -> SliceResult:
     """A lying owner's result: its honest bytes for slice j, shifted by 0.01 (an aggregate that
-    still decodes), served from `store` and signed. Colluders that shift alike agree on it."""
+    still decodes), served from `store`, for the liar to sign. Colluders that shift alike agree on it."""
     values = math.decode_result(data, j) + 0.01
     fake = slicing.encode_result(values, math.result_format)
     sha = hashlib.sha256(fake).hexdigest()
     store.put_blob(sha, result.round, fake)
-    fields = {f: getattr(result, f) for f in result.__dataclass_fields__}
-    return sign_slice_result(identity, SliceResult(**{**fields, "result_sha256": sha}))
+    return dataclasses.replace(result, result_sha256=sha, result_size=len(fake))

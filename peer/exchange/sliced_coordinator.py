@@ -1,11 +1,13 @@
 """The coordinator's side of the sliced exchange: owners, signed results, the round's close.
 
 After the commit phase the coordinator signs a manifest that names each slice's owners (drawn
-from the committed hashes). It never downloads the updates: owners reduce their slices and sign
-the results; the coordinator collects those signatures (a few hundred bytes each), says when the
-results are final, and then, like any peer, gathers the aggregated slices (one model's worth,
-recomputing a slice only where owners disagree or for its spot checks) to hold θ_{r+1}, its
-hash and the checkpoint. A false result is evidence: its signer is banned, the signed result kept.
+from the committed hashes). It never downloads the updates: owners reduce their slices and each
+signs one batch of its results; the coordinator collects those batches (one per owner, ~80 bytes
+a slice), says when the results are final, and then, like any peer, gathers the aggregated
+slices (one model's worth, recomputing a slice only where owners disagree or for its spot checks)
+to hold θ_{r+1}, its hash and the checkpoint. A false result is evidence: its signer is banned,
+its signed batch kept. A slice closes on any of its owners' batches: one that never comes (its
+owner slow or dead) is waited for only as long as the result grace / timeout allow.
 
 Phases of a sliced round on the coordinator:
   commit -> reduce (manifest out) -> final (peers gather, spot-check, report, say they gathered
@@ -36,27 +38,30 @@ from protocol.wire import swarm_pb2
 
 log = logging.getLogger("swarmloco.coordinator")
 KEEP_ROUNDS = 3
-Reports = list[tuple[str, int, list[swarm_pb2.Signed]]]  # (reporter, slice, the signed results it disputes)
+Reports = list[tuple[str, int, list[swarm_pb2.Signed]]]  # (reporter, slice, the signed batches it disputes)
 
 
 @dataclass(slots=True)
 class SlicedRoundState:
     slice_round: SliceRound
     opened_at: float
-    results: dict[tuple[int, str], tuple[SliceResult, swarm_pb2.Signed]] = field(default_factory=dict)
+    batches: dict[str, tuple[tuple[SliceResult, ...], swarm_pb2.Signed]] = field(default_factory=dict)  # owner -> its batch
     covered_at: float | None = None  # every slice that has owners got at least one result
     final: bool = False
     final_at: float = 0.0
     gathered: set[str] = field(default_factory=set)  # peers that gathered (they wait for the applied round)
-    reports: list[tuple[str, int, list[swarm_pb2.Signed]]] = field(default_factory=list)  # (reporter, slice, results)
+    reports: Reports = field(default_factory=list)
     applied_hash: str = ""
 
     def owners_missing(self) -> int:
-        return sum(1 for j, owners in enumerate(self.slice_round.owners) for o in owners if (j, o) not in self.results)
+        """Owners (of at least one slice) whose batch has not come."""
+        return len({o for owners in self.slice_round.owners for o in owners} - self.batches.keys())
 
     def covered(self) -> bool:
-        have = {j for j, _ in self.results}
-        return all(j in have for j, owners in enumerate(self.slice_round.owners) if owners)
+        return all(any(o in self.batches for o in owners) for owners in self.slice_round.owners if owners)
+
+    def signed_batches(self) -> list[swarm_pb2.Signed]:
+        return [signed for _, signed in self.batches.values()]
 
 
 class SlicedCoordinator(CoordinatorExchange):
@@ -115,19 +120,20 @@ class SlicedCoordinator(CoordinatorExchange):
             return ctx.refuse(Reason.STALE_ROUND, "stale-round: no sliced round is collecting results now")
         rnd = state.slice_round
         try:
-            result = self.slices.open_result(rnd, signed)
+            results = self.slices.open_batch(rnd, signed)
         except EnvelopeError as exc:
             return ctx.refuse(exc.reason, f"{exc.reason}: {exc}")
-        key = (result.slice, result.owner)
-        first = state.results.get(key)
+        owner = results[0].owner
+        first = state.batches.get(owner)
         if first is not None:
-            if first[0] == result:
+            if first[0] == results:
                 return swarm_pb2.CommitReply(accepted=True, reason="already submitted", current_round=ctx.open.round)
-            self.ban(result.owner, f"two different results for slice {result.slice} in round {rnd.round}",
-                     {"kind": "result-equivocation", "round": rnd.round, "slice": result.slice,
+            differ = [a.slice for a, b in zip(first[0], results) if a != b]
+            self.ban(owner, f"two different slice-result batches in round {rnd.round}",
+                     {"kind": "result-equivocation", "round": rnd.round, "slice": differ[0] if differ else results[0].slice,
                       "first_result": signed_to_text(first[1]), "second_result": signed_to_text(signed)})
-            return ctx.refuse(Reason.EQUIVOCATION, "equivocation: two different results for one slice; banned")
-        state.results[key] = (result, signed)
+            return ctx.refuse(Reason.EQUIVOCATION, "equivocation: two different batches of slice results in one round; banned")
+        state.batches[owner] = (results, signed)
         if state.covered_at is None and state.covered():
             state.covered_at = time.monotonic()
         ctx.round_closed.notify_all()
@@ -141,7 +147,7 @@ class SlicedCoordinator(CoordinatorExchange):
         if state.owners_missing() == 0:
             return True, "every owner reported"
         if state.covered_at is not None and now - state.covered_at >= x.result_grace_s:
-            return True, f"every slice has a result; {state.owners_missing()} owner result(s) missing"
+            return True, f"every slice has a result; {state.owners_missing()} owner(s) sent none"
         if now - state.opened_at >= x.result_timeout_s:
             return True, f"result timeout {x.result_timeout_s:.0f}s: missing slices are recomputed"
         return False, ""
@@ -169,7 +175,7 @@ class SlicedCoordinator(CoordinatorExchange):
         if waiting and now - state.final_at < timeout_s:
             return False, ""
         reports, state.reports = state.reports, []
-        self._final = {r: ([signed for _, signed in state.results.values()], reports)}
+        self._final = {r: (state.signed_batches(), reports)}
         if not waiting:
             return True, "every live peer gathered"
         return True, f"{len(waiting)} peer(s) did not gather within {timeout_s:.0f}s"
@@ -207,14 +213,14 @@ class SlicedCoordinator(CoordinatorExchange):
         drop their results), gather what is left with our own spot checks, take the outer step."""
         ctx = self.ctx
         rnd = self.rounds[book.round].slice_round
-        results, reports = self._final.pop(book.round)
-        false: set[bytes] = set()
+        batches, reports = self._final.pop(book.round)
+        false: set[bytes] = set()  # the signatures of batches holding a result that did not recompute
         for reporter, j, disputed in reports:
             for lie in self._verify_report(rnd, j, disputed):
                 false.add(lie.signed.signature)
                 with ctx.lock:
                     self.ban_liar(rnd.round, lie, f" (reported by {reporter[:8]})")
-        kept = [s for s in results if s.signature not in false]
+        kept = [s for s in batches if s.signature not in false]  # a liar's word counts for none of its slices
         outcome = self.slices.gather(rnd, kept, spot_checks=ctx.cfg.exchange.spot_checks)
         params = params.clone()
         ctx.math.step_with_aggregate(params, outcome.combined, round_=book.round)  # θ_r -> θ_{r+1}
@@ -242,7 +248,8 @@ class SlicedCoordinator(CoordinatorExchange):
 
     def ban_liar(self, r: int, lie: Lie, note: str = "") -> None:
         self.ban(lie.result.owner, f"false slice result in round {r}",
-                 {"kind": "false-result", "round": r, "why": lie.why + note, "signed_result": signed_to_text(lie.signed)})
+                 {"kind": "false-result", "round": r, "slice": lie.result.slice, "why": lie.why + note,
+                  "signed_result": signed_to_text(lie.signed)})
 
     def ban(self, peer_id: str, reason: str, evidence: dict[str, Any]) -> None:
         record = self.ctx.registry.get(peer_id)
@@ -273,8 +280,8 @@ class SlicedCoordinator(CoordinatorExchange):
                 return swarm_pb2.SliceResultsReply(ready=False, current_round=ctx.open.round, finished=ctx.open.finished)
             return swarm_pb2.SliceResultsReply(
                 # the results once, with the final answer; an until_applied poll comes from a peer
-                # that already gathered them (each list is ~S·r signed results: the largest control reply)
-                ready=state.final, results=[s for _, s in state.results.values()] if state.final and not until_applied else [],
+                # that already gathered them (one signed batch per owner: the largest control reply)
+                ready=state.final, results=state.signed_batches() if state.final and not until_applied else [],
                 applied=bool(state.applied_hash), param_hash=state.applied_hash, current_round=ctx.open.round,
                 finished=ctx.open.finished,
             )
@@ -297,7 +304,7 @@ class SlicedCoordinator(CoordinatorExchange):
             return self.report(reporter, round_, slice_, results)
 
     def report(self, reporter: str, r: int, j: int, signed_results: list[swarm_pb2.Signed]) -> swarm_pb2.CommitReply:
-        """Under the lock: a peer says these signed results for slice j of round r did not
+        """Under the lock: a peer says slice j of these signed batches of round r did not
         recompute. Checked (by recomputing) before the round is applied; a report on an applied
         round is checked beside the clock, and bans only."""
         ctx = self.ctx

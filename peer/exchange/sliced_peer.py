@@ -1,6 +1,6 @@
 """Sliced, the peer's side of one round once the signed manifest is in hand.
 
-  1. reduce-scatter: reduce the slices this peer owns, sign each result, submit it
+  1. reduce-scatter: reduce the slices this peer owns, sign their results as one batch, submit it
   2. wait until the coordinator says the round's results are final
   3. all-gather: each aggregated slice from one of its owners (recomputed where owners disagree,
      where nobody answered, and for a few random spot checks); false results are reported, and
@@ -53,10 +53,10 @@ class SlicedPeer(PeerExchange):
             log.warning("round %d: the manifest does not hold (%s): resynchronising", r, exc)
             return Resync("could not verify the manifest", wait_s=wait_s)
 
-        for signed in self.engine.reduce_owned(rnd):  # reduce-scatter: our slices
-            reply = ctx.client.submit_slice_result(signed)
+        for signed in self.engine.reduce_owned(rnd):  # reduce-scatter: our slices, one signed batch
+            reply = ctx.client.submit_slice_results(signed)
             if not reply.accepted:
-                log.warning("round %d: our slice result was refused: %s", r, reply.reason)
+                log.warning("round %d: our slice results were refused: %s", r, reply.reason)
         fail_point("reduced", r)
         reduce_s = time.monotonic() - t_fetch
 
@@ -73,13 +73,13 @@ class SlicedPeer(PeerExchange):
         outcome = self.engine.gather(rnd, list(reply.results), spot_checks=ctx.math.cfg.exchange.spot_checks,
                                      coverage=ctx.math.cfg.exchange.spot_check_coverage)
         fail_point("gathered", r)
-        by_slice: dict[int, list[swarm_pb2.Signed]] = {}
+        by_slice: dict[int, list[swarm_pb2.Signed]] = {}  # slice -> the batches whose result for it did not recompute
         for lie in outcome.liars:
             log.warning("round %d: a slice result did not recompute: %s", r, lie.why)
             by_slice.setdefault(lie.result.slice, []).append(lie.signed)
-        for slice_, signed_results in by_slice.items():
+        for slice_, batches in by_slice.items():
             ctx.client.report_evidence(sign_mismatch_report(ctx.identity, run_id=ctx.math.cfg.run_id, round_=r, slice_=slice_,
-                                                            results=signed_results))
+                                                            results=batches))
         # Only now that its reports are in: the coordinator applies the round once every live peer has
         # said it gathered, so that a lie caught here never reaches θ_{r+1}.
         gathered = ctx.client.report_gathered(sign_body(ctx.identity, GATHERED_TAG, {

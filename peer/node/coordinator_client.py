@@ -156,10 +156,11 @@ class CoordinatorClient:
         return _long_poll(lambda: self.call("manifest", lambda: self.stub.GetManifest(request, timeout=wait_s + DEFAULT_DEADLINE.total_seconds())),
                           wait_s, lambda reply: reply.ready or reply.finished or reply.current_round > round_)
 
-    def submit_slice_result(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
-        """An owner's signed slice result; the reply says whether it was taken (never raises Refused:
-        a refused result only means the slice is covered by its other owners or recomputed)."""
-        return self.call("slice result", lambda: self.stub.SubmitSliceResult(signed, timeout=DEFAULT_DEADLINE.total_seconds()))
+    def submit_slice_results(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
+        """An owner's signed batch of slice results (one per round); the reply says whether it was
+        taken (never raises Refused: refused results only mean their slices are covered by their
+        other owners or recomputed)."""
+        return self.call("submit slice results", lambda: self.stub.SubmitSliceResult(signed, timeout=DEFAULT_DEADLINE.total_seconds()))
 
     def slice_results(self, round_: int, wait_s: float, *, until_applied: bool = False) -> swarm_pb2.SliceResultsReply:
         request = swarm_pb2.SliceResultsRequest(round=round_, wait_s=wait_s, until_applied=until_applied)

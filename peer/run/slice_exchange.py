@@ -2,10 +2,12 @@
 
   reduce (owners)   slice j of every listed update -> verify against its author's signed header
                     -> decode into a preallocated (n, s_j) block -> robust rule on the slice
-                    -> result bytes, stored under their sha256 and served, and a signed SliceResult
-  gather (everyone) for each slice, the owners' signed results: one claim -> fetch the bytes from
-                    any owner that signed it; several claims, no claim, or a spot check -> recompute
-                    from the signed inputs and believe only what recomputes (the liars are named)
+                    -> result bytes, stored under their sha256 and served; once every owned slice
+                    is done, one signed batch of their SliceResults (protocol/slice_result.py)
+  gather (everyone) the owners' batches opened into per-slice results; for each slice: one claim
+                    -> fetch the bytes from any owner that signed it; several claims, no claim, or
+                    a spot check -> recompute from the signed inputs and believe only what
+                    recomputes (the liars are named, each with its signed batch as evidence)
 
 Everything here is deterministic given the manifest and the inputs, so two honest nodes that see
 the same inputs sign the same bytes; a node that sees different bytes knows someone lied.
@@ -28,7 +30,7 @@ from protocol.reasons import FOR_CAUSE
 from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, check_entry, signed_from_json
 from protocol.payload_fetch import ChannelPool, FetchError, fetch_blob
 from protocol.payload_service import PayloadStore
-from protocol.slice_result import SliceResult, open_slice_result, sign_slice_result
+from protocol.slice_result import SliceResult, open_slice_results, sign_slice_results
 from protocol.wire import swarm_pb2
 
 log = logging.getLogger("swarmloco.exchange")
@@ -76,7 +78,7 @@ class SliceRound:
 
 
 class Lie(NamedTuple):
-    """A signed slice result that recomputation disproved: the evidence against its owner."""
+    """A slice result that recomputation disproved; `signed`, its owner's signed batch, is the evidence."""
 
     signed: swarm_pb2.Signed
     why: str
@@ -202,50 +204,55 @@ class SliceExchange:
             log.info("slice %d of %s unavailable: %s", j, peer_id[:8], exc)
             return None, "unreachable"
 
-    def reduce_owned(self, rnd: SliceRound) -> list[swarm_pb2.Signed]:
-        """Every slice this node owns, reduced and signed (the node then submits them)."""
+    def reduce_owned_slices(self, rnd: SliceRound) -> list[tuple[bytes, SliceResult]]:
+        """Every slice this node owns, reduced: (result bytes, its result), by slice."""
         assert self.identity is not None
-        signed = []
         owned = slice_plan.owned_by(rnd.owners, self.identity.peer_id)
         # Every input of every owned slice fetched at once (one pass of parallel streams), then
         # the slices reduced one after another (the rule runs on one thread).
         peers = rnd.peer_ids
         fetched = list(self.workers.map(lambda job: self._try_fetch(rnd, *job), [(p, j) for j in owned for p in peers]))
-        for k, j in enumerate(owned):
-            _, result = self.reduce(rnd, j, fetched=fetched[k * len(peers):(k + 1) * len(peers)])
-            signed.append(sign_slice_result(self.identity, result))
-        return signed
+        return [self.reduce(rnd, j, fetched=fetched[k * len(peers):(k + 1) * len(peers)]) for k, j in enumerate(owned)]
+
+    def reduce_owned(self, rnd: SliceRound) -> list[swarm_pb2.Signed]:
+        """What this node submits: its owned slices reduced and signed as one batch (none when it owns none)."""
+        results = [result for _, result in self.reduce_owned_slices(rnd)]
+        return [sign_slice_results(self.identity, results)] if results else []
 
     # --- all-gather ----------------------------------------------------------------------
 
-    def open_results(self, rnd: SliceRound, signed_results: list[swarm_pb2.Signed]) -> dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]]:
-        """Valid results by slice: signed by an owner of that slice, for this manifest."""
+    def open_results(self, rnd: SliceRound, batches: list[swarm_pb2.Signed]) -> dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]]:
+        """Valid results by slice, each beside its signed batch: signed by an owner of that slice,
+        for this manifest; one batch per owner (the first), an invalid batch ignored."""
         by_slice: dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]] = {}
-        for signed in signed_results:
+        seen: set[str] = set()
+        for signed in batches:
             try:
-                result = self.open_result(rnd, signed)
+                results = self.open_batch(rnd, signed)
             except EnvelopeError as exc:
-                log.info("ignoring a slice result: %s", exc)
+                log.info("ignoring slice results: %s", exc)
                 continue
-            by_slice.setdefault(result.slice, []).append((result, signed))
+            if results[0].owner in seen:
+                log.info("ignoring a second batch of slice results from %s", results[0].owner[:8])
+                continue
+            seen.add(results[0].owner)
+            for result in results:
+                by_slice.setdefault(result.slice, []).append((result, signed))
         return by_slice
 
-    def open_result(self, rnd: SliceRound, signed: swarm_pb2.Signed) -> SliceResult:
-        """A signed result for this round's manifest, by an owner of its slice; EnvelopeError otherwise."""
-        result = open_slice_result(
-            signed, run_id=self.math.cfg.run_id, round_=rnd.round, num_slices=self.math.layout.num_slices,
+    def open_batch(self, rnd: SliceRound, signed: swarm_pb2.Signed) -> tuple[SliceResult, ...]:
+        """An owner's signed batch for this round's manifest, by slice; EnvelopeError otherwise."""
+        return open_slice_results(
+            signed, run_id=self.math.cfg.run_id, round_=rnd.round, manifest_sha256=rnd.manifest_sha256, owners=rnd.owners,
             max_result_bytes=self.math.max_result_bytes(), peer_ids=rnd.peer_ids,
         )
-        if result.owner not in rnd.owners[result.slice] or result.manifest_sha256 != rnd.manifest_sha256:
-            raise EnvelopeError("not-owner", f"{result.owner[:8]} does not own slice {result.slice} of this manifest")
-        return result
 
-    def gather(self, rnd: SliceRound, signed_results: list[swarm_pb2.Signed], *, spot_checks: int = 0,
+    def gather(self, rnd: SliceRound, batches: list[swarm_pb2.Signed], *, spot_checks: int = 0,
                coverage: float | None = None, rng: random.Random | None = None) -> GatherOutcome:
-        """The (d,) aggregate from the owners' signed results; recomputes where it must.
+        """The (d,) aggregate from the owners' signed batches; recomputes where it must.
         `coverage`: run the spot checks only with probability spot_check_probability (peers);
         None: always (the coordinator)."""
-        by_slice = self.open_results(rnd, signed_results)
+        by_slice = self.open_results(rnd, batches)
         layout = self.math.layout
         me = self.identity.peer_id if self.identity is not None else ""
         not_mine = [j for j in range(layout.num_slices) if me not in rnd.owners[j]]
