@@ -91,10 +91,16 @@ def summarize_setup(label: str, config: dict, sizes: dict, run: dict, skip_round
     from measure_scale import expected
 
     x, n = config["exchange"], config["rounds"]["expected_peers"]
-    kept = [peer_round_figures(r) for r in run["rows"] if r["round"] >= skip_rounds]
+    rows = [r for r in run["rows"] if r["round"] >= skip_rounds]
+    kept = [peer_round_figures(r) for r in rows]
     figures = {name: spread([f[name] for f in kept]) for name in FIGURES}
     spot = x["spot_checks"] if x["mode"] == "sliced" else 0
-    exp = expected(x["mode"], n, sizes["payload"], sizes["result"], x["replicas"], sizes["slices"], spot)
+    # P and A as the rounds made them (Rice-coded offsets vary in length): the mean payload a peer
+    # sent and the mean aggregate it gathered; the codec's bounds where a run recorded none.
+    payload = statistics.fmean([r["payload"] for r in rows]) if rows else sizes["payload"]
+    gathered = [r["result_bytes"] for r in rows if r.get("result_bytes")]
+    result = statistics.fmean(gathered) if gathered else sizes["result"]
+    exp = expected(x["mode"], n, payload, result, x["replicas"], sizes["slices"], spot)
     return {
         "label": label, "peers": n, "codec": config["compression"]["codec"], "aggregator": config["aggregation"]["name"],
         "num_byzantine": config["aggregation"]["num_byzantine"], "result_format": sizes["result_format"],
@@ -102,7 +108,8 @@ def summarize_setup(label: str, config: dict, sizes: dict, run: dict, skip_round
         "error_feedback": config["compression"]["error_feedback"], "mode": x["mode"], "slices": sizes["slices"],
         "replicas": x["replicas"], "spot_checks": spot, "inner_steps": config["inner"]["steps"],
         "rounds": config["rounds"]["rounds"], "skip_rounds": skip_rounds, "config_hash": config_hash(config),
-        "numel": sizes["numel"], "payload_bytes": sizes["payload"], "result_bytes": sizes["result"],
+        "numel": sizes["numel"], "payload_bytes": payload, "result_bytes": result,
+        "payload_bound": sizes["payload"], "result_bound": sizes["result"], "sizes_measured": bool(rows and gathered),
         "samples": len(kept), "figures": figures,
         "expected_data_received": exp["received"], "expected_data_sent": exp["sent"],
         "data_received_vs_expected": figures["data_received"]["mean"] / exp["received"],
@@ -229,7 +236,7 @@ counterpart and round), both directions. control = a peer's traffic with the coo
 manifest, signed results, heartbeats); data = the rest (payloads to slice owners, aggregated slices, what the
 coordinator fetches to gather θ_{r+1} and spot-check). Figures are per (peer, round) after the first rounds
 (joins, warm-up): mean (median; min–max), in KB (10^3 bytes). P = payload, A = aggregated result (all
-slices). "fp32 / this" is fp32 DiLoCo's mean at the same n over this row's, from the same invocation.
+slices), both the mean of what the rounds measured (a peer's encoded update; the aggregate it gathered). "fp32 / this" is fp32 DiLoCo's mean at the same n over this row's, from the same invocation.
 """
 
 

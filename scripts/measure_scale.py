@@ -95,6 +95,7 @@ def ledger_rows(summary: dict, coordinator_endpoint: str, coordinator_id: str) -
             "to_coordinator_sent": fetched.get("bytes_sent", 0), "to_coordinator_received": fetched.get("bytes_received", 0),
             "payload": h["payload_bytes"], "updates": h["updates"], "in_sync": h.get("in_sync", False),
             "owned": slices.get("owned"), "spot_checked": slices.get("spot_checked"), "recomputed": slices.get("recomputed"),
+            "result_bytes": slices.get("result_bytes"),  # the round's aggregate as gathered, all slices (sliced exchange)
             # {rpc: [sent, received]} for this round: what it called (GetManifest, ...) and served ("served:FetchPayload")
             "by_method": {m: [t["bytes_sent"], t["bytes_received"]]
                           for m, t in summary.get("traffic_by_method", {}).get(str(h["round"]), {}).items()},

@@ -183,7 +183,8 @@ def test_compressed_exchange_md_is_built_from_its_json_and_judges_the_targets(tm
                   "aggregation": {"name": aggregator, "num_byzantine": f}, "outer": {"name": outer, "lr": 0.7},
                   "inner": {"steps": 2}}
         ledger = [{"peer": f"p{i}", "round": k, "sent": sent, "received": received + 10 * i, "control_sent": control // 4,
-                   "control_received": control, "in_sync": True, "updates": n} for i in range(n) for k in range(3)]
+                   "control_received": control, "in_sync": True, "updates": n, "payload": 90 + k, "result_bytes": 180 + k}
+                  for i in range(n) for k in range(3)]
         sizes = {"numel": 1000, "payload": 100, "result": 200, "result_format": result or "fp32", "slices": 32}
         run = {"rows": ledger, "wall_s": 1.0, "problems": [], "rounds_done": 3}
         return bc.summarize_setup(label, config, sizes, run, skip_rounds=1)
@@ -195,6 +196,8 @@ def test_compressed_exchange_md_is_built_from_its_json_and_judges_the_targets(tm
             row(bc.RECIPE, 12, "chunk-topk:4096:64+stat2", "sparse-trimmed-mean", 1, "chunk-topk:4096:64+int8", "fedavg",
                 50_000, 70_000, 20_000)]
     recipe = runs[2]
+    # P and A are what the kept rounds (1 and 2) measured, not the codec's bounds (100, 200)
+    assert (recipe["payload_bytes"], recipe["result_bytes"], recipe["payload_bound"]) == (91.5, 181.5, 100)
     assert recipe["samples"] == 8 and recipe["figures"]["control_total"]["mean"] == 10_000  # 8_000 + 8_000 // 4
     assert recipe["figures"]["data_total"]["mean"] == recipe["figures"]["total"]["mean"] - 10_000
     assert bc.ratios(runs)[(bc.RECIPE, 4)] == pytest.approx(8_000_015 / 70_015)

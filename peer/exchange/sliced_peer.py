@@ -101,7 +101,8 @@ class SlicedPeer(PeerExchange):
             params=new_params, updates=len(rnd.headers), excluded={**round_.manifest.excluded, **outcome.excluded_by_peer()},
             wait_s=wait_s + final.waited_s, fetch_s=fetch_s, aggregate_s=aggregate_s,
             slices={"owned": len(slice_plan.owned_by(rnd.owners, ctx.identity.peer_id)),
-                    "recomputed": len(outcome.recomputed), "spot_checked": len(outcome.spot_checked), "liars": len(outcome.liars)},
+                    "recomputed": len(outcome.recomputed), "spot_checked": len(outcome.spot_checked), "liars": len(outcome.liars),
+                    "result_bytes": outcome.result_bytes},
         )
 
     def _wait(self, round_: ManifestInHand, *, until_applied: bool):

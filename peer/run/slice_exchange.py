@@ -92,6 +92,7 @@ class GatherOutcome:
     spot_checked: list[int] = field(default_factory=list)
     liars: list[Lie] = field(default_factory=list)
     excluded: dict[int, dict[str, str]] = field(default_factory=dict)  # slice -> peer_id -> reason (agreed results)
+    result_bytes: int = 0  # the aggregate's encoded size, all slices (what the round's result format made of it)
 
     def excluded_by_peer(self) -> dict[str, str]:
         """peer_id -> the reason it was left out of (at least) one slice."""
@@ -263,7 +264,7 @@ class SliceExchange:
         spot = sorted(rng.sample(not_mine, min(spot_checks, len(not_mine))))
         outcome = GatherOutcome(combined=torch.empty(layout.numel), spot_checked=spot)
 
-        def one(j: int) -> tuple[int, torch.Tensor, list[Lie], bool, dict[str, str]]:
+        def one(j: int) -> tuple[int, bytes, torch.Tensor, list[Lie], bool, dict[str, str]]:
             results = by_slice.get(j, [])
             claims = slice_plan.distinct_claims((res.result_sha256, res.inputs) for res, _ in results)
             if len(claims) == 1 and j not in spot:
@@ -272,14 +273,15 @@ class SliceExchange:
                 data = self._fetch_result(rnd, j, sha, signers)
                 try:
                     if data is not None:
-                        return j, self.math.decode_result(data, j), [], False, dict(signers[0].excluded)
+                        return j, data, self.math.decode_result(data, j), [], False, dict(signers[0].excluded)
                 except ValueError:  # agreed bytes that cannot be an aggregate: recomputation says who lied
                     pass
             data, liars, excluded = self.settle(rnd, j, results)
-            return j, self.math.decode_result(data, j), liars, True, excluded
+            return j, data, self.math.decode_result(data, j), liars, True, excluded
 
-        for j, values, liars, recomputed, excluded in self.slice_workers.map(one, range(layout.num_slices)):
+        for j, data, values, liars, recomputed, excluded in self.slice_workers.map(one, range(layout.num_slices)):
             outcome.combined[layout.range(j)] = values
+            outcome.result_bytes += len(data)
             outcome.liars.extend(liars)
             outcome.excluded[j] = excluded
             if recomputed:
