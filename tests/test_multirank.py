@@ -45,7 +45,8 @@ def test_nproc_flag_is_stripped_for_torchrun():
 @pytest.mark.integration
 def test_a_two_rank_peer_ends_every_round_on_the_coordinators_hash(swarm, tmp_path):
     config = tmp_path / "run.json"
-    config.write_text(tiny_run_config(**RANKED, rounds={"rounds": 2, "expected_peers": 2}).to_json())
+    # min_peers 2: a round waits for both (a two-rank peer on a loaded machine trains slower than the deadline)
+    config.write_text(tiny_run_config(**RANKED, rounds={"rounds": 2, "expected_peers": 2, "min_peers": 2}).to_json())
     coordinator = swarm.start_coordinator(["--config", str(config)])
     ranked = swarm.start_peer("ranked", ["--nproc", "2", "--shard", "0/2"])
     single = swarm.start_peer("single", ["--shard", "1/2"])
