@@ -196,10 +196,14 @@ def create_server(
             bound = server.add_secure_port(address, tls.server_credentials())
         else:
             bound = server.add_insecure_port(address)
-    except RuntimeError as exc:  # grpc raises RuntimeError when it cannot bind
-        raise OSError(f"cannot listen on {address}: {exc}; is the port already in use? pick another with --port") from None
+    except RuntimeError:  # grpc raises RuntimeError when it cannot bind; its reason is in its C++ log (swarmloco -v)
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen on {address}: is the port already in use? pick another with --port")
+        wildcard = host in ("0.0.0.0", "::", "[::]", "")
+        raise OSError(f"cannot listen on {address}: is the port already in use"
+                      + ("? pick another --port (0: any free port)" if wildcard else
+                         f", or {host} not an address of this machine? pick another --port (0: any free port) or --host")
+                      + " (swarmloco -v shows gRPC's own reason)")
     return server, bound
 
 

@@ -146,8 +146,23 @@ def start_dht(
         dht.run_in_background(await_ready=True)
         return dht
     except Exception as exc:  # hivemind raises a variety of errors for unreachable peers
-        hint = "is the coordinator running and its port open? try --client-mode behind NAT" if initial_peers else ""
-        raise DiscoveryError(f"cannot start the DHT or reach {', '.join(initial_peers) or 'any peer'}: {exc}. {hint}") from None
+        advice = bootstrap_advice(initial_peers)
+        raise DiscoveryError(f"cannot start the DHT or reach {', '.join(initial_peers) or 'any peer'}: {str(exc).rstrip('. ')}"
+                             + (f"; {advice}" if advice else "")) from None
+
+
+def bootstrap_advice(initial_peers: Sequence[str]) -> str:
+    """What helps when no --initial-peers address answers: the node being up and its port open to
+    this machine. Not --client-mode: that is for a machine nobody can dial, which must still reach these."""
+    if not initial_peers:
+        return ""
+    from protocol import ports
+
+    where = ", ".join(f"{a.host} {a.transport} port {a.port}" for a in ports.listen_addresses(initial_peers)) or "its DHT port"
+    return (f"is the coordinator running (or the node you named), and can this machine reach {where}: no firewall in "
+            "between, the port forwarded if it is behind NAT? Copy the --initial-peers line it printed, and list several nodes "
+            "if you can. (--client-mode does not help here: it is for a machine others cannot dial, and still needs these "
+            "addresses reachable.)")
 
 
 def stop_dht(dht: DHT) -> None:

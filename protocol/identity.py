@@ -41,6 +41,20 @@ def verify_signature(public_key: bytes, signature: bytes, message: bytes) -> boo
         return False
 
 
+def _write_key(path: Path, pem: bytes) -> None:
+    """Create `path` with mode 0600 from the start (no window where the key is world-readable),
+    written beside it and renamed into place so a crash never leaves a half-written key."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, pem)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
 @dataclass(frozen=True, slots=True)
 class Identity:
     private_key: Ed25519PrivateKey
@@ -65,20 +79,15 @@ class Identity:
                 raise IdentityError(f"{path} holds a {type(key).__name__}, not an Ed25519 key")
             return cls(key)
         identity = cls.generate()
-        path.parent.mkdir(parents=True, exist_ok=True)
         pem = identity.private_key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
-        # Create with 0600 from the start (no window where the key is world-readable),
-        # then rename into place so a crash never leaves a half-written key.
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.write(fd, pem)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+            _write_key(path, pem)
+        except OSError as exc:  # a read-only or foreign folder: say which flag moves the key
+            reason = (exc.strerror or str(exc)).lower()
+            raise IdentityError(f"cannot write the identity key to {path.parent} ({reason}): "
+                                "pass --identity-path PATH in a writable folder") from None
         return identity
 
     @property

@@ -9,11 +9,14 @@ own key to [control]) gets a note.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
-def load_checkpoint_model(checkpoint_path: str, config_path: str | None):
-    """(model in eval mode, RunConfig, tokenizer codec) for a checkpoint."""
+def load_checkpoint_model(checkpoint_path: str, config_path: str | None, check: Callable | None = None):
+    """(model in eval mode, RunConfig, tokenizer codec) for a checkpoint. `check(cfg)` runs as soon
+    as the run config is known, before the model is built or anything printed (export refuses a
+    model it cannot write there)."""
     from peer.learn.model import build_model, load_flat_params, num_params
     from peer.learn.tokenizer import ByteCodec, BpeCodec
     from peer.run import checkpoint
@@ -33,6 +36,8 @@ def load_checkpoint_model(checkpoint_path: str, config_path: str | None):
         config_path = str(beside)
     if config_path != checkpoint_path:
         cfg = RunConfig.from_toml(config_path)
+    if check is not None:
+        check(cfg)
     model = build_model(cfg.model, cfg.seed)
     if cfg.config_hash() != ckpt.config_hash:
         if ckpt.params.numel() != num_params(model):

@@ -4,6 +4,9 @@ Network flags follow hivemind/Petals habits (--initial-peers, --host-maddrs, --a
 --identity-path, --client-mode). Run-config overrides (--rounds, --codec, ...) come from one table
 mapped onto the typed RunConfig (peer/cli/run_flags.py), the same for every verb that runs.
 Each verb's module is imported only when that verb runs: `--help` and `status` never load torch.
+A typo'd flag or verb gets the verb's usage and a "did you mean" (peer/cli/parsing.py); the paths
+a verb writes are checked before it starts (peer/cli/output_paths.py); gRPC's C++ log stays off
+the terminal unless -v (or GRPC_VERBOSITY / GRPC_TRACE) asks for it.
 """
 
 from __future__ import annotations
@@ -12,10 +15,13 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import threading
 
 from peer.cli.model_verbs import HANDLERS as MODEL_HANDLERS, add_model_verbs
+from peer.cli.output_paths import check_outputs
+from peer.cli.parsing import CliParser
 from peer.cli.run_flags import add_run_flags, load_run_config
 
 EPILOG_PEER = """examples:
@@ -64,11 +70,11 @@ def _configure_tls(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="swarmloco",
         description="Train one model together over the internet: DiLoCo rounds, compressed pseudo-gradients, robust aggregation.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (gRPC's C++ log included)")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     # coordinator
@@ -179,10 +185,43 @@ def build_parser() -> argparse.ArgumentParser:
     ru.add_argument("--json", action="store_true", help="print the raw JSON")
     ru.add_argument("--wait", type=float, default=5.0, help="seconds to wait for run records to show up")
     ru.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the DHT / each coordinator")
+    for verb_parser in sub.choices.values():  # -v after the verb too (not set there: the top level's stays)
+        verb_parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
+    CliParser.link_verbs(sub)
     return parser
 
 
+def quiet_grpc_logging(verbose: bool) -> None:
+    """Keep gRPC's C++ log (`E1201 ... add_port.cc:83] Failed to add port ...`) off the terminal:
+    the errors it logs reach the user as our own messages. GRPC_VERBOSITY=ERROR still prints
+    those lines; NONE does not. Read once, when grpc is imported, so this runs before any verb
+    imports it; -v, or the user's own GRPC_VERBOSITY / GRPC_TRACE, leaves gRPC's default."""
+    if verbose or "GRPC_VERBOSITY" in os.environ or "GRPC_TRACE" in os.environ or "grpc" in sys.modules:
+        return
+    os.environ["GRPC_VERBOSITY"] = "NONE"  # inherited by the processes this one starts (demo, --nproc)
+
+
+def refuse_lone_standby(args: argparse.Namespace) -> None:
+    """A standby finds the run's active coordinator through the run's DHT: without --initial-peers
+    its DHT is its own, and it would wait forever. Refused; its key is made first (when
+    --identity-path names one) so that its fingerprint can be listed on the active coordinator."""
+    if not args.standby or args.initial_peers:
+        return
+    from peer.run.config import ConfigError
+    from protocol.identity import Identity
+
+    if args.identity_path:
+        fingerprint = Identity.load_or_create(args.identity_path).peer_id
+        key = (f"This standby's key is {args.identity_path}, fingerprint {fingerprint}: start the active coordinator with "
+               f"--coordinators {fingerprint}, then this one again with its --initial-peers.")
+    else:
+        key = "Pass --identity-path too, so that its key, and the fingerprint the active coordinator's --coordinators lists, persist."
+    raise ConfigError("--standby needs --initial-peers: the run's DHT multiaddr(s), the `--initial-peers /ip4/...` lines the "
+                      f"active coordinator prints; without them it can never find the coordinator to follow. {key}")
+
+
 def cmd_coordinator(args: argparse.Namespace) -> int:
+    refuse_lone_standby(args)  # before the imports that load torch
     from peer.cli import interrupts
     from peer.coordinator.main import CoordinatorOptions, run_coordinator
     from peer.coordinator.operations import OperationsOptions
@@ -321,6 +360,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is None:  # this process is the CLI (not a test calling main): its environment is ours to set
+        quiet_grpc_logging(args.verbose)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -336,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         **MODEL_HANDLERS,
     }
     try:
+        check_outputs(args)  # a read-only folder is refused now, not at the first write
         _configure_tls(args)  # before any channel or server exists
         return handlers[args.verb](args)
     except KeyboardInterrupt:

@@ -7,7 +7,7 @@ in) and waits for about ROUND_TRIPS sequential round trips (commit, manifest, sl
 gather). Communication stays under TARGET of compute when
 
     comm(codec) = sent / upload + received / download + ROUND_TRIPS x RTT  <=  TARGET x H x step
-    so  H >= comm(codec) / (TARGET x step).
+    so  H >= comm(codec) / (TARGET x step), rounded up to a whole number of steps (at least 1).
 
 Communication overlapped with compute (--overlap) hides it instead; this is the budget without that.
 """
@@ -73,7 +73,17 @@ def plan_row(link: Link, swarm: Swarm, codec: str, step_s: float) -> dict[str, A
     comm = sent / link.upload_bytes_per_s + received / link.download_bytes_per_s + ROUND_TRIPS * link.rtt_s
     h_min = comm / (TARGET * step_s)
     return {"codec": codec, "payload_bytes": swarm.payload_bytes[codec], "sent_bytes": round(sent), "received_bytes": round(received),
-            "comm_s": comm, "h_min": h_min, "share_at_run_h": comm / (swarm.inner_steps * step_s)}
+            "comm_s": comm, "h_min": h_min, "h_min_steps": whole_steps(h_min), "share_at_run_h": comm / (swarm.inner_steps * step_s)}
+
+
+def whole_steps(h: float) -> int:
+    """The least whole number of inner steps >= h (at least 1: a round trains at least one step)."""
+    return max(1, math.ceil(h - 1e-9))  # 1e-9: 20.000000000001 from float noise is still 20
+
+
+def _g(x: float) -> str:
+    """x with 3 significant digits, never rounded to 0 (0.00042, 0.249, 12.4, 1.2e+03)."""
+    return f"{x:.3g}"
 
 
 def _nice(h: float) -> int:
@@ -88,7 +98,7 @@ def recommend(link: Link, swarm: Swarm, step_s: float) -> dict[str, Any]:
     current = rows[0]
     if current["h_min"] <= swarm.inner_steps:
         choice = {"codec": swarm.codec, "inner_steps": swarm.inner_steps,
-                  "why": f"the run's codec and H keep communication at {100 * current['share_at_run_h']:.1f}% of compute"}
+                  "why": f"the run's codec and H keep communication at {_g(100 * current['share_at_run_h'])}% of compute"}
     else:
         fitting = [r for r in rows if r["h_min"] <= MAX_H]
         if fitting:
@@ -111,12 +121,12 @@ def recommend(link: Link, swarm: Swarm, step_s: float) -> dict[str, Any]:
 
 def arithmetic(link: Link, swarm: Swarm, step_s: float, rows: list[dict[str, Any]]) -> list[str]:
     up, down = link.upload_bytes_per_s, link.download_bytes_per_s
-    lines = [f"compute per round = H x {1000 * step_s:.1f} ms; budget: communication <= {100 * TARGET:.0f}% of it",
+    lines = [f"compute per round = H x {_g(step_s)} s; budget: communication <= {100 * TARGET:.0f}% of it",
              f"exchange: {'sliced' if swarm.sliced else 'all-to-all'}, {max(2, swarm.peers)} peers"
              + (f", r = {swarm.replicas} owners per slice" if swarm.sliced else "")]
     for r in rows:
-        lines.append(f"{r['codec']:>5}: {r['sent_bytes'] / 1e6:.3f} MB / {up / 1e6:.2f} MB/s + {r['received_bytes'] / 1e6:.3f} MB / "
-                     f"{down / 1e6:.2f} MB/s + {ROUND_TRIPS} x {1000 * link.rtt_s:.1f} ms = {r['comm_s']:.3f} s"
-                     f"  ->  H >= {r['comm_s']:.3f} / ({TARGET:g} x {step_s:.4f}) = {r['h_min']:.0f}"
-                     f"  (at the run's H = {swarm.inner_steps}: {100 * r['share_at_run_h']:.1f}%)")
+        lines.append(f"{r['codec']:>5}: {_g(r['sent_bytes'] / 1e6)} MB / {_g(up / 1e6)} MB/s + {_g(r['received_bytes'] / 1e6)} MB / "
+                     f"{_g(down / 1e6)} MB/s + {ROUND_TRIPS} x {_g(link.rtt_s)} s = {_g(r['comm_s'])} s"
+                     f"  ->  H >= {_g(r['comm_s'])} s / ({TARGET:g} x {_g(step_s)} s) = {_g(r['h_min'])}, so H >= {r['h_min_steps']}"
+                     f"  (at the run's H = {swarm.inner_steps}: {_g(100 * r['share_at_run_h'])}%)")
     return lines
