@@ -121,10 +121,8 @@ class Coordinator:
 
     def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
         if ckpt.config_hash != self.cfg.config_hash():
-            raise checkpoint.CheckpointError(
-                f"{self.checkpoint_path} was written by a different run config; "
-                "use the same --config or another --checkpoint path"
-            )
+            raise checkpoint.CheckpointError(checkpoint.config_mismatch(
+                self.checkpoint_path, ckpt.extra.get("config"), self.cfg.to_dict(), own_key=self.identity.peer_id))
         self.params = ckpt.params.clone()
         self.math.load_global_state_dict(ckpt.outer_state)
         self.round = ckpt.round

@@ -95,3 +95,43 @@ def load(path: str | Path) -> Checkpoint:
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
     return from_bytes(path.read_bytes())
+
+
+def config_changes(stored: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted field, stored value, current value) for every run-config field that differs
+    between two `RunConfig.to_dict()`s, in field order (a field only one side has: None on the other)."""
+    changes = []
+    for key in [*stored, *(k for k in current if k not in stored)]:
+        old, new = stored.get(key), current.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes += config_changes(old, new, f"{prefix}{key}.")
+        elif old != new:
+            changes.append((f"{prefix}{key}", old, new))
+    return changes
+
+
+def config_mismatch(path: str | Path, stored: dict[str, Any] | None, current: dict[str, Any], *, own_key: str) -> str:
+    """Why the checkpoint at `path` (whose run config is `stored`, None in a checkpoint that does not
+    keep it) cannot continue the run `current` of the coordinator whose key is `own_key`: the
+    fields that differ, and what to pass to get the same config (the key: the same --identity-path)."""
+    changes = config_changes(stored, current) if stored else []
+    if not changes:  # an older checkpoint without its config (or one whose hash alone differs)
+        return f"{path} was written by a different run config; use the same --config and flags as before, or another --checkpoint path"
+    reasons = []
+    old_keys, new_keys = next(((old or [], new or []) for field_, old, new in changes if field_ == "control.coordinators"), ([], []))
+    if new_keys and own_key not in old_keys:  # without --identity-path, every start makes a new key
+        reasons.append(f"the coordinator key differs (this one is {own_key[:8]}, the checkpoint's run has "
+                       f"{', '.join(k[:8] for k in old_keys) or 'none'}): pass the same --identity-path as before "
+                       "(without one, every start makes a new key)")
+        if not set(new_keys) - set(old_keys) - {own_key}:  # no other key listed anew: the key was the whole change
+            changes = [c for c in changes if c[0] != "control.coordinators"]
+    if changes:
+        shown = "; ".join(f"{field_} {_short(old)} -> {_short(new)}" for field_, old, new in changes[:6])
+        more = f" and {len(changes) - 6} more" if len(changes) > 6 else ""
+        reasons.append(f"these fields differ: {shown}{more}: use the same --config and flags as before")
+    return f"{path} was written by a different run config: {'; '.join(reasons)}; or give another --checkpoint path to start a new run"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
