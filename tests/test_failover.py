@@ -39,9 +39,11 @@ def test_standby_takes_over_from_a_sigkilled_coordinator_and_the_old_one_comes_b
     wait_line(standby, r"following run \S+'s active coordinator", 60)
     # The peers hold back round 2's commitments for 10 s once round 1 has closed: the standby,
     # polling every 0.5 s, holds round 2's checkpoint long before the active signs round 2's
-    # manifest and dies, so it takes over at round 2, not at round 1.
+    # manifest and dies, so it takes over at round 2, not at round 1. Round 4's are held 8 s too:
+    # the round in flight now continues at once after the takeover, and the returned coordinator
+    # below needs the swarm's DHT nodes running while it starts.
     with monkeypatch.context() as m:
-        m.setenv("SWARMLOCO_FAIL_AT", "trained:2:delay=10")
+        m.setenv("SWARMLOCO_FAIL_AT", "trained:2:delay=10,trained:4:delay=8")
         peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/4"]) for i in range(4)]
 
     assert swarm.wait(active, 240) == -signal.SIGKILL

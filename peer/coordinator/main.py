@@ -111,14 +111,14 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         if stop.is_set():  # stopped while the DHT started
             return {"role": "standby" if options.standby else "active", "stopped": True}
         following = dht is not None and (options.standby or _run_is_held(dht, cfg, options, stop))
-        term = 0
+        term, lapsed_lease_s = 0, 0.0
         while True:
             if following:
                 takeover = _follow(options, identity, dht, stop, fence)
                 if takeover is None:
                     break
-                cfg, term = takeover.cfg, takeover.term
-            led = _lead(options, identity, dht, cfg, term, counter, stop)
+                cfg, term, lapsed_lease_s = takeover.cfg, takeover.term, takeover.lapsed_lease_s
+            led = _lead(options, identity, dht, cfg, term, counter, stop, lapsed_lease_s=lapsed_lease_s)
             summary = led.summary
             if led.demoted is None:
                 break
@@ -139,9 +139,11 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
 
 
 def _lead(options: CoordinatorOptions, identity: Identity, dht, cfg: RunConfig, term: int, counter: ByteCounter,
-          stop: threading.Event) -> Led:
+          stop: threading.Event, *, lapsed_lease_s: float = 0.0) -> Led:
     """Run the rounds as the active coordinator until the run ends, the process stops, or a rival
-    holds the run (then the summary says so and the caller follows it)."""
+    holds the run (then the summary says so and the caller follows it). `lapsed_lease_s`: after a
+    takeover, the lease the previous active announced (its takeover line says it: a failover costs
+    at least that)."""
     server = operations = lease = None
     demoted: Demoted | None = None
     coordinator = Coordinator(cfg, identity, checkpoint_path=options.checkpoint_path, counter=counter, term=term)
@@ -159,7 +161,7 @@ def _lead(options: CoordinatorOptions, identity: Identity, dht, cfg: RunConfig, 
         server.start()
         if term:
             print(f"coordinator {identity.peer_id[:8]} | took over run {cfg.run_id} with term {term} at round {coordinator.round} "
-                  f"(param hash {coordinator.param_hash[:16]})", flush=True)
+                  f"(param hash {coordinator.param_hash[:16]}; the lapsed lease was {lapsed_lease_s:.1f}s)", flush=True)
         print(f"coordinator {identity.peer_id[:8]} | run {cfg.run_id} | {coordinator.numel:,} params | codec {cfg.compression.codec} | "
               f"outer {cfg.outer.name} | aggregator {cfg.aggregation.name} | round {coordinator.round}/{cfg.rounds.rounds} | "
               f"initial val loss {coordinator.initial_val_loss:.4f}", flush=True)

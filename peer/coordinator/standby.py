@@ -72,6 +72,7 @@ class Takeover:
     cfg: RunConfig  # the run's config, as the active coordinator signed it
     term: int  # the term this coordinator takes over with
     round: int  # the recorded round's state it holds
+    lapsed_lease_s: float = 0.0  # the lease the active's last record announced (the one that lapsed)
 
 
 @dataclass(slots=True)
@@ -134,6 +135,7 @@ class Following:
         self.held_hash = ""
         self.grant = Grant()
         self.top_term = 0
+        self.lease_s = 0.0  # the lease the active's record announces
         self.channel: grpc.Channel | None = None
         self.stub: swarm_pb2_grpc.CoordinatorStub | None = None
         self.linked = ""  # the endpoint the channel goes to
@@ -217,7 +219,8 @@ def follow(
             if active is None or active.coordinator_id == identity.peer_id:
                 if f.held is not None:
                     if f.grant.valid(time.monotonic()):
-                        return Takeover(cfg=f.held.cfg, term=max(f.top_term, f.fence.term) + 1, round=f.held.round)
+                        return Takeover(cfg=f.held.cfg, term=max(f.top_term, f.fence.term) + 1, round=f.held.round,
+                                        lapsed_lease_s=f.lease_s)
                     if not f.warned:
                         age = f.grant.age(time.monotonic())
                         print(f"standby {identity.peer_id[:8]} | run {run_id} has no live active coordinator, but this standby "
@@ -230,6 +233,7 @@ def follow(
                 stop.wait(POLL_S)
                 continue
             lease_s = active.lease_s if 1.0 <= active.lease_s <= 600.0 else 2.0  # as the active announces it
+            f.lease_s = lease_s
             try:
                 done = _follow_once(f, active, lease_s, stop)
             except (grpc.RpcError, CoordinatorUnavailable, PeerExit, EnvelopeError) as exc:

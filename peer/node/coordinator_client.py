@@ -29,7 +29,8 @@ TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grp
 LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 MAX_CHECKPOINT_BYTES = 8 << 30
 RECONNECT_EVERY_S = 3.0
-LOCATE_EVERY_S = 1.0
+LOCATE_EVERY_S = 0.5  # a lost coordinator: the DHT is asked this often who holds the run now
+FAILOVER_RETRY_S = 0.5  # the longest backoff while a locator may find a successor (a takeover lands within a lease)
 EARLY_ANSWER_PAUSE_S = 0.5  # a long-poll answered at once with no news (every slot taken): pause instead of spinning
 
 
@@ -65,7 +66,7 @@ class CoordinatorClient:
 
     def _reconnect(self) -> None:
         """The coordinator went away. Another coordinator of the run may be active now (a standby
-        that took over): ask `locate`, at most once a second. Else a fresh channel to the same
+        that took over): ask `locate`, at most every LOCATE_EVERY_S. Else a fresh channel to the same
         address: grpc's own reconnect backoff grows to minutes, while a restarted coordinator is
         usually back within seconds."""
         if self.relocate():
@@ -75,7 +76,7 @@ class CoordinatorClient:
                 self._switch(self.endpoint)
 
     def relocate(self) -> bool:
-        """Ask `locate` (at most once a second) for the run's active coordinator and switch to it
+        """Ask `locate` (at most every LOCATE_EVERY_S) for the run's active coordinator and switch to it
         when it is another one: the one we talk to is gone, or was superseded by a higher term
         (peer/node/trust.py). True when it switched."""
         with self._lock:
@@ -119,8 +120,9 @@ class CoordinatorClient:
                         delay = 0.25
                         continue
                 time.sleep(delay * (0.5 + random.random()))
-                # Capped low while a locator may find a successor: a standby takes over within seconds.
-                delay = min(delay * 2, 2.0 if self.locate is not None else 5.0)
+                # Capped low while a locator may find a successor: a standby takes over within a lease,
+                # and every second a peer waits past it is a second the round in flight waits for it.
+                delay = min(delay * 2, FAILOVER_RETRY_S if self.locate is not None else 5.0)
 
     def run_info(self, round_: int | None = None, *, state_only: bool = False) -> swarm_pb2.RunInfo:
         """The run's info; its signed run state is the current one, or (round_) the one at the start of
@@ -152,9 +154,9 @@ class CoordinatorClient:
         )
 
     def manifest(self, round_: int, wait_s: float) -> swarm_pb2.ManifestReply:
-        request = swarm_pb2.ManifestRequest(round=round_, wait_s=wait_s)
-        return _long_poll(lambda: self.call("manifest", lambda: self.stub.GetManifest(request, timeout=wait_s + DEFAULT_DEADLINE.total_seconds())),
-                          wait_s, lambda reply: reply.ready or reply.finished or reply.current_round > round_)
+        return self._poll("manifest", wait_s, lambda w: self.stub.GetManifest(
+            swarm_pb2.ManifestRequest(round=round_, wait_s=w), timeout=w + DEFAULT_DEADLINE.total_seconds()),
+            lambda reply: reply.ready or reply.finished or reply.current_round > round_)
 
     def submit_slice_results(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
         """An owner's signed batch of slice results (one per round); the reply says whether it was
@@ -163,9 +165,21 @@ class CoordinatorClient:
         return self.call("submit slice results", lambda: self.stub.SubmitSliceResult(signed, timeout=DEFAULT_DEADLINE.total_seconds()))
 
     def slice_results(self, round_: int, wait_s: float, *, until_applied: bool = False) -> swarm_pb2.SliceResultsReply:
-        request = swarm_pb2.SliceResultsRequest(round=round_, wait_s=wait_s, until_applied=until_applied)
-        return _long_poll(lambda: self.call("slice results", lambda: self.stub.GetSliceResults(request, timeout=wait_s + DEFAULT_DEADLINE.total_seconds())),
-                          wait_s, lambda reply: (reply.applied if until_applied else reply.ready) or reply.finished or reply.current_round > round_)
+        return self._poll("slice results", wait_s, lambda w: self.stub.GetSliceResults(
+            swarm_pb2.SliceResultsRequest(round=round_, wait_s=w, until_applied=until_applied), timeout=w + DEFAULT_DEADLINE.total_seconds()),
+            lambda reply: (reply.applied if until_applied else reply.ready) or reply.finished or reply.current_round > round_)
+
+    def _poll(self, what: str, wait_s: float, ask: Callable[[float], T], news: Callable[[T], bool]) -> T:
+        """One long-poll of up to wait_s (ask(w) asks to wait w). When the client switches to another
+        coordinator mid-poll (failover), the successor is asked not to wait and the answer comes
+        back at once: it cannot have news before we commit there, and a full poll against it is
+        what the round in flight waited for after every takeover (5 s of a 6 s reopened round)."""
+        generation = self.generation
+
+        def moved() -> bool:
+            return self.generation != generation
+
+        return _long_poll(lambda: self.call(what, lambda: ask(0.0 if moved() else wait_s)), wait_s, news, moved=moved)
 
     def report_evidence(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
         return self.call("report", lambda: self.stub.ReportEvidence(signed, timeout=DEFAULT_DEADLINE.total_seconds()))
@@ -239,9 +253,10 @@ class _Observed:
             raise
 
 
-def _long_poll(ask: Callable[[], T], wait_s: float, news: Callable[[T], bool]) -> T:
+def _long_poll(ask: Callable[[], T], wait_s: float, news: Callable[[T], bool], moved: Callable[[], bool] = lambda: False) -> T:
     """A long-poll that the coordinator may answer at once when all its long-poll slots are taken
-    (more waiting peers than slots): then ask again after a pause, until news or wait_s, instead of
+    (more waiting peers than slots): then ask again after a pause, until news, wait_s or `moved()`
+    (the client switched coordinators: the caller commits there first), instead of
     handing the caller an early empty answer it would re-ask in a tight loop (each answer carrying
     the round's results list: scripts/measure_scale.py saw MBs per peer per round at 12 peers)."""
     deadline = time.monotonic() + wait_s
@@ -249,6 +264,6 @@ def _long_poll(ask: Callable[[], T], wait_s: float, news: Callable[[T], bool]) -
         asked = time.monotonic()
         reply = ask()
         now = time.monotonic()
-        if news(reply) or now - asked >= min(wait_s, EARLY_ANSWER_PAUSE_S) or now + EARLY_ANSWER_PAUSE_S >= deadline:
+        if news(reply) or moved() or now - asked >= min(wait_s, EARLY_ANSWER_PAUSE_S) or now + EARLY_ANSWER_PAUSE_S >= deadline:
             return reply
         time.sleep(EARLY_ANSWER_PAUSE_S)

@@ -1,0 +1,75 @@
+"""A peer's long-poll across a coordinator switch (failover): the successor is asked not to wait,
+so the round in flight commits there at once instead of after a whole poll (in-process fakes)."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from peer.node.coordinator_client import CoordinatorClient
+from protocol.accounting import ByteCounter
+from protocol.wire import swarm_pb2
+
+
+class Lost(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "connection refused (the coordinator was SIGKILLed)"
+
+
+class DeadStub:
+    def GetManifest(self, request, timeout):
+        raise Lost()
+
+
+class Successor:
+    """Answers a long-poll only after its whole wait (it has no manifest: nobody committed yet)."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def GetManifest(self, request, timeout):
+        self.waits.append(request.wait_s)
+        time.sleep(request.wait_s)
+        return swarm_pb2.ManifestReply(ready=False, current_round=request.round)
+
+
+class FakeClient(CoordinatorClient):
+    def __init__(self, successor: Successor) -> None:
+        super().__init__("127.0.0.1:1", ByteCounter("peer"), locate=lambda: "127.0.0.1:2")
+        self.stub = DeadStub()
+        self.successor = successor
+
+    def _switch(self, endpoint: str) -> None:
+        self.endpoint, self.stub = endpoint, self.successor
+
+
+def test_a_long_poll_that_moved_returns_at_once_from_the_successor():
+    successor = Successor()
+    client = FakeClient(successor)
+    try:
+        t0 = time.monotonic()
+        reply = client.manifest(2, wait_s=5.0)
+        took = time.monotonic() - t0
+    finally:
+        client.close()
+    assert client.generation == 1 and client.endpoint == "127.0.0.1:2"
+    assert not reply.ready
+    assert successor.waits == [0.0]  # not a 5 s poll against a coordinator that holds nothing of ours
+    assert took < 2.0, took
+
+
+def test_a_long_poll_without_a_switch_waits_as_asked():
+    successor = Successor()
+    client = FakeClient(successor)
+    client.stub = successor  # alive: no switch
+    try:
+        t0 = time.monotonic()
+        client.manifest(2, wait_s=0.6)
+        took = time.monotonic() - t0
+    finally:
+        client.close()
+    assert successor.waits == [0.6] and took >= 0.6 and client.generation == 0
