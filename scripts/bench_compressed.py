@@ -133,7 +133,8 @@ def measure(args) -> tuple[list[dict], list[str], dict]:
         for n in args.peers:
             start = run_config(peers=n, rounds=args.rounds, inner_steps=args.inner_steps, codec="fp32", mode=args.mode,
                                slices=args.slices, replicas=args.replicas, spot_checks=args.spot_checks)
-            cfg = resolve_run_config(start, {**overrides, "inner.steps": args.inner_steps})
+            model = {"model.preset": args.preset} if args.preset else {}
+            cfg = resolve_run_config(start, {**overrides, "inner.steps": args.inner_steps, **model})
             config = cfg.to_dict()
             if twin := next((r["label"] for r in runs if r["peers"] == n and r["config"] == config), None):
                 skipped.append(f"{label} at n = {n}: the same run config as {twin!r} (config {config_hash(config)})")
@@ -345,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", nargs="+", default=[REFERENCE, RECIPE, DENSE], choices=[REFERENCE, RECIPE, DENSE])
     parser.add_argument("--recipe", default="sparseloco", help="the recipe of the public-swarm rows")
     parser.add_argument("--mode", default="sliced", choices=["sliced", "all-to-all"], help="the exchange of every row")
+    parser.add_argument("--preset", default="", help="model.preset of every row (e.g. llama-20m; default: the demo model)")
     add_swarm_arguments(parser)  # --rounds, --inner-steps (H of every row, the recipe's own replaced), --slices, ...
     parser.add_argument("--json", default=str(ROOT / "benchmarks/compressed_exchange.json"))
     parser.add_argument("--write-md", nargs="?", const=str(ROOT / "benchmarks/compressed_exchange.md"), metavar="PATH")
