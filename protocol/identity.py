@@ -100,3 +100,74 @@ class Identity:
 
     def sign(self, message: bytes) -> bytes:
         return self.private_key.sign(message)
+
+
+class IdentityInUse(OSError):
+    """Another live process holds this identity (lock_identity): two processes with one key would
+    sign different updates in one round and get the key banned for equivocation."""
+
+    def __init__(self, message: str, *, path: Path, pid: int | None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.pid = pid
+
+
+@dataclass(slots=True)
+class IdentityLock:
+    """This process's hold on an identity: an exclusive flock the kernel drops when the process
+    dies (also on SIGKILL), so no stale lock is ever left behind. `previous` is what the last
+    holder wrote into the lock file (its pid, its session), {} when nobody did."""
+
+    path: Path  # the file locked: KEY.lock beside the key, or the key itself in a read-only folder
+    previous: dict
+    fd: int | None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the last descriptor drops the flock
+            self.fd = None
+
+
+def lock_identity(path: str | Path, note: dict | None = None) -> IdentityLock:
+    """Hold the identity at `path` for this process, or raise IdentityInUse naming the holder.
+
+    The lock is flock(2) on KEY.lock beside the key (created 0600), into which this process
+    writes its pid and `note` (e.g. its session), so the next holder knows whom it succeeds. In a
+    folder where nothing can be created it locks the key file itself (no note then). Forked
+    children (the DHT process) share the lock; they die with their parent."""
+    import fcntl
+    import json
+
+    key = Path(path).expanduser()
+    lock_path = key.with_name(key.name + ".lock")
+    try:
+        fd, writable = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600), True
+    except OSError:  # a read-only folder: the key is all there is to lock
+        lock_path, writable = key, False
+        fd = os.open(key, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_note(fd) if writable else {}
+        os.close(fd)
+        pid = holder.get("pid") if isinstance(holder.get("pid"), int) else None
+        who = "this process" if pid == os.getpid() else f"pid {pid}" if pid is not None else "pid unknown"
+        raise IdentityInUse(f"another swarmloco process ({who}) already runs with identity {key}: stop it, "
+                            "or pass --identity-path NEW.pem for a second peer", path=key, pid=pid) from None
+    previous = _read_note(fd) if writable else {}
+    if writable:
+        body = json.dumps({**(note or {}), "pid": os.getpid()}, sort_keys=True).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, body, 0)
+    return IdentityLock(path=lock_path, previous=previous, fd=fd)
+
+
+def _read_note(fd: int) -> dict:
+    """What a holder wrote into a lock file ({} when nothing readable)."""
+    import json
+
+    try:
+        note = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return note if isinstance(note, dict) else {}

@@ -36,6 +36,8 @@ class Reason(enum.StrEnum):
     NOT_ALLOWED = "not-allowed"
     NOT_OWNER = "not-owner"
     WRONG_TOKENIZER = "wrong-tokenizer"
+    DUPLICATE_SESSION = "duplicate-session"  # a second live process of one key (Join or heartbeat)
+    UNREACHABLE_ENDPOINT = "unreachable-endpoint"  # a Join whose announced endpoint the coordinator cannot dial
     # signatures and envelopes
     BAD_SIGNATURE = "bad-signature"
     FORGED = "forged"

@@ -69,7 +69,10 @@ def serve_coordinator(
     identity: Identity | None = None,
     **servicer_options,
 ) -> Iterator[Served]:
-    """A Coordinator on 127.0.0.1, served by build_coordinator_server exactly as the CLI serves it."""
+    """A Coordinator on 127.0.0.1, served by build_coordinator_server exactly as the CLI serves it,
+    except that a Join's endpoint is not dialled back unless a test asks (dial_back=True): the
+    tests' peers announce placeholder endpoints (127.0.0.1:9) that serve nothing."""
+    servicer_options.setdefault("dial_back", False)
     coordinator = Coordinator(cfg, identity or Identity.generate(), checkpoint_path=checkpoint_path)
     if generous_limits:  # let hostile calls reach the handlers (rate limiting has its own test)
         limits = CallerLimits(per_peer_rate=1e6, per_peer_burst=1e6)

@@ -52,6 +52,7 @@ class FakeCoordinator:
         self.joins = 0
         self.heartbeats: list[swarm_pb2.Signed] = []
         self.banned_reason = ""  # heartbeat replies say banned with this reason when set
+        self.unreachable = ""  # heartbeat replies carry this advice when set (nobody could fetch the peer's update)
         self.calls: list[tuple[str, int | None]] = []
         self.counts: Counter[str] = Counter()
         self._faults: dict[str, list[BaseException]] = defaultdict(list)  # raised by the next calls, in order
@@ -122,7 +123,7 @@ class FakeCoordinator:
         self._enter("heartbeat")
         self.heartbeats.append(signed)
         return swarm_pb2.HeartbeatReply(round=self.round, finished=self.finished, banned=bool(self.banned_reason),
-                                        reason=self.banned_reason)
+                                        reason=self.banned_reason, unreachable=self.unreachable)
 
     def push(self, chunks: Iterable[swarm_pb2.PushChunk]) -> swarm_pb2.PushReply:
         self._enter("push")

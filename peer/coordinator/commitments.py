@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
+from peer.coordinator.registry import EQUIVOCATION_ADVICE
 from peer.coordinator.round_book import Commitment
 from peer.exchange.coordinator_side import CoordinatorExchange, RoundContext
 from protocol.envelope import EnvelopeError, UpdateHeader, signed_to_json
@@ -19,7 +20,7 @@ from protocol.reasons import Reason
 from protocol.wire import swarm_pb2
 
 log = logging.getLogger("swarmloco.coordinator")
-EQUIVOCATION_TEXT = "equivocation: two different updates in one round; banned"
+EQUIVOCATION_TEXT = f"equivocation: two different updates in one round; banned: {EQUIVOCATION_ADVICE}"
 
 
 class Admission:
@@ -37,6 +38,14 @@ class Admission:
             raise EnvelopeError(Reason.BANNED, f"peer {header.peer_id} is banned from this run: {record.banned_reason}")
         return header
 
+    def check_successor(self, header: UpdateHeader) -> None:
+        """A process that took over its key after the previous one committed in this round commits
+        from the next round (a second update in one round would be equivocation)."""
+        record = self.ctx.registry.get(header.peer_id)
+        if record is not None and header.round < record.commit_from_round:
+            raise EnvelopeError(Reason.STALE_ROUND, f"a previous process of this identity already committed round {header.round}; "
+                                f"this one takes part from round {record.commit_from_round}")
+
     def verify_pushed_header(self, signed: swarm_pb2.Signed) -> UpdateHeader:
         """Admit a client-mode push before a byte of it is read.
 
@@ -48,6 +57,7 @@ class Admission:
             book = ctx.open.book
             try:
                 header = self.verify_header(signed, ctx.open.round)
+                self.check_successor(header)
             except EnvelopeError as exc:
                 if exc.reason == Reason.WRONG_ROUND:
                     raise EnvelopeError(Reason.STALE_ROUND, str(exc)) from None
@@ -70,6 +80,7 @@ class Admission:
                 return ctx.refuse(Reason.RUN_FINISHED, "the run has finished", count=False)
             try:
                 header = self.verify_header(signed)
+                self.check_successor(header)
             except EnvelopeError as exc:
                 return ctx.refuse(exc.reason, f"{exc.reason}: {exc}")
             if header.round != now_open.round:

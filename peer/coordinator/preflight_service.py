@@ -41,6 +41,21 @@ def dial_address(caller: str, port: int) -> tuple[str, int]:
     return host.strip("[]"), port
 
 
+def dial(host: str, port: int, nonce: bytes = b"", timeout_s: float = DIAL_TIMEOUT_S) -> swarm_pb2.DialBackReply:
+    """Open a TCP connection to host:port and write `nonce` on it: whether it connected, in how
+    long, and why not. Preflight's dial-back, and the Join's check of a peer's announced endpoint
+    (peer/coordinator/service.py)."""
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    started = time.monotonic()
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            conn.sendall(nonce[:64])
+    except OSError as exc:
+        return swarm_pb2.DialBackReply(connected=False, address=address, error=f"{type(exc).__name__}: {exc}",
+                                       seconds=time.monotonic() - started)
+    return swarm_pb2.DialBackReply(connected=True, address=address, seconds=time.monotonic() - started)
+
+
 class PreflightServicer(swarm_pb2_grpc.PreflightServicer):
     def __init__(self, coordinator: Any, *, transfers_per_minute: float = 12.0, max_stream_s: float = 60.0) -> None:
         self.coordinator = coordinator
@@ -96,13 +111,4 @@ class PreflightServicer(swarm_pb2_grpc.PreflightServicer):
     def DialBack(self, request, context):
         if not 0 < request.port < 65536:
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "port must be in 1..65535", swarm_pb2.MALFORMED)
-        host, port = dial_address(host_of(context), request.port)
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        started = time.monotonic()
-        try:
-            with socket.create_connection((host, port), timeout=DIAL_TIMEOUT_S) as conn:
-                conn.sendall(bytes(request.nonce[:64]))
-        except OSError as exc:
-            return swarm_pb2.DialBackReply(connected=False, address=address, error=f"{type(exc).__name__}: {exc}",
-                                           seconds=time.monotonic() - started)
-        return swarm_pb2.DialBackReply(connected=True, address=address, seconds=time.monotonic() - started)
+        return dial(*dial_address(host_of(context), request.port), nonce=bytes(request.nonce))

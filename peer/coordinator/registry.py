@@ -1,4 +1,14 @@
-"""What the coordinator knows about each peer: liveness, progress, traffic, bans and evidence."""
+"""What the coordinator knows about each peer: liveness, progress, traffic, bans and evidence.
+
+One key, one live process. Every Join and heartbeat names the process's session (a nonce it drew
+at start, peer/node/local_state.py). A Join with another session while the recorded one still
+heartbeats (within rounds.peer_timeout_s) is a second process of the key and is refused
+(`session_conflict`), unless it names the recorded session as the one it `succeeds`: that one is
+read from the key's lock file, which only the next holder of the key's flock can do, so its
+writer is dead (a restart after a crash, admitted at once). A session that went silent past the
+window (crashed, or frozen) may be taken over by any Join; once taken over, its heartbeats are
+refused with DUPLICATE_SESSION and it stops (a frozen process that wakes up learns it there).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +17,19 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+
+from protocol.reasons import Reason
+
+# What a peer banned for signing two different updates (or result batches) in one round is told.
+EQUIVOCATION_ADVICE = ("two processes signed different updates with this key (a second process on this machine, or a copy of "
+                       "the key on another machine?): each peer needs its own --identity-path. This key stays banned for the "
+                       "run: restart with --identity-path NEW.pem for a new identity")
+EQUIVOCATION_KINDS = frozenset({"equivocation", "result-equivocation"})  # evidence kinds (commitments.py, sliced_coordinator.py)
+
+
+def unreachable_advice(endpoint: str) -> str:
+    """What a peer that announces an endpoint nobody can dial is told (at join, and in heartbeats)."""
+    return f"nobody can reach {endpoint}: pass --announce-host <public IP>, open the port, or use --client-mode"
 
 
 @dataclass(slots=True)
@@ -32,6 +55,36 @@ class PeerRecord:
     evidence: list[dict[str, Any]] = field(default_factory=list)
     aggregation: dict[str, float] = field(default_factory=dict)  # last round: weight, distance, clip
     left_out: list[int] = field(default_factory=list)  # rounds whose manifest left the peer's valid commitment out without a reason (peer's word)
+    session: str = ""  # the live process's session (its Join and heartbeats name it); "" when unknown (restored, older peer)
+    dialed: str = ""  # the endpoint a Join's dial-back reached (a rejoin with it is not dialled again)
+    unreachable: str = ""  # while set: the last round could not fetch its update from its endpoint (heartbeat replies say it)
+    commit_from_round: int = 0  # a session that took over from one that already committed in the open round commits from the next
+
+    def exclude(self, round_: int, reason: str, message: str) -> None:
+        """Its update was left out of round_ (shown in status); unreachable: the peer is told what to do."""
+        self.excluded_reason = f"round {round_}: {message}"
+        if reason == Reason.UNREACHABLE and self.endpoint:
+            self.unreachable = f"{unreachable_advice(self.endpoint)} (round {round_}: the coordinator could not fetch this peer's update there)"
+
+    def ban_message(self) -> str:
+        """The ban as the banned peer reads it: why, and (equivocation) what probably happened and what to do."""
+        if any(e.get("kind") in EQUIVOCATION_KINDS for e in self.evidence if isinstance(e, dict)):
+            return f"{self.banned_reason}: {EQUIVOCATION_ADVICE}"
+        return self.banned_reason
+
+    def duplicate_message(self, now: float, timeout_s: float) -> str:
+        """Why a Join from a second live process of this key is refused, and what to do."""
+        age = max(0.0, now - self.last_seen)
+        return (f"another process with this identity is live in this run: it joined from {self.endpoint or 'client mode'} and was "
+                f"last heard {age:.0f} s ago. Two processes with one key sign different updates and get the key banned for "
+                f"equivocation. Stop the other process (if it crashed, this join succeeds once it has been silent for "
+                f"{max(0.0, timeout_s - age):.0f} s more), or pass --identity-path NEW.pem to run a second peer with its own key")
+
+    def superseded_message(self) -> str:
+        """What a process of this key whose session another one took over is told (it stops)."""
+        return (f"another process with this identity took this peer's place in the run (it joined from "
+                f"{self.endpoint or 'client mode'}): this one stops. Two processes with one key sign different updates and get the "
+                "key banned for equivocation: give each peer its own --identity-path")
 
     def as_status(self, now: float) -> dict[str, Any]:
         return {
@@ -84,7 +137,7 @@ class PeerRegistry:
             record = self.get(peer_id)
             if record is None:
                 continue
-            record.last_round, record.excluded_reason = round_, ""
+            record.last_round, record.excluded_reason, record.unreachable = round_, "", ""
             if report is None:
                 continue
             record.aggregation = {
@@ -110,6 +163,10 @@ class PeerRegistry:
                                   "slices_excluded": {reason: reasons.count(reason) for reason in set(reasons)}}
             if reasons:
                 record.excluded_reason = f"round {round_}: left out of {len(reasons)} of {slices} slices ({', '.join(sorted(set(reasons)))})"
+            unreachable = reasons.count(Reason.UNREACHABLE)
+            # One owner's bad link is its own problem; half the owners failing to fetch it is this peer's.
+            record.unreachable = (f"{unreachable_advice(record.endpoint)} (round {round_}: the owners of {unreachable} of {slices} "
+                                  "slices could not fetch this peer's update there)") if record.endpoint and 2 * unreachable >= slices else ""
 
     def records(self) -> list[PeerRecord]:
         with self.lock:
@@ -128,7 +185,11 @@ class PeerRegistry:
                 self.peers[record.peer_id] = record
                 return record
             # A rejoin (restart, new port) keeps the history, bans and evidence.
+            if record.endpoint != existing.endpoint:
+                existing.unreachable = ""  # said of the old endpoint
             existing.endpoint = record.endpoint
+            existing.session = record.session or existing.session
+            existing.dialed = record.dialed or existing.dialed
             existing.client_mode = record.client_mode
             existing.version = record.version
             existing.joined_round = record.joined_round
@@ -162,12 +223,23 @@ class PeerRegistry:
                     peer_id=r["peer_id"], public_key=bytes.fromhex(r["public_key"]), endpoint=r["endpoint"],
                     client_mode=r["client_mode"], version=r["version"], joined_round=joined_round,
                     last_round=r["last_round"], banned_reason=r["banned_reason"], evidence=list(r["evidence"]),
-                    state="restored",
+                    state="restored", dialed=r["endpoint"],  # admitted with it before: a rejoin with it is not dialled again
                     # A grace of one more timeout: the restarted coordinator still has to start
                     # serving, and peers to notice and reconnect (with backoff).
                     last_seen=time.monotonic() + self.peer_timeout_s,
                 )
                 self.peers[record.peer_id] = record
+
+    def session_conflict(self, peer_id: str, session: str, succeeds: str) -> PeerRecord | None:
+        """The record of another live process of this key that a Join with `session` would collide
+        with, or None when it may join: no session known or given (an older peer), the same
+        session (a rejoin of this process), the successor of the recorded one (it took over the
+        key's lock: that process is dead), or a recorded session silent for the liveness window."""
+        with self.lock:
+            record = self.peers.get(peer_id)
+            if record is None or not record.session or not session or record.session in (session, succeeds):
+                return None
+            return record if time.monotonic() - record.last_seen < self.peer_timeout_s else None
 
     def is_banned(self, peer_id: str) -> bool:
         with self.lock:

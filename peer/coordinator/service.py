@@ -2,10 +2,19 @@
 
 No request, however malformed, raises out of a handler: unexpected errors become INTERNAL with
 a message and are counted, and the server keeps serving.
+
+A Join is refused, with what to do, when another live process of the key holds the run
+(DUPLICATE_SESSION: peer/coordinator/registry.py says how a restart is told from a second
+process) and when the endpoint it announces cannot be dialled (UNREACHABLE): a peer nobody can
+fetch from would train every round and count for nothing. The dial reuses preflight's
+(peer/coordinator/preflight_service.py) and only reaches the endpoint the peer announces, which
+the swarm dials anyway to fetch its updates; it runs outside the coordinator's lock, once per new
+endpoint.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import math
@@ -17,14 +26,15 @@ from typing import Any
 import grpc
 
 from peer import VERSION
+from peer.coordinator.preflight_service import dial
 from peer.coordinator.state import Coordinator
 from protocol.envelope import GATHERED_TAG, HEARTBEAT_TAG, JOIN_TAG
-from peer.coordinator.registry import PeerRecord, RegistryFull
+from peer.coordinator.registry import PeerRecord, RegistryFull, unreachable_advice
 from protocol import streaming
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.ratelimit import CallerLimits, RateLimiter
 from protocol.reasons import Reason
-from protocol.rpc_errors import RpcAbort, guarded, refusal_for
+from protocol.rpc_errors import RpcAbort, guarded, host_of, refusal_for
 from protocol.keys import CoordinatorKeys
 from protocol.signing import SignatureError, open_signed
 
@@ -58,6 +68,30 @@ def valid_endpoint(endpoint: str) -> bool:
     return endpoint == "" or (ENDPOINT_RE.match(endpoint) is not None and 0 < int(endpoint.rsplit(":", 1)[1]) < 65536)
 
 
+def _loopback(host: str) -> bool | None:
+    """Whether host is a loopback address (None: a name other than localhost, or not an address)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return None
+
+
+def unreachable_reason(endpoint: str, caller: str) -> str:
+    """'' when the coordinator can dial the endpoint a peer announces (a valid HOST:PORT), else why
+    not and what to do. `caller`: the peer as the coordinator sees it ('ipv4:203.0.113.5')."""
+    host, port = endpoint.rsplit(":", 1)
+    host = host.strip("[]")
+    seen = caller.partition(":")[2].strip("[]")
+    if _loopback(host) and _loopback(seen) is False:
+        # Dialling it here would reach the coordinator's own machine, not the peer's.
+        return (f"{unreachable_advice(endpoint)} ({host} is a loopback address: only the peer's own machine can dial it, "
+                f"and this peer connects from {seen})")
+    reply = dial(host, int(port))
+    return "" if reply.connected else f"{unreachable_advice(endpoint)} (the coordinator's dial-back failed: {reply.error})"
+
+
 class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
     def __init__(
         self,
@@ -68,8 +102,10 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
         new_peers_burst: float = 200.0,
         max_long_polls: int = 8,
         max_stream_s: float = 120.0,
+        dial_back: bool = True,
     ) -> None:
         self.coordinator = coordinator
+        self.dial_back = dial_back  # a Join's announced endpoint is dialled (off: tests whose peers serve nothing)
         self.limits = limits or CallerLimits(per_peer_rate=100.0, per_peer_burst=400.0)
         # Admission of *new* identities is one global bucket: keys are free to make (Sybil flood).
         self.admission = RateLimiter(rate_per_s=new_peers_per_s, burst=new_peers_burst)
@@ -141,25 +177,57 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
         if not isinstance(endpoint, str) or not valid_endpoint(endpoint):
             c.registry.reject(Reason.MALFORMED)
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "endpoint must be a HOST:PORT string (or empty with --client-mode)", swarm_pb2.MALFORMED)
+        session, succeeds = fields.get("session", ""), fields.get("succeeds", "")
+        if not all(isinstance(s, str) and len(s) <= 64 for s in (session, succeeds)):
+            c.registry.reject(Reason.MALFORMED)
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "session and succeeds must be strings of at most 64 characters",
+                           swarm_pb2.MALFORMED)
         with c.lock:
-            if c.registry.is_banned(peer_id):
-                return swarm_pb2.JoinReply(accepted=False, refusal=swarm_pb2.BANNED, reason=f"banned: {c.registry.get(peer_id).banned_reason}")
-            if c.registry.get(peer_id) is None and not self.admission.allow("new-peer"):
+            if (refused := self._join_refusal(peer_id, session, succeeds)) is not None:
+                return refused
+            record = c.registry.get(peer_id)
+            if record is None and not self.admission.allow("new-peer"):
                 c.registry.reject(Reason.ADMISSION_LIMITED)
                 raise RpcAbort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED, "too many new peers are joining right now: retry in a few seconds", swarm_pb2.RATE_LIMITED
                 )
+            dialed = record.dialed if record is not None else ""
+        if endpoint and endpoint != dialed and self.dial_back:  # slow (up to a connect timeout): not under the lock
+            if unreachable := unreachable_reason(endpoint, host_of(context)):
+                c.registry.reject(Reason.UNREACHABLE_ENDPOINT)
+                log.info("peer %s refused: %s", peer_id[:8], unreachable)
+                return swarm_pb2.JoinReply(accepted=False, refusal=swarm_pb2.UNREACHABLE, reason=unreachable)
+            dialed = endpoint
+        with c.lock:
+            if (refused := self._join_refusal(peer_id, session, succeeds)) is not None:  # again: the dial let others in
+                return refused
             try:
-                self._admit(peer_id, request, fields, endpoint)
+                self._admit(peer_id, request, fields, endpoint, session=session, dialed=dialed)
             except RegistryFull as exc:
                 c.registry.reject(Reason.REGISTRY_FULL)
                 raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), swarm_pb2.REGISTRY_FULL)
             log.info("peer %s joined at round %d (%s)", peer_id[:8], c.round, endpoint or "client mode")
             return swarm_pb2.JoinReply(accepted=True, peer_id=peer_id, round=c.round, param_hash=c.param_hash)
 
-    def _admit(self, peer_id: str, request: swarm_pb2.Signed, fields: dict[str, Any], endpoint: str) -> None:
+    def _join_refusal(self, peer_id: str, session: str, succeeds: str) -> swarm_pb2.JoinReply | None:
+        """The refusal of a Join from a banned key or a second live process of one (under the lock)."""
+        registry = self.coordinator.registry
+        record = registry.get(peer_id)
+        if record is not None and record.banned_reason:
+            return swarm_pb2.JoinReply(accepted=False, refusal=swarm_pb2.BANNED, reason=f"banned: {record.ban_message()}")
+        if (live := registry.session_conflict(peer_id, session, succeeds)) is not None:
+            registry.reject(Reason.DUPLICATE_SESSION)
+            log.warning("peer %s: a second process of its key tried to join (the first is live): refused", peer_id[:8])
+            return swarm_pb2.JoinReply(accepted=False, refusal=swarm_pb2.DUPLICATE_SESSION,
+                                       reason=live.duplicate_message(time.monotonic(), registry.peer_timeout_s))
+        return None
+
+    def _admit(self, peer_id: str, request: swarm_pb2.Signed, fields: dict[str, Any], endpoint: str, *, session: str,
+               dialed: str) -> None:
         c = self.coordinator
-        c.registry.upsert(
+        previous = c.registry.get(peer_id)
+        previous_session = previous.session if previous is not None else ""  # upsert updates the record in place
+        record = c.registry.upsert(
             PeerRecord(
                 peer_id=peer_id,
                 public_key=bytes(request.public_key),
@@ -169,8 +237,15 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
                 # Round 1 is the start phase: everyone who joins during it is awaited. Later, a
                 # peer joining a round already under way is awaited from the next one.
                 joined_round=c.round + (1 if c.round > 0 and c.book.commitments else 0),
+                session=session,
+                dialed=dialed,
             )
         )
+        took_over = previous_session not in ("", session) and session != ""
+        if took_over and (peer_id in c.book.commitments or peer_id in c.book.pushed):
+            # The process it replaces already committed in the open round: a second update there
+            # would be equivocation (a ban), so this one takes part from the next round.
+            record.commit_from_round = c.round + 1
 
     @_guarded
     def Heartbeat(self, request, context):
@@ -188,6 +263,13 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
                     round=c.round, param_hash=c.param_hash, finished=c.finished,
                     refusal=swarm_pb2.UNKNOWN_PEER, reason="unknown peer: Join the run first",
                 )
+            session = fields.get("session")
+            if isinstance(session, str) and session:
+                if record.session and session != record.session:  # another process of this key took over
+                    c.registry.reject(Reason.DUPLICATE_SESSION)
+                    return swarm_pb2.HeartbeatReply(round=c.round, param_hash=c.param_hash, finished=c.finished,
+                                                    refusal=swarm_pb2.DUPLICATE_SESSION, reason=record.superseded_message())
+                record.session = record.session or session[:64]  # a restored record learns who is live
             record.last_seen = time.monotonic()
             for name, kind in (("state", str), ("param_hash", str)):
                 value = fields.get(name)
@@ -212,8 +294,9 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
                 round=c.round,
                 param_hash=c.param_hash,
                 banned=bool(record.banned_reason),
-                reason=record.banned_reason,
+                reason=record.ban_message() if record.banned_reason else "",
                 finished=c.finished,
+                unreachable=record.unreachable,
             )
 
     def _standby_heartbeat(self, fields: dict[str, Any], peer_id: str) -> swarm_pb2.HeartbeatReply:

@@ -91,7 +91,7 @@ class RoundContext:
                 self.open.book.excluded[commitment.header.peer_id] = reason
             record = self.registry.get(commitment.header.peer_id)
             if record is not None:
-                record.excluded_reason = f"round {commitment.header.round}: {message}"
+                record.exclude(commitment.header.round, reason, message)  # unreachable: the peer is told what to do
         log.warning("excluded %s from round %d: %s", commitment.header.peer_id[:8], commitment.header.round, message)
 
 

@@ -2,10 +2,11 @@
 
 Every 2 s, and at once when a round ends (`Heartbeat.now`), so `status` shows that round's
 bytes. It reads the node only through a frozen `NodeSnapshot` the node republishes when
-something changes, and reports what the reply says (a ban, the end of the run) as events the
-node drains on its own thread: the heartbeat thread writes nothing of the node's. A coordinator
-that lost us gets a rejoin. The same loop keeps the peer's DHT record alive: it is rewritten
-well before it expires.
+something changes, and reports what the reply says (a ban, the end of the run, another process
+of our key that took over, an endpoint nobody could fetch our update from) as events the node
+drains on its own thread: the heartbeat thread writes nothing of the node's. A coordinator that
+lost us gets a rejoin. The same loop keeps the peer's DHT record alive: it is rewritten well
+before it expires.
 """
 
 from __future__ import annotations
@@ -64,13 +65,32 @@ class RunFinished:
     pass
 
 
-HeartbeatEvent = Banned | RunFinished
+@dataclass(frozen=True, slots=True)
+class MustStop:
+    """The coordinator will not have this process (another process of our key took over, or a
+    rejoin was refused for good): `reason` says why and what to do."""
+
+    reason: str
 
 
-def heartbeat_body(peer_id: str, snapshot: NodeSnapshot, counter: ByteCounter) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class NotReachable:
+    """Our update could not be fetched from the endpoint we announce: `advice` says what to do.
+    Posted once per episode (again only after the coordinator stopped saying it)."""
+
+    advice: str
+
+
+HeartbeatEvent = Banned | RunFinished | MustStop | NotReachable
+# A rejoin refused with these ends the peer: it can never take part under this key and endpoint.
+STOPS = {swarm_pb2.DUPLICATE_SESSION, swarm_pb2.UNREACHABLE}
+
+
+def heartbeat_body(peer_id: str, snapshot: NodeSnapshot, counter: ByteCounter, session: str = "") -> dict[str, Any]:
     total = counter.total()
     return {
         "peer_id": peer_id,
+        "session": session,  # this process's (peer/node/local_state.py): another live one of our key is refused
         "round": snapshot.round,
         "param_hash": snapshot.param_hash,
         "state": snapshot.state,
@@ -88,9 +108,11 @@ def heartbeat_body(peer_id: str, snapshot: NodeSnapshot, counter: ByteCounter) -
 class Heartbeat:
     def __init__(self, *, client: CoordinatorPort, identity: Identity, counter: ByteCounter,
                  snapshot: Callable[[], NodeSnapshot], announce: Callable[[], None], rejoin: Callable[[], None],
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, session: str = "") -> None:
         self.client = client
         self.identity = identity
+        self.session = session
+        self.told_unreachable = False  # NotReachable posted, and the coordinator still says it
         self.counter = counter
         self.snapshot = snapshot
         self.announce = announce
@@ -121,7 +143,7 @@ class Heartbeat:
     def beat(self) -> swarm_pb2.HeartbeatReply | None:
         """One signed heartbeat; the reply (its ban / end of run also posted as events), or None
         when it did not land (the next one retries)."""
-        body = heartbeat_body(self.identity.peer_id, self.snapshot(), self.counter)
+        body = heartbeat_body(self.identity.peer_id, self.snapshot(), self.counter, self.session)
         try:
             reply = self.client.heartbeat(sign_body(self.identity, HEARTBEAT_TAG, body))
         except Refused as exc:
@@ -131,11 +153,15 @@ class Heartbeat:
                 except NotAdmitted as join_exc:
                     if join_exc.refusal == swarm_pb2.BANNED:
                         self.events.put(Banned(join_exc.reason or "banned"))
+                    elif join_exc.refusal in STOPS:
+                        self.events.put(MustStop(str(join_exc)))
                     log.info("rejoin after heartbeat refused: %s", join_exc)
                 except Exception as join_exc:  # noqa: BLE001 - the main loop sees a refusal on its next commit
                     log.info("rejoin after heartbeat failed: %s", join_exc)
             elif exc.refusal == swarm_pb2.BANNED:
                 self.events.put(Banned(exc.reason or "banned"))
+            elif exc.refusal == swarm_pb2.DUPLICATE_SESSION:  # another process of our key took over
+                self.events.put(MustStop(exc.reason))
             else:
                 log.info("heartbeat refused: %s", exc)
             return None
@@ -149,6 +175,9 @@ class Heartbeat:
             self.events.put(Banned(reply.reason or "banned"))
         if reply.finished:
             self.events.put(RunFinished())
+        if reply.unreachable and not self.told_unreachable:
+            self.events.put(NotReachable(reply.unreachable))
+        self.told_unreachable = bool(reply.unreachable)
         return reply
 
     def loop(self) -> None:

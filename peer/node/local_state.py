@@ -1,14 +1,18 @@
 """A peer's own state for `--resume`: θ_r, the outer state, and what never leaves the peer (inner
-AdamW state, error feedback), written every round beside its identity."""
+AdamW state, error feedback), written every round beside its identity; and the hold this
+process has on that identity (one process per key: `hold_identity`)."""
 
 from __future__ import annotations
 
 import copy
 import logging
+import secrets
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from peer.run import checkpoint
+from protocol.identity import Identity, IdentityLock, lock_identity
 
 log = logging.getLogger("swarmloco.peer")
 
@@ -38,3 +42,37 @@ def load_local_state(path: Path, *, config_hash: str, trainer, math) -> checkpoi
     math.load_local_state_dict(ckpt.local_state.get("math") or {})
     math.load_global_state_dict(ckpt.outer_state)
     return ckpt
+
+
+@dataclass(frozen=True, slots=True)
+class HeldIdentity:
+    """The key this process speaks with, and its session with the run.
+
+    `session` is fresh per process: it goes into every Join and heartbeat, so the coordinator
+    tells a second live process of one key (refused) from this one. `succeeds` is the session of
+    the process that held the key's lock before us (read from the lock file): we hold the lock,
+    so that process is dead, and the coordinator lets us take its place at once, without waiting
+    for its heartbeats to time out (peer/coordinator/registry.py, PeerRegistry.session_conflict)."""
+
+    identity: Identity
+    session: str
+    succeeds: str = ""
+    lock: IdentityLock | None = None  # None: an ephemeral identity (nothing to share, nothing to lock)
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+
+def hold_identity(path: str | None) -> HeldIdentity:
+    """Load (or create) the key at `path` and lock it for this process; raises IdentityInUse
+    (protocol.identity) when another live process holds it. No path: a fresh ephemeral key."""
+    session = secrets.token_hex(16)
+    if not path:
+        return HeldIdentity(Identity.generate(), session)
+    Identity.load_or_create(path)  # creates the key (and its folder) on first use, with its own clear errors
+    lock = lock_identity(path, {"session": session})
+    # Read again under the lock: had two processes created the key at once, the file holds the
+    # key this lock guards.
+    previous = lock.previous.get("session")
+    return HeldIdentity(Identity.load_or_create(path), session, previous if isinstance(previous, str) else "", lock)

@@ -29,9 +29,9 @@ from peer.learn.training import InnerTrainer
 from peer.node import ranks
 from peer.node.coordinator_client import CoordinatorClient
 from peer.node.errors import NotAdmitted, PeerExit
-from peer.node.heartbeat import Banned, Heartbeat, NodeSnapshot, RunFinished
+from peer.node.heartbeat import Banned, Heartbeat, MustStop, NodeSnapshot, NotReachable, RunFinished
 from peer.node.inner_phase import InnerPhase
-from peer.node.local_state import load_local_state, save_local_state
+from peer.node.local_state import hold_identity, load_local_state, save_local_state
 from peer.node.options import PeerOptions
 from peer.node.overlap import run_overlapped
 from peer.node.phase import RoundPhase
@@ -66,7 +66,9 @@ class PeerNode:
         check_environment()  # a bad SWARMLOCO_FAIL_AT fails here, before anything starts
         self.options = options
         state_dir = Path(options.state_dir or (Path(options.identity_path).parent if options.identity_path else "."))
-        self.identity = Identity.load_or_create(options.identity_path) if options.identity_path else Identity.generate()
+        # One process per key: IdentityInUse (an OSError: the CLI prints it) when another holds it.
+        self.held = hold_identity(options.identity_path)
+        self.identity: Identity = self.held.identity
         self.state_path = state_dir / f"peer-{self.identity.peer_id[:16]}.state"
         self.counter = ByteCounter(self.identity.peer_id)
         self.short = self.identity.peer_id[:8]
@@ -86,6 +88,7 @@ class PeerNode:
         self.round = 0
         self._hash = ""  # sha256 of self.params once built
         self.finished, self.banned_reason = False, ""
+        self.stop_reason = ""  # the coordinator will not have this process (MustStop)
         self.round_traffic: dict[str, int] = {}
         self.history: list[dict[str, Any]] = []
 
@@ -125,6 +128,10 @@ class PeerNode:
                     self.banned_reason = reason
                 case RunFinished():
                     self.finished = True
+                case MustStop(reason=reason):
+                    self.stop_reason = reason
+                case NotReachable(advice=advice):  # said once, loudly: else only a RESYNC would show it
+                    print(f"peer {self.short} | WARNING: {advice}", flush=True)
 
     # --- setup ---------------------------------------------------------------------------
 
@@ -148,7 +155,8 @@ class PeerNode:
         self.send_join()
         self.announce()
         self.heartbeat = Heartbeat(client=self.client, identity=self.identity, counter=self.counter,
-                                   snapshot=lambda: self.snapshot, announce=self.announce, rejoin=self.send_join, stop=self.stop)
+                                   snapshot=lambda: self.snapshot, announce=self.announce, rejoin=self.send_join, stop=self.stop,
+                                   session=self.held.session)
         self.heartbeat.start()
 
     def _build(self, round_: int) -> None:
@@ -210,7 +218,9 @@ class PeerNode:
         """Join (or rejoin: a restarted coordinator that lost us, a new endpoint); same identity.
         Raises NotAdmitted when refused. May run on the heartbeat's thread: writes no node state."""
         body = {"run_id": self.cfg.run_id, "endpoint": self.endpoint, "client_mode": self.options.client_mode,
-                "version": VERSION, "tokenizer_sha256": self.tokenizer_sha256, "timestamp": time.time()}
+                "version": VERSION, "tokenizer_sha256": self.tokenizer_sha256, "timestamp": time.time(),
+                # this process's session, and the one whose lock it took over (a restart after a crash)
+                "session": self.held.session, "succeeds": self.held.succeeds}
         try:
             reply = self.client.join(sign_body(self.identity, JOIN_TAG, body))
         except Refused as exc:
@@ -259,6 +269,8 @@ class PeerNode:
             return False
         if self.banned_reason:
             raise PeerExit(f"banned from the run: {self.banned_reason}")
+        if self.stop_reason:
+            raise PeerExit(self.stop_reason)
         return True
 
     def run(self, max_rounds: int | None = None) -> dict[str, Any]:
@@ -401,3 +413,4 @@ class PeerNode:
             self.writer.shutdown(wait=True)  # a state write in flight must land whole
         if self.dht is not None:
             self.dht.shutdown()
+        self.held.release()  # last: the state file is whole before another process may take this key

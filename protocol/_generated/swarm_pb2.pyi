@@ -30,6 +30,8 @@ class Refusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NOT_OWNER: _ClassVar[Refusal]
     BUSY: _ClassVar[Refusal]
     NOT_ACTIVE: _ClassVar[Refusal]
+    DUPLICATE_SESSION: _ClassVar[Refusal]
+    UNREACHABLE: _ClassVar[Refusal]
 REFUSAL_UNSPECIFIED: Refusal
 UNKNOWN_PEER: Refusal
 WRONG_ENDPOINT: Refusal
@@ -51,6 +53,8 @@ NO_RELAY: Refusal
 NOT_OWNER: Refusal
 BUSY: Refusal
 NOT_ACTIVE: Refusal
+DUPLICATE_SESSION: Refusal
+UNREACHABLE: Refusal
 
 class Signed(_message.Message):
     __slots__ = ("body", "signature", "public_key")
@@ -117,20 +121,22 @@ class JoinReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., peer_id: _Optional[str] = ..., round: _Optional[int] = ..., param_hash: _Optional[str] = ..., refusal: _Optional[_Union[Refusal, str]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("round", "param_hash", "banned", "reason", "finished", "refusal")
+    __slots__ = ("round", "param_hash", "banned", "reason", "finished", "refusal", "unreachable")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PARAM_HASH_FIELD_NUMBER: _ClassVar[int]
     BANNED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     round: int
     param_hash: str
     banned: bool
     reason: str
     finished: bool
     refusal: Refusal
-    def __init__(self, round: _Optional[int] = ..., param_hash: _Optional[str] = ..., banned: _Optional[bool] = ..., reason: _Optional[str] = ..., finished: _Optional[bool] = ..., refusal: _Optional[_Union[Refusal, str]] = ...) -> None: ...
+    unreachable: str
+    def __init__(self, round: _Optional[int] = ..., param_hash: _Optional[str] = ..., banned: _Optional[bool] = ..., reason: _Optional[str] = ..., finished: _Optional[bool] = ..., refusal: _Optional[_Union[Refusal, str]] = ..., unreachable: _Optional[str] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
     __slots__ = ("header", "endpoint")
