@@ -1,6 +1,7 @@
 """What several test files share, in one place: the tiny run config, a free loopback port,
-reading a real swarm's children (a line they print, the JSON summary they write), and the process
-tree of a child (Linux /proc: what it started, and whether any of it is left).
+reading a real swarm's children (a line they print, the JSON summary they write, the coordinator's
+status), a fault-hook gate that holds a swarm at an exact point, and the process tree of a child
+(Linux /proc: what it started, and whether any of it is left).
 
 Fixtures live in tests/conftest.py; this module holds plain functions, imported by name."""
 
@@ -190,6 +191,52 @@ def wait_line(child, pattern: str, timeout_s: float) -> re.Match:
 def read_summary(swarm, name: str) -> dict:
     """The JSON summary the Swarm child `name` wrote when it exited (coordinator, standby or peer)."""
     return json.loads((swarm.workdir / f"{name}.json").read_text())
+
+
+def wait_run_end(swarm, coordinator, peers, *, within_s: float = 240.0, peers_within_s: float = 60.0) -> None:
+    """The run ends cleanly: the coordinator (a Swarm child) exits 0 within `within_s`, then each
+    of `peers` within `peers_within_s`; an AssertionError with the tail of its output when one does not."""
+    assert swarm.wait(coordinator, within_s) == 0, f"{coordinator.name}:\n" + "".join(coordinator.lines)[-3000:]
+    for peer in peers:
+        assert swarm.wait(peer, peers_within_s) == 0, f"{peer.name}:\n" + "".join(peer.lines)[-2000:]
+
+
+def wait_status(endpoint: str, fact, timeout_s: float) -> dict:
+    """The coordinator's status (its Status RPC) once `fact(status)` holds, asked again until then;
+    an AssertionError with the last status when it does not within `timeout_s`."""
+    from peer.cli.status import fetch_status
+
+    deadline = time.monotonic() + timeout_s
+    status: dict = {}
+    while time.monotonic() < deadline:
+        try:
+            status = fetch_status(endpoint)
+        except Exception:  # noqa: BLE001 - not answering yet
+            status = {}
+        if status and fact(status):
+            return status
+        time.sleep(0.2)
+    raise AssertionError(f"{endpoint}: status never showed the fact within {timeout_s:.0f} s; last: {json.dumps(status)[:2000]}")
+
+
+class Gate:
+    """A fault-hook gate (peer/run/faults.py `wait=PATH`): every child started with `fault` in
+    SWARMLOCO_FAIL_AT stops at `phase` of round `round` until `open()` creates the file, so a
+    test holds a swarm at an exact point while something slow (a process start) happens, instead
+    of hoping it happens in time. `reached(child)` waits for the child's word that it is there."""
+
+    def __init__(self, path: Path, phase: str, round_: int) -> None:
+        self.path, self.phase, self.round = path, phase, round_
+
+    @property
+    def fault(self) -> str:
+        return f"{self.phase}:{self.round}:wait={self.path}"
+
+    def reached(self, child, timeout_s: float) -> None:
+        wait_line(child, re.escape(f"reached {self.phase}:{self.round}, waiting for {self.path}"), timeout_s)
+
+    def open(self) -> None:
+        self.path.touch()
 
 
 

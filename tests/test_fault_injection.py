@@ -1,7 +1,8 @@
 """Deterministic fault injection (peer/run/faults.py): SWARMLOCO_FAIL_AT=PHASE:ROUND[:ACTION[:REPEAT]]
-(or faults.inject in-process) makes a process SIGKILL itself, raise InjectedFault, or sleep at
-exactly that point, so crash and slow-path tests need no log-timed kill. Real peers killed this
-way in a swarm: tests/test_fault_tolerance.py (test_a_peer_sigkilled_mid_round_does_not_stall_the_swarm)."""
+(or faults.inject in-process) makes a process SIGKILL itself, raise InjectedFault, sleep, or wait
+at a gate until a file exists, at exactly that point, so crash and slow-path tests need no
+log-timed kill and no timer. Real peers killed this way in a swarm, and held at a gate while late
+joiners start: tests/test_fault_tolerance.py (test_a_peer_sigkilled_mid_round_does_not_stall_the_swarm)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ def test_fail_at_parses_phase_and_round():
         ("manifest:3:delay=0", FailAt("manifest", 3, Action.DELAY, 0.0)),
         ("fetched:*:delay=1.5:every", FailAt("fetched", None, Action.DELAY, 1.5, every=True)),
         (" gathered : 4 : error : once ", FailAt("gathered", 4, Action.ERROR)),
+        ("trained:2:wait=/tmp/gate", FailAt("trained", 2, Action.WAIT, path="/tmp/gate")),
+        ("round-recorded:*:wait= /tmp/a gate :every", FailAt("round-recorded", None, Action.WAIT, every=True, path="/tmp/a gate")),
     ],
 )
 def test_fail_at_parses_actions_and_repeats(text, fault):
@@ -70,6 +73,11 @@ def test_fail_at_parses_actions_and_repeats(text, fault):
         ("committed:1:delay=5000", "delay=SECONDS needs SECONDS from 0 to 3600"),
         ("committed:1:error:twice", "REPEAT 'twice' is not one of once, every"),
         ("committed:1:error:every:more", "expected PHASE:ROUND"),
+        ("commited:1", "stop, wait=PATH"),
+        ("committed:1:wait", "wait=PATH needs the PATH of the file that opens the gate"),
+        ("committed:1:wait=", "wait=PATH needs the PATH of the file that opens the gate"),
+        ("committed:1:wait=/tmp/a:b", "wait=PATH may hold no ':'"),
+        ("committed:1:wait=/tmp/a:every:b", "wait=PATH may hold no ':'"),
     ],
 )
 def test_bad_fail_at_is_a_clear_value_error(text, says):
@@ -90,6 +98,8 @@ def test_a_spec_lists_faults_and_names_each_point_once():
         faults.parse_spec("committed:1,fetched:x")
     with pytest.raises(ValueError, match="expected PHASE:ROUND"):
         faults.parse_spec("committed:1,")  # an empty fault is not silently skipped
+    with pytest.raises(ValueError, match="fault 'b': expected PHASE:ROUND"):
+        faults.parse_spec("trained:0:wait=/tmp/a,b")  # a ',' in PATH starts another fault: refused, not half-read
 
 
 def test_environment_is_read_once_and_unset_is_a_no_op(monkeypatch):
@@ -178,6 +188,47 @@ def test_faults_at_one_point_act_in_order_delay_then_error():
         assert after.hits == 1
 
 
+def test_a_gate_holds_the_thread_at_its_point_until_its_file_exists(tmp_path):
+    gate = tmp_path / "gate"
+    went_on = threading.Event()
+
+    def worker() -> None:
+        faults.fail_point("trained", 0)  # not its round: goes on at once
+        faults.fail_point("trained", 2)
+        went_on.set()
+
+    with faults.inject("trained", 2, f"wait={gate}") as fault:
+        t = threading.Thread(target=worker)
+        t.start()
+        deadline = time.monotonic() + 30
+        while fault.hits == 0 and time.monotonic() < deadline:  # it reached the gate (counted before it waits)
+            time.sleep(0.01)
+        assert fault.hits == 1 and t.is_alive() and not went_on.is_set()
+        gate.touch()
+        t.join(30)
+        assert went_on.is_set()
+        faults.fail_point("trained", 2)  # once: and the file is there anyway
+    assert fault.hits == 1
+
+
+def test_a_gate_nobody_opens_is_a_gate_timeout_that_names_its_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(faults, "MAX_WAIT_S", 0.2)
+    gate = tmp_path / "never"
+    with faults.inject("committed", 1, f"wait={gate}"), pytest.raises(faults.GateTimeout) as info:
+        faults.fail_point("committed", 1)
+    assert isinstance(info.value, faults.InjectedFault) and (info.value.phase, info.value.round) == ("committed", 1)
+    assert f"the gate at committed:1 waited 0.2 s for {gate}, which never appeared: create that file" in str(info.value)
+
+
+def test_a_gate_then_an_error_at_one_point_act_in_order(tmp_path):
+    gate = tmp_path / "open"
+    gate.touch()
+    with faults.inject("fetched", 0, f"wait={gate}") as wait, faults.inject("fetched", 0, "error") as error:
+        with pytest.raises(faults.InjectedFault):
+            faults.fail_point("fetched", 0)
+    assert (wait.hits, error.hits) == (1, 1)  # the gate goes on, like a delay: the next fault acts
+
+
 def test_inject_validates_like_the_variable():
     with pytest.raises(ValueError, match="not a phase; known phases: trained"):
         faults.inject("traind", 0).__enter__()
@@ -187,6 +238,8 @@ def test_inject_validates_like_the_variable():
         faults.inject("trained", 0, "crash").__enter__()
     with pytest.raises(ValueError, match="delay=SECONDS needs SECONDS"):
         faults.inject("trained", 0, "delay=-2").__enter__()
+    with pytest.raises(ValueError, match="wait=PATH may hold no ',' or ':'"):
+        faults.inject("trained", 0, "wait=/tmp/a:b").__enter__()
     assert faults._injected == []  # nothing was left armed
 
 
@@ -293,7 +346,7 @@ def _reach(spec: str, phase: str = "trained", round_: int = 0) -> subprocess.Com
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
 
 
-def test_the_variable_kills_raises_or_delays_a_real_process():
+def test_the_variable_kills_raises_delays_or_gates_a_real_process(tmp_path):
     killed = _reach("trained:0")
     assert killed.returncode == -signal.SIGKILL and "reached trained:0, killing" in killed.stderr
     assert "went on" not in killed.stdout
@@ -303,6 +356,20 @@ def test_the_variable_kills_raises_or_delays_a_real_process():
     assert delayed.returncode == 0 and "went on" in delayed.stdout and "sleeping 0.1 s" in delayed.stderr
     other = _reach("trained:1:error")
     assert other.returncode == 0 and "went on" in other.stdout
+    gate = tmp_path / "gate"
+    waiting = subprocess.Popen([sys.executable, "-c", "from peer.run import faults; faults.check_environment(); "
+                                "faults.fail_point('trained', 0); print('went on')"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **{faults.ENV: f"trained:0:wait={gate}"}))
+    try:
+        assert waiting.stderr.readline() == f"{faults.ENV}: reached trained:0, waiting for {gate} (at most 600 s)\n"
+        assert waiting.poll() is None  # held there
+        gate.touch()
+        out, err = waiting.communicate(timeout=60)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+    assert waiting.returncode == 0 and out == "went on\n" and f"{gate} exists: going on from trained:0" in err
 
 
 def test_a_bad_value_stops_the_peer_at_start_up():

@@ -1,10 +1,16 @@
 """A live local swarm scraped through /metrics: the coordinator's numbers agree with its status
-JSON, each peer's with its own history; the run log records the run and plot_run draws it."""
+JSON, each peer's with its own history; the run log records the run and plot_run draws it.
+
+The peers wait at a gate (peer/run/faults.py `wait=PATH`) after training round HELD_ROUND, so
+the swarm holds still, with every process up, while the test scrapes it and watches `status`."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -13,11 +19,13 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import ROOT, read_summary, wait_line, write_run_config
 from peer.cli.status import fetch_status
+from peer.run import faults
+from tests.helpers import ROOT, Gate, read_summary, wait_line, wait_run_end, wait_status, write_run_config
 
 pytestmark = pytest.mark.integration
-ROUNDS = 20
+ROUNDS = 4
+HELD_ROUND = 2  # rounds 0 and 1 closed, round 2 open while the test looks
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -43,41 +51,68 @@ def consistent_view(metrics_url: str, endpoint: str) -> tuple[dict, dict, dict]:
 
 
 WATCH = """
-import os, signal, sys, threading
+import signal, sys
 from peer.cli.main import main
 signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job (CI) inherits SIGINT ignored
-threading.Timer(2.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
 code = main(["status", "--coordinator", sys.argv[1], "--watch", "0.3"])
 print("exit", code, "loaded", sorted(m for m in ("torch", "hivemind") if m in sys.modules))
 """
+FRAMES = 3  # ^C once `status --watch` has drawn this many
+FRAME_END = b"^C to stop\n"  # the last line of every frame
+
+
+def read_until(process: subprocess.Popen, count: int, marker: bytes, timeout_s: float) -> bytes:
+    """What `process` wrote to stdout until `marker` appeared `count` times (or it closed stdout);
+    an AssertionError when it did not within `timeout_s`."""
+    out, deadline = b"", time.monotonic() + timeout_s
+    while out.count(marker) < count:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"{count} x {marker!r} not printed within {timeout_s:.0f} s:\n{out[-2000:]!r}")
+        if select.select([process.stdout], [], [], remaining)[0]:
+            chunk = os.read(process.stdout.fileno(), 65536)
+            if not chunk:
+                break  # it exited: the caller's assertions say what went wrong
+            out += chunk
+    return out
 
 
 def watch_status_in_place(endpoint: str) -> None:
-    """`status --watch` redraws the table in place (clear-screen frames) until ^C, without torch."""
-    result = subprocess.run([sys.executable, "-c", WATCH, endpoint], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    frames = result.stdout.split("\x1b[H\x1b[2J")[1:]
-    assert result.stdout.splitlines()[-1] == "exit 0 loaded []", result.stdout[-1000:] + result.stderr[-2000:]
-    assert len(frames) >= 3 and all(f.startswith("run swarmloco-demo | ") for f in frames), result.stdout[:2000]
+    """`status --watch` redraws the table in place (clear-screen frames) until ^C, without torch:
+    ^C (SIGINT) as soon as it has drawn FRAMES frames."""
+    process = subprocess.Popen([sys.executable, "-u", "-c", WATCH, endpoint], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        drawn = read_until(process, FRAMES, FRAME_END, 60)
+        process.send_signal(signal.SIGINT)
+        rest, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    stdout, stderr = (drawn + rest).decode(), err.decode()
+    frames = stdout.split("\x1b[H\x1b[2J")[1:]
+    assert stdout.splitlines()[-1] == "exit 0 loaded []", stdout[-1000:] + stderr[-2000:]
+    assert len(frames) >= FRAMES and all(f.startswith("run swarmloco-demo | ") for f in frames), stdout[:2000]
     rounds = [int(re.search(r"round (\d+)/", f).group(1)) for f in frames]
     assert rounds == sorted(rounds)
 
 
-def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path):
+def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path, monkeypatch):
     config = write_run_config(tmp_path / "run.json", rounds={"rounds": ROUNDS, "expected_peers": 2})
     log = tmp_path / "run.jsonl"
     coordinator = swarm.start_coordinator(["--config", str(config), "--metrics-port", "0", "--run-log", str(log)])
-    peers = [swarm.start_peer(f"p{i}", ["--shard", f"{i}/2", "--metrics-port", "0"]) for i in range(2)]
+    gate = Gate(tmp_path / "gate", "trained", HELD_ROUND)
+    with monkeypatch.context() as env:
+        env.setenv(faults.ENV, gate.fault)
+        peers = [swarm.start_peer(f"p{i}", ["--shard", f"{i}/2", "--metrics-port", "0"]) for i in range(2)]
     metrics_url = wait_line(coordinator, r"coordinator metrics: (http://\S+)", 90).group(1)
     peer_urls = [wait_line(p, r"metrics: (http://\S+)", 90).group(1) for p in peers]
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # two closed rounds, and both peers reported a round's bytes
-        status = fetch_status(swarm.coordinator_endpoint)
-        if status["round"] >= 2 and len(status["peers"]) == 2 and all(p["last_round_bytes"] for p in status["peers"]):
-            break
-        time.sleep(0.2)
-    watch_status_in_place(swarm.coordinator_endpoint)  # while the coordinator surely runs
-    # The peers first: they leave as soon as the run ends (rounds here take about a second).
+    for p in peers:
+        gate.reached(p, 180)
+    # Both peers' heartbeats after round 1 (sent as it ended) carry that round's bytes.
+    wait_status(swarm.coordinator_endpoint, lambda s: s["round"] == HELD_ROUND and len(s["peers"]) == 2
+                and all(p["last_round_bytes"] for p in s["peers"]), 60)
+    watch_status_in_place(swarm.coordinator_endpoint)
     for url in peer_urls:
         pm = scrape(url)
         assert pm[("swarmloco_rounds_completed_total", ())] >= 1
@@ -111,9 +146,8 @@ def test_metrics_agree_with_status_and_the_run_log_plots(swarm, tmp_path):
     live = sum(v for (name, labels), v in m.items() if name == "swarmloco_peers")
     assert live == len(s["peers"]) == 2
 
-    assert swarm.wait(coordinator, 180) == 0
-    for p in peers:
-        assert swarm.wait(p, 60) == 0
+    gate.open()
+    wait_run_end(swarm, coordinator, peers, within_s=180)
     summary = read_summary(swarm, "coordinator")
     events = [json.loads(line) for line in log.read_text().splitlines()]
     kinds = [e["event"] for e in events]
