@@ -11,14 +11,27 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from peer.cli.launcher import GRPC_RE, MADDR_RE, Swarm
-from peer.cli.status import fetch_status
 from protocol.identity import Identity
-from tests.helpers import free_port, read_summary, wait_line, write_run_config
+from tests.helpers import free_port, read_summary, wait_line, wait_status, write_run_config
+
+# The lease floor of these runs. Not the 6 s default, to keep the takeovers quick, and not shorter:
+# on a loaded 2-core machine a DHT renewal can take seconds, and a lease that runs out before the
+# fault is injected makes the standby take over early (safely, but then there is no failover to test).
+LEASE_S = 8.0
+STEPPED_DOWN = r"stepping down at round \d+"
+
+
+def skip_if_the_lease_ran_out_first(active) -> None:
+    """A machine loaded far past its cores can starve the active's DHT renewals until its lease
+    lapses before the fault is injected: the standby then takes over early and the active steps
+    down (safely: the fencing tests cover that path). There is no failover left to test then."""
+    if re.search(STEPPED_DOWN, "".join(active.lines)):
+        pytest.skip("the active coordinator's lease ran out before the injected fault (machine overloaded); "
+                    "it stepped down safely, so this run exercised no failover")
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +43,7 @@ def test_standby_takes_over_from_a_sigkilled_coordinator_and_the_old_one_comes_b
     same flags, through the survivors' DHT addresses) while the run goes on: it must follow as a
     standby, not split the run, and leave when the run ends."""
     standby_key = Identity.load_or_create(swarm.workdir / "standby.pem")  # made first, so the run can list it
-    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 12, "expected_peers": 4}, control={"lease_s": 2.0})
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 12, "expected_peers": 4}, control={"lease_s": LEASE_S})
     with monkeypatch.context() as m:
         m.setenv("SWARMLOCO_FAIL_AT", "manifest-signed:2")
         active = swarm.start_coordinator(["--config", str(config), "--coordinators", standby_key.peer_id])
@@ -46,7 +59,9 @@ def test_standby_takes_over_from_a_sigkilled_coordinator_and_the_old_one_comes_b
         m.setenv("SWARMLOCO_FAIL_AT", "trained:2:delay=10,trained:4:delay=8")
         peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/4"]) for i in range(4)]
 
-    assert swarm.wait(active, 240) == -signal.SIGKILL
+    if swarm.wait(active, 240) != -signal.SIGKILL:
+        skip_if_the_lease_ran_out_first(active)
+    assert active.process.returncode == -signal.SIGKILL, "".join(active.lines)[-3000:]
     took_over = wait_line(standby, r"took over run \S+ with term (\d+) at round (\d+)", 60)
     assert (int(took_over.group(1)), int(took_over.group(2))) == (1, 2)  # term 1, from the start of round 2 it held
     # Back at once, while the swarm (whose DHT nodes are its way in) is sure to be running.
@@ -82,21 +97,6 @@ def test_standby_takes_over_from_a_sigkilled_coordinator_and_the_old_one_comes_b
     assert old_key != standby_key.peer_id
 
 
-def wait_status(endpoint: str, fact, timeout_s: float) -> dict:
-    """The coordinator's status once `fact(status)` holds (asked again until then)."""
-    deadline = time.monotonic() + timeout_s
-    status: dict = {}
-    while time.monotonic() < deadline:
-        try:
-            status = fetch_status(endpoint)
-        except Exception:  # noqa: BLE001 - not answering yet
-            status = {}
-        if status and fact(status):
-            return status
-        time.sleep(0.2)
-    raise AssertionError(f"{endpoint}: status never showed the fact; last: {json.dumps(status)[:2000]}")
-
-
 def logged_rounds(path) -> dict[int, str]:
     """round -> param hash of every `round` event in a run log."""
     events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -115,7 +115,7 @@ def test_a_frozen_active_coordinator_neither_forks_the_run_nor_leaves_it_without
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])] if hog else []
     try:
         standby_key = Identity.load_or_create(swarm.workdir / "standby.pem")
-        config = write_run_config(tmp_path / "run.json", rounds={"rounds": 5, "expected_peers": 2}, control={"lease_s": 2.0})
+        config = write_run_config(tmp_path / "run.json", rounds={"rounds": 5, "expected_peers": 2}, control={"lease_s": LEASE_S})
         logs = {name: swarm.workdir / f"{name}.jsonl" for name in ("coordinator", "standby")}
         with monkeypatch.context() as m:
             m.setenv("SWARMLOCO_FAIL_AT", "round-recorded:2:stop")
@@ -126,7 +126,8 @@ def test_a_frozen_active_coordinator_neither_forks_the_run_nor_leaves_it_without
         wait_line(standby, r"following run \S+'s active coordinator", 60)
         peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/2"]) for i in range(2)]
 
-        wait_line(active, r"reached round-recorded:2, stopping this process", 240)
+        wait_line(active, rf"reached round-recorded:2, stopping this process|{STEPPED_DOWN}", 240)
+        skip_if_the_lease_ran_out_first(active)
         took_over = wait_line(standby, r"took over run \S+ with term (\d+) at round (\d+)", 90)
         assert (int(took_over.group(1)), int(took_over.group(2))) == (1, 3)  # from the state of the round it recorded last
         endpoint = GRPC_RE.search("".join(standby.lines)).group(1)
