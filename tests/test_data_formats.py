@@ -85,8 +85,13 @@ def test_parquet_streams_the_chosen_column_by_row_groups(tmp_path, capsys):
     assert "1 parquet file(s), 299 records (1 empty skipped)" in capsys.readouterr().out
     want = expected_splits(path.name, {row: text for row, text in enumerate(bodies) if text})
     assert (shard_bytes(tmp_path / "shards", "train"), shard_bytes(tmp_path / "shards", "val")) == (want["train"], want["val"])
-    memory = load_corpus(DataConfig(path=str(path)), text_field="body")
+    # A peer reads the field its run names ([data] text_field, served with the run config), not a flag of its own.
+    memory = load_corpus(DataConfig(path=str(path), text_field="body"))
     assert memory.train.numpy().tobytes() == want["train"]
+    with pytest.raises(CorpusError, match="no 'text' column"):
+        load_corpus(DataConfig(path=str(path)))
+    with pytest.raises(ValueError, match="data.text_field"):
+        DataConfig(text_field=" ")
 
 
 def test_a_folder_mixing_formats_gives_the_shards_the_in_memory_loader_reads(tmp_path):

@@ -38,8 +38,9 @@ def add_model_verbs(sub) -> None:
     pd.add_argument("--config", metavar="RUN.toml", help="the run config (its data, tokenizer and model vocabulary)")
     pd.add_argument("--data", help="a text, .jsonl or .parquet file, or a folder mixing them (default: the config's data.path, "
                                    "else the stdlib sources)")
-    pd.add_argument("--text-field", default=DEFAULT_TEXT_FIELD, metavar="KEY",
-                    help="the key of a .jsonl record, or the column of a .parquet file, that holds the text (default: text)")
+    pd.add_argument("--text-field", metavar="KEY",
+                    help="the key of a .jsonl record, or the column of a .parquet file, that holds the text "
+                         f"(default: the config's data.text_field, {DEFAULT_TEXT_FIELD!r} unless it names another)")
     pd.add_argument("--out", required=True, metavar="DIR", help="folder to write the shards, manifest.json and tokenizer.json into")
     pd.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard file")
 

@@ -108,24 +108,26 @@ def encoded(pieces: Iterator[tuple[str, bytes, bool]], encode) -> Iterator[tuple
 UNNAMED = "pending"  # tokenizer_sha256 while the config loads: a placeholder, so loading trains nothing
 
 
-def shard_config_and_codec(args: argparse.Namespace, text_field: str):
+def shard_config_and_codec(args: argparse.Namespace):
     """(run config with --data as data.path, the BPE codec or None) for these shards.
 
     A config that names its tokenizer's hash keeps it: this corpus must give the same tokenizer
     (or data.tokenizer_path must hold it). Otherwise the BPE is trained here on the corpus being
-    prepared, its records' text_field, not on data.path's text while the config loads (which is
+    prepared, its records' data.text_field (--text-field), not on data.path's text while the config loads (which is
     why the hash is a placeholder until then), and its hash goes into the config."""
     from peer.learn.data import load_corpus
     from peer.learn.tokenizer import check_tokenizer, corpus_tokenizer
     from peer.run.config import read_config_file
 
     overrides = {} if args.data is None else {"data.path": args.data}
+    if args.text_field is not None:
+        overrides["data.text_field"] = args.text_field
     named = bool(args.config and read_config_file(args.config).get("data", {}).get("tokenizer_sha256"))
     cfg = resolve_run_config(args.config, overrides if named else {**overrides, "data.tokenizer_sha256": UNNAMED})
     if cfg.data.tokenizer != "bpe":
         return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer_sha256="")), None
     # What the tokenizer trains on: the in-memory corpus (the same files, fields and splits).
-    sample = load_corpus(dataclasses.replace(cfg.data, tokenizer="bytes", shards=None), text_field=text_field)
+    sample = load_corpus(dataclasses.replace(cfg.data, tokenizer="bytes", shards=None))
     codec = corpus_tokenizer(cfg.data, sample.train.numpy().tobytes(), sample.digest)
     if named:
         check_tokenizer(cfg.data, codec, sample.source)
@@ -141,7 +143,7 @@ def main(args: argparse.Namespace) -> int:
     from peer.learn.data import corpus_files
     from peer.learn.token_shards import write_shards
 
-    cfg, codec = shard_config_and_codec(args, args.text_field)
+    cfg, codec = shard_config_and_codec(args)
     data_cfg = cfg.data
     if codec is not None:
         encode = lambda raw: codec.encode(raw.decode("utf-8", errors="replace"))  # noqa: E731
@@ -151,7 +153,7 @@ def main(args: argparse.Namespace) -> int:
     source, root, files = corpus_files(data_cfg)
     stats = ReadStats(source)
     started = time.monotonic()
-    pieces = corpus_pieces(root, files, data_cfg.val_fraction, args.text_field, stats)
+    pieces = corpus_pieces(root, files, data_cfg.val_fraction, data_cfg.text_field, stats)
     manifest = write_shards(
         args.out, pieces=encoded(pieces, encode), vocab_size=cfg.model.vocab_size, tokenizer=data_cfg.tokenizer,
         tokenizer_json=tokenizer_json, shard_tokens=args.shard_tokens, source=source,

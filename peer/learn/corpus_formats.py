@@ -103,13 +103,13 @@ def _text_of(record: dict, text_field: str, where: str, keys: list[str]) -> byte
     if text_field not in record:
         shown = ", ".join(repr(k) for k in keys[:8]) + (", ..." if len(keys) > 8 else "") or "none"
         raise CorpusError(f"{where}: no {text_field!r} field (its keys: {shown}); name the field that holds the text "
-                          "with `swarmloco prepare-data --text-field KEY` (a peer's --data reads \"text\")")
+                          "with the run config's [data] text_field = \"KEY\" (or `swarmloco prepare-data --text-field KEY`)")
     value = record[text_field]
     if value is None:
         return b""
     if not isinstance(value, str):
         raise CorpusError(f"{where}: {text_field!r} is a JSON {type(value).__name__}, not a string; "
-                          "pick the field that holds the text with --text-field")
+                          "pick the field that holds the text with [data] text_field (or prepare-data --text-field)")
     return value.encode("utf-8", errors="replace")  # "replace": a lone surrogate escape is not UTF-8
 
 
@@ -128,10 +128,10 @@ def _parquet_records(path: Path, text_field: str) -> Iterator[tuple[int, bytes]]
     if text_field not in schema.names:
         shown = ", ".join(repr(n) for n in schema.names[:8]) + (", ..." if len(schema.names) > 8 else "")
         raise CorpusError(f"{path}: no {text_field!r} column (its columns: {shown or 'none'}); name the column that holds "
-                          "the text with `swarmloco prepare-data --text-field COLUMN` (a peer's --data reads \"text\")")
+                          "the text with the run config's [data] text_field = \"COLUMN\" (or `swarmloco prepare-data --text-field COLUMN`)")
     kind = schema.field(text_field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or getattr(pa.types, "is_string_view", lambda _: False)(kind)):
-        raise CorpusError(f"{path}: column {text_field!r} holds {kind}, not strings; pick the text column with --text-field "
+        raise CorpusError(f"{path}: column {text_field!r} holds {kind}, not strings; pick the text column with [data] text_field (or prepare-data --text-field) "
                           "(or cast it to strings when writing the file)")
     row = 0
     try:

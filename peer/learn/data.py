@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from peer.learn.corpus import Corpus, CorpusError
-from peer.learn.corpus_formats import DEFAULT_TEXT_FIELD, SAMPLE_BYTES, ReadStats, file_format, split_records
+from peer.learn.corpus_formats import SAMPLE_BYTES, ReadStats, file_format, split_records
 from peer.learn.token_shards import open_shards
 from peer.learn.tokenizer import encode_corpus
 from peer.run.config import DataConfig
@@ -49,13 +49,15 @@ _EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 _CACHE: dict[tuple, Corpus] = {}
 
 
-def load_corpus(cfg: DataConfig, *, seq_len: int | None = None, text_field: str = DEFAULT_TEXT_FIELD) -> Corpus:
+def load_corpus(cfg: DataConfig, *, seq_len: int | None = None, text_field: str | None = None) -> Corpus:
     """Read (once per process, then cached) and split the corpus named by cfg.
 
     data.shards: memory-mapped token files (peer/learn/token_shards.py); data.tokenizer bpe: the
     bytes encoded by the run's BPE (peer/learn/tokenizer.py), whose hash must be the run's.
-    text_field: the key of a .jsonl record (the column of a .parquet file) that holds its text.
+    text_field: the key of a .jsonl record (the column of a .parquet file) that holds its text
+    (default: the run's data.text_field, so every peer reads the same field).
     With seq_len, also check that both splits hold at least one (seq_len + 1)-token window."""
+    text_field = text_field or cfg.text_field
     key = (cfg.path, cfg.val_fraction, cfg.max_corpus_bytes, cfg.shards, cfg.tokenizer, cfg.tokenizer_path,
            cfg.tokenizer_sha256, cfg.bpe_vocab_size, text_field)
     corpus = _CACHE.get(key)

@@ -108,6 +108,7 @@ class DataConfig:
     tokenizer_sha256: str = ""  # bpe: filled in when the run config is loaded; every peer's tokenizer must match
     bpe_vocab_size: int = 8192  # bpe: tokens the tokenizer is trained to (model.vocab_size follows it)
     shards: str | None = None  # a folder written by `swarmloco prepare-data` (memory-mapped tokens; replaces path)
+    text_field: str = "text"  # the key of a .jsonl record / the column of a .parquet file that holds its text
 
     def __post_init__(self) -> None:
         require(self.tokenizer in ("bytes", "bpe"), f"data.tokenizer={self.tokenizer!r}: choose bytes or bpe")
@@ -116,6 +117,8 @@ class DataConfig:
         require(0.0 < self.val_fraction < 1.0, f"data.val_fraction={self.val_fraction}: use a value in (0, 1)")
         require(self.val_batches > 0, "data.val_batches must be positive")
         require(self.max_corpus_bytes >= 100_000, "data.max_corpus_bytes: use at least 100000")
+        require(isinstance(self.text_field, str) and bool(self.text_field.strip()),
+                f"data.text_field={self.text_field!r}: name the .jsonl key / .parquet column that holds the text")
 
 
 @dataclass(kw_only=True, slots=True)
