@@ -16,8 +16,26 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from typing import Protocol
+
 from peer.run.presets import ffn_width
-from peer.run.config import ModelConfig
+
+
+class LlamaShape(Protocol):
+    """What the model reads of the run's model config (peer/run/config_sections.ModelConfig). A
+    protocol, not an import: that config reads Hugging Face checkpoints through
+    peer/learn/hf_checkpoint.py, which builds this model to check their tensors."""
+
+    seq_len: int
+    d_model: int
+    n_layer: int
+    n_head: int
+    n_kv_head: int
+    vocab_size: int
+    ffn_hidden: int
+    tie_embeddings: bool
+    rope_theta: float
+    rms_eps: float
 
 INIT_STD = 0.02
 
@@ -52,7 +70,7 @@ class Attention(nn.Module):
     """Multi-head attention; with n_kv_head < n_head, grouped-query: query head i reads key/value
     head i // (n_head / n_kv_head), as transformers' repeat_kv does."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: LlamaShape) -> None:
         super().__init__()
         d = cfg.d_model
         self.n_head, self.n_kv_head = cfg.n_head, kv_heads_of(cfg)
@@ -76,7 +94,7 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: LlamaShape) -> None:
         super().__init__()
         f = ffn_width(cfg.d_model, cfg.ffn_hidden)
         self.gate_proj = nn.Linear(cfg.d_model, f, bias=False)
@@ -88,7 +106,7 @@ class SwiGLU(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: LlamaShape) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.d_model, cfg.rms_eps)
         self.self_attn = Attention(cfg)
@@ -101,7 +119,7 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaBody(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: LlamaShape) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(vocab_of(cfg), cfg.d_model)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layer))
@@ -111,7 +129,7 @@ class LlamaBody(nn.Module):
 class LlamaLM(nn.Module):
     """forward(idx (B, T) long, targets (B, T) | None) -> (logits (B, T, V), loss | None)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: LlamaShape) -> None:
         super().__init__()
         self.cfg = cfg
         self.model = LlamaBody(cfg)
@@ -149,16 +167,16 @@ class LlamaLM(nn.Module):
         return logits, loss
 
 
-def vocab_of(cfg: ModelConfig) -> int:
+def vocab_of(cfg: LlamaShape) -> int:
     return cfg.vocab_size or 256
 
 
-def kv_heads_of(cfg: ModelConfig) -> int:
+def kv_heads_of(cfg: LlamaShape) -> int:
     """Key/value heads: model.n_kv_head, or n_head (0: plain multi-head attention)."""
     return cfg.n_kv_head or cfg.n_head
 
 
-def build_llama(cfg: ModelConfig, seed: int, device: str | torch.device = "cpu") -> LlamaLM:
+def build_llama(cfg: LlamaShape, seed: int, device: str | torch.device = "cpu") -> LlamaLM:
     """Built on the meta device (no throw-away init of up to 1B parameters), then materialized
     on `device` and initialized from its own generator: same (cfg, seed) -> same parameters."""
     with torch.device("meta"):
