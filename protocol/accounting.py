@@ -43,7 +43,10 @@ class ByteCounter:
         """Count traffic with `remote` in the current round; `method` (the RPC's short name, for
         the calls this process makes or serves) also tallies it per RPC."""
         with self._lock:
-            for entry in (self._traffic[(self.round, remote)], *((self._methods[(self.round, method)],) if method else ())):
+            entries = [self._traffic[(self.round, remote)]]
+            if method:
+                entries.append(self._methods[(self.round, method)])
+            for entry in entries:
                 entry.sent += sent
                 entry.received += received
                 entry.calls += int(call)
@@ -157,33 +160,28 @@ class _ClientCounter(
         metadata.append((PEER_HEADER, self.counter.local_peer or "anonymous"))
         return _ClientDetails(details, metadata)
 
-    def _counters(self, details: grpc.ClientCallDetails) -> tuple[Callable[[int], None], Callable[[int], None]]:
+    def _start(self, details: grpc.ClientCallDetails, request: Any = None) -> tuple[Callable[[int], None], Callable[[int], None]]:
+        """Count the call (and a unary request); -> (count sent, count received) for its messages."""
         method = _method_name(details.method)
+        self.counter.add(self.remote, sent=_size(request), call=True, method=method)
         return (lambda n: self.counter.add(self.remote, sent=n, method=method),
                 lambda n: self.counter.add(self.remote, received=n, method=method))
 
-    def _call(self, details: grpc.ClientCallDetails, request: Any = None) -> None:
-        self.counter.add(self.remote, sent=_size(request), call=True, method=_method_name(details.method))
-
     def intercept_unary_unary(self, continuation, details, request):
-        self._call(details, request)
-        _, received = self._counters(details)
+        _, received = self._start(details, request)
         return _CountedOutcome(continuation(self._details(details), request), received)
 
     def intercept_unary_stream(self, continuation, details, request):
-        self._call(details, request)
-        _, received = self._counters(details)
+        _, received = self._start(details, request)
         return _CountedIterator(continuation(self._details(details), request), received)
 
     def intercept_stream_unary(self, continuation, details, request_iterator):
-        self._call(details)
-        sent, received = self._counters(details)
+        sent, received = self._start(details)
         requests = _CountedIterator(iter(request_iterator), sent)
         return _CountedOutcome(continuation(self._details(details), requests), received)
 
     def intercept_stream_stream(self, continuation, details, request_iterator):
-        self._call(details)
-        sent, received = self._counters(details)
+        sent, received = self._start(details)
         requests = _CountedIterator(iter(request_iterator), sent)
         return _CountedIterator(continuation(self._details(details), requests), received)
 

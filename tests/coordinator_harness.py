@@ -144,3 +144,12 @@ def push_and_commit(served: Served, signed: swarm_pb2.Signed, payload: bytes) ->
     reply = served.peer_stub.PushPayload(push_chunks(signed, payload), timeout=10)
     assert reply.accepted
     return served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=signed), timeout=10)
+
+
+def equivocate(served: Served, identity: Identity) -> swarm_pb2.CommitReply:
+    """`identity` commits one update of the open round, then a second, different one: the reply
+    to the second (an EQUIVOCATION refusal that bans it)."""
+    first, payload, _ = make_update(served, identity, seed=1)
+    second, _, _ = make_update(served, identity, seed=2)
+    assert push_and_commit(served, first, payload).accepted
+    return served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=second), timeout=10)

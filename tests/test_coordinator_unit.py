@@ -24,7 +24,7 @@ from protocol.identity import Identity, verify_signature
 from protocol.payload_service import push_chunks
 from protocol.rpc_errors import Refused, refusal_of
 from protocol.signing import sign_body
-from tests.coordinator_harness import heartbeat, join, make_update, push_and_commit, serve_coordinator, tiny_config
+from tests.coordinator_harness import equivocate, heartbeat, join, make_update, push_and_commit, serve_coordinator, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +41,7 @@ def test_equivocation_bans_and_keeps_both_signed_headers(cfg):
     with serve_coordinator(cfg) as served:
         cheat, honest = Identity.generate(), Identity.generate()
         assert join(served, cheat).accepted and join(served, honest).accepted
-        first, payload_a, _ = make_update(served, cheat, seed=1)
-        second, _, _ = make_update(served, cheat, seed=2)
-        assert push_and_commit(served, first, payload_a).accepted
-        reply = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=second), timeout=10)
+        reply = equivocate(served, cheat)
         assert not reply.accepted and reply.refusal == swarm_pb2.EQUIVOCATION and "banned" in reply.reason
 
         status = served.status()

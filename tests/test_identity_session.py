@@ -34,7 +34,7 @@ from protocol.payload_service import push_chunks
 from protocol.rpc_errors import refusal_of
 from protocol.signing import open_signed, sign_body
 from protocol.wire import swarm_pb2
-from tests.coordinator_harness import heartbeat, join_body, make_update, push_and_commit, serve_coordinator, tiny_config
+from tests.coordinator_harness import equivocate, heartbeat, join_body, make_update, push_and_commit, serve_coordinator, tiny_config
 from tests.fakes import FakeCoordinator
 
 START_S = 120.0  # at most, for a peer process on 2 busy cores: torch, the model, the corpus, the run's config
@@ -142,10 +142,7 @@ def test_an_equivocation_ban_says_what_probably_happened(cfg):
     with serve_coordinator(cfg) as served:
         key = Identity.generate()
         assert join(served, key).accepted
-        a, payload_a, _ = make_update(served, key, seed=1)
-        b, _, _ = make_update(served, key, seed=2)
-        assert push_and_commit(served, a, payload_a).accepted
-        refused = served.stub.SubmitCommitment(swarm_pb2.CommitRequest(header=b), timeout=10)
+        refused = equivocate(served, key)
         assert refused.refusal == swarm_pb2.EQUIVOCATION and "banned" in refused.reason
         rejoin = join(served, key)
         beat = heartbeat(served, key)
