@@ -48,12 +48,14 @@ Measure a rule together with the codec actually used.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from optim import aggregate_rules as rules
+from optim import aggregate_weighted as weighted
 from optim.aggregate_dnc import dnc
 from optim.aggregate_mixing import Mixing, bucketing, nearest_neighbour_mixing
 
@@ -119,12 +121,21 @@ class Aggregator:
         self._previous = None
 
     def __call__(
-        self, updates: torch.Tensor, *, seed: int | None = None, num_byzantine: int | None = None
+        self,
+        updates: torch.Tensor,
+        *,
+        seed: int | None = None,
+        num_byzantine: int | None = None,
+        weights: Sequence[float] | torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(n, d) decoded updates -> (d,) float32 aggregate. ``seed`` overrides
         the bucketing seed for this call (pass one agreed per round); ``num_byzantine``
-        overrides f for this call (e.g. lowered by the updates already excluded)."""
-        output = self.aggregate_part(updates, seed=seed, num_byzantine=num_byzantine, center=self._previous)
+        overrides f for this call (e.g. lowered by the updates already excluded);
+        ``weights`` (n,) weighs each row by its work (optim/aggregate_weighted.py says how
+        each rule treats them; cap them first with optim.work_weights)."""
+        output = self.aggregate_part(
+            updates, seed=seed, num_byzantine=num_byzantine, center=self._previous, weights=weights
+        )
         if self.name == "centered-clip":
             self._previous = output.clone()
         return output
@@ -137,6 +148,7 @@ class Aggregator:
         num_byzantine: int | None = None,
         center: torch.Tensor | None = None,
         report: bool = True,
+        weights: Sequence[float] | torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Like calling the aggregator, on one part (a slice) of the vector, keeping no state:
         ``center`` is centered-clip's centre for this part (the matching part of the previous
@@ -146,6 +158,11 @@ class Aggregator:
         n = rows.shape[0]
         f = self.num_byzantine if num_byzantine is None else num_byzantine
         _require_enough_rows(self.name, n, f, "")
+        row_weights = None if weights is None else weighted.checked_weights(weights, n)
+        if row_weights is not None and bool((row_weights == row_weights[0]).all()):
+            row_weights = None  # equal weights: the unweighted rule, bit for bit
+        if row_weights is not None:
+            return self._weighted_part(rows, row_weights, f, center, report)
         mixing = Mixing.identity(n)
         mixed = rows
         rule_seed = self.options["seed"] if seed is None else seed
@@ -173,6 +190,58 @@ class Aggregator:
             )
         return result.output
 
+    def _weighted_part(
+        self, rows: torch.Tensor, w: torch.Tensor, f: int, center: torch.Tensor | None, report: bool
+    ) -> torch.Tensor:
+        o = self.options
+        if o["nnm"] or o["bucket_size"] is not None:
+            raise ValueError(
+                f"{self.name} with nnm or bucketing does not take work weights yet; drop the weights "
+                f"(equal shares) or the mixing option"
+            )
+        match self.name:
+            case "mean":
+                result = weighted.weighted_mean(rows, w)
+            case "median":
+                result = weighted.weighted_median(rows, w, f)
+            case "trimmed-mean":
+                result = weighted.weighted_trimmed_mean(rows, w, f)
+            case "multi-krum":
+                m = rows.shape[0] - f if o["m"] is None else o["m"]
+                if m > rows.shape[0]:
+                    raise ValueError(f"multi-krum m={m} exceeds the {rows.shape[0]} rows to select from; lower m")
+                result = weighted.weighted_multi_krum(rows, w, f, m)
+            case "geometric-median":
+                result = weighted.weighted_geometric_median(
+                    rows, w, iterations=o["iterations"], eps=o["eps"], nu=o["nu"]
+                )
+            case "centered-clip":
+                self._check_center(center, rows)
+                result = weighted.weighted_centered_clip(
+                    rows, w, num_byzantine=f, tau=o["tau"], iterations=o["iterations"], center=center
+                )
+            case _:
+                raise ValueError(
+                    f"{self.name} does not take work weights (krum keeps one row, dnc filters by counts); "
+                    f"use median, trimmed-mean, mean, multi-krum, geometric-median or centered-clip"
+                )
+        if report:
+            self.last_report = AggregationReport(
+                weights=result.weights.tolist(),
+                selected=result.selected.tolist(),
+                distance_to_aggregate=_distances(rows, result.output),
+                clip_scale=result.clip_scale.tolist(),
+            )
+        return result.output
+
+    @staticmethod
+    def _check_center(center: torch.Tensor | None, rows: torch.Tensor) -> None:
+        if center is not None and center.shape[0] != rows.shape[1]:
+            raise ValueError(
+                f"centered-clip kept a previous aggregate of size {center.shape[0]} but the updates "
+                f"have size {rows.shape[1]}; call reset() when the model changes"
+            )
+
     def _rule(self, rows: torch.Tensor, f: int, center: torch.Tensor | None, seed: int) -> rules.RuleResult:
         o = self.options
         match self.name:
@@ -192,11 +261,7 @@ class Aggregator:
             case "geometric-median":
                 return rules.geometric_median(rows, iterations=o["iterations"], eps=o["eps"], nu=o["nu"])
             case "centered-clip":
-                if center is not None and center.shape[0] != rows.shape[1]:
-                    raise ValueError(
-                        f"centered-clip kept a previous aggregate of size {center.shape[0]} but the updates "
-                        f"have size {rows.shape[1]}; call reset() when the model changes"
-                    )
+                self._check_center(center, rows)
                 return rules.centered_clip(rows, tau=o["tau"], iterations=o["iterations"], center=center)
             case "dnc":
                 return dnc(rows, f, iterations=o["iterations"], subsample=o["subsample"], c=o["c"], seed=seed)

@@ -1,0 +1,119 @@
+"""Work weights: how much each update counts, from the work its author claims, capped so a
+claim cannot buy influence (shared/DESIGN.md, "Heterogeneous peers").
+
+A peer's signed header says how many tokens it trained on this round. Taken at its word, a
+peer claiming 4x its work would weigh 4x. Every cap below uses only what every node holds (the
+round's signed claims, the work accepted for each peer in earlier rounds), so every owner and
+every peer computes the same weights:
+
+- the swarm: at most ``median_factor`` x the round's median claim. A volunteer 10x faster than
+  the typical peer counts 2x (its extra steps still make its own update better); a liar gains
+  at most the same 2x;
+- the peer's history: at most ``growth`` x the work accepted for it last round, when there was
+  one, so a peer cannot jump from its usual share to the cap in one round;
+- the rule: the f heaviest rows hold less than ``max_heavy_share`` of the total, lowering the
+  largest weights together (water-filling) until they do. The robust rules need f rows to hold
+  less than half the mass (optim/aggregate_weighted.py); this keeps a margin below that.
+
+A claim that is not a finite number >= 0 counts 0. Weights are returned raw (tokens, after the
+caps); the rules normalise them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(kw_only=True, slots=True)
+class WorkCaps:
+    median_factor: float = 2.0  # no claim counts more than this x the round's median claim
+    growth: float = 2.0  # nor more than this x the peer's accepted work last round
+    max_heavy_share: float = 0.4  # the f heaviest rows' share of the total weight, at most
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.median_factor) and self.median_factor >= 1.0):
+            raise ValueError(f"median_factor must be a number >= 1, got {self.median_factor!r}")
+        if not (math.isfinite(self.growth) and self.growth >= 1.0):
+            raise ValueError(f"growth must be a number >= 1, got {self.growth!r}")
+        if not (0.0 < self.max_heavy_share < 0.5):
+            raise ValueError(
+                f"max_heavy_share must be in (0, 0.5): f rows at half the weight could outvote the rest; "
+                f"got {self.max_heavy_share!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkWeights:
+    weights: tuple[float, ...]  # per row, after every cap
+    claimed: tuple[float, ...]  # per row, as claimed (invalid claims as 0)
+    capped_by: tuple[str, ...]  # per row: "" (as claimed), "invalid", "median", "history" or "minority"
+
+
+def _valid(claim: object) -> float | None:
+    if isinstance(claim, bool) or not isinstance(claim, int | float):
+        return None
+    value = float(claim)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def minority_level(weights: Sequence[float], num_byzantine: int, share: float) -> float:
+    """The largest level c such that, with every weight cut to min(w, c), the f heaviest hold at
+    most ``share`` of the total; inf when they already do. Where even equal weights would give f
+    rows more than ``share`` (too few rows carry work), the smallest positive weight: all equal.
+    Needs more than f positive weights."""
+    f = num_byzantine
+    ranked = sorted(weights, reverse=True)
+    if f <= 0 or sum(ranked[:f]) <= share * sum(ranked):
+        return math.inf
+    carrying = sum(1 for w in ranked if w > 0)
+    if carrying <= f:
+        raise ValueError(
+            f"only {carrying} rows carry work, so f={f} of them could hold all the weight; wait for more "
+            f"peers or lower num_byzantine"
+        )
+    # With the top j weights cut to c (ranked[j] <= c <= ranked[j-1], j >= f) the f heaviest hold
+    # f*c and the total is j*c + rest(j): solve f*c = share*(j*c + rest) for the first j that fits.
+    for j in range(f, carrying):
+        denominator = f - share * j
+        if denominator <= 0:
+            break
+        c = share * sum(ranked[j:]) / denominator
+        if ranked[j] <= c <= ranked[j - 1]:
+            return c
+    return ranked[carrying - 1]
+
+
+def capped_work(
+    claims: Sequence[object],
+    *,
+    num_byzantine: int,
+    previous: Sequence[float | None] | None = None,
+    caps: WorkCaps | None = None,
+) -> WorkWeights:
+    """Each row's weight from its claimed work (tokens), every cap above applied in turn.
+    ``previous``: the work accepted for each row's author last round, None where unknown."""
+    caps = WorkCaps() if caps is None else caps
+    if previous is not None and len(previous) != len(claims):
+        raise ValueError(f"got {len(previous)} previous works for {len(claims)} claims; one per row")
+    values = [_valid(c) for c in claims]
+    claimed = [0.0 if v is None else v for v in values]
+    reasons = ["" if v is not None else "invalid" for v in values]
+    positive = [v for v in claimed if v > 0]
+    median = statistics.median(positive) if positive else 0.0
+    weights = list(claimed)
+    for i, w in enumerate(weights):
+        bound, why = caps.median_factor * median, "median"
+        before = None if previous is None else _valid(previous[i])
+        if before is not None and before > 0 and caps.growth * before < bound:
+            bound, why = caps.growth * before, "history"
+        if w > bound:
+            weights[i], reasons[i] = bound, why
+    level = minority_level(weights, num_byzantine, caps.max_heavy_share)
+    if math.isfinite(level):
+        for i, w in enumerate(weights):
+            if w > level:
+                weights[i], reasons[i] = level, "minority"
+    return WorkWeights(weights=tuple(weights), claimed=tuple(claimed), capped_by=tuple(reasons))
