@@ -229,6 +229,11 @@ def create_channel(
 PROBE_AFTER = timedelta(seconds=1)  # a channel not up by then is checked for a TLS mismatch
 
 
+class EndpointUnreachable(ConnectionError):
+    """Nothing accepted a connection at the address within the wait (not a TLS mismatch: that is a
+    plain ConnectionError saying what to pass)."""
+
+
 def wait_ready(channel: grpc.Channel, target: str, timeout: timedelta = CONNECT_TIMEOUT, *, tls: TlsConfig | None = None) -> None:
     """Block until the channel connects; raise ConnectionError with advice otherwise.
 
@@ -251,7 +256,7 @@ def wait_ready(channel: grpc.Channel, target: str, timeout: timedelta = CONNECT_
             if mismatch:
                 raise ConnectionError(mismatch)
         if time.monotonic() >= deadline:
-            raise ConnectionError(
+            raise EndpointUnreachable(
                 f"cannot reach {target} within {timeout.total_seconds():.0f}s: is the process running and the port open? "
                 "check the address, firewalls, and that the coordinator printed this port"
             ) from None

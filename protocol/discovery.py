@@ -41,6 +41,29 @@ class DiscoveryError(ConnectionError):
     """The DHT could not be joined or holds nothing usable; the message says what to check."""
 
 
+class BootstrapUnanswered(DiscoveryError):
+    """No initial peer answered this DHT node's bootstrap ping, or its p2pd did not start in time:
+    on a loaded machine or while the swarm is still starting, a later attempt may get through."""
+
+
+class RunNotFound(DiscoveryError):
+    """The DHT holds no active coordinator record for the run (yet, or not at this moment: an
+    active coordinator's record lapses between two renewals when its machine is overloaded)."""
+
+
+def _transient_bootstrap(exc: BaseException) -> bool:
+    """What hivemind raises when a later try may go through, matched on the message (both are
+    plain exception types): its DHTNode's bootstrap pings went unanswered (hivemind/dht/node.py),
+    p2pd did not start in time, or p2pd could not connect to the bootstrap peers (not up yet, or
+    too busy to answer: hivemind/p2p/p2p_daemon.py passes p2pd's last line on)."""
+    from hivemind.p2p import P2PDaemonError
+
+    text = str(exc)
+    if isinstance(exc, P2PDaemonError):
+        return text.startswith("Daemon failed to start in") or "failed to connect to bootstrap peers" in text
+    return isinstance(exc, RuntimeError) and text.startswith("DHTNode bootstrap failed")
+
+
 def _signed_part(record: DHTRecord, value: bytes) -> bytes:
     return MSGPackSerializer.dumps((record.key, record.subkey, value, record.expiration_time))
 
@@ -128,6 +151,7 @@ def start_dht(
                 f"--initial-peers {maddr!r} is not a full multiaddr like /ip4/1.2.3.4/tcp/31337/p2p/12D3Koo…; "
                 "copy the line the coordinator printed"
             )
+    dht: DHT | None = None
     try:
         dht = DHT(
             initial_peers=list(initial_peers),
@@ -147,6 +171,11 @@ def start_dht(
         return dht
     except Exception as exc:  # hivemind raises a variety of errors for unreachable peers
         advice = bootstrap_advice(initial_peers)
+        if _transient_bootstrap(exc):
+            if dht is not None:
+                stop_dht(dht)  # its process ended with the error; whatever is left of it goes now
+            raise BootstrapUnanswered(f"no initial peer answered ({', '.join(initial_peers) or 'none given'}): "
+                                      f"{str(exc).rstrip('. ')}" + (f"; {advice}" if advice else "")) from None
         raise DiscoveryError(f"cannot start the DHT or reach {', '.join(initial_peers) or 'any peer'}: {str(exc).rstrip('. ')}"
                              + (f"; {advice}" if advice else "")) from None
 
@@ -287,9 +316,9 @@ def find_run(dht: DHT, run_id: str | None = None, *, timeout_s: float = 15.0, pi
                 f"run {names[0]!r} is announced by coordinator keys that do not vouch for each other "
                 f"({', '.join(r.coordinator_id[:16] for r in records)}): pass --coordinator-key with the fingerprint "
                 "of the coordinator you trust")
-        if time.monotonic() > deadline:
+        if time.monotonic() >= deadline:
             which = f"run {run_id!r}" if run_id else "any run"
-            raise DiscoveryError(f"the DHT has no active coordinator record for {which}; is the coordinator up? check --initial-peers")
+            raise RunNotFound(f"the DHT has no active coordinator record for {which}; is the coordinator up? check --initial-peers")
         time.sleep(0.5)
 
 

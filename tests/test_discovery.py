@@ -66,3 +66,20 @@ def test_several_runs_need_run_id(two_nodes):
     with pytest.raises(discovery.DiscoveryError, match="--run-id"):
         discovery.find_run(first, timeout_s=5)
     assert discovery.find_run(first, "r2", timeout_s=5).endpoint == "127.0.0.1:6000"
+
+
+def test_a_joined_peer_serves_the_run_record_after_the_coordinators_node_is_gone(two_nodes):
+    """Any live member of the swarm can answer for the run: the record is stored on the nodes
+    nearest its key, and with two nodes that is both. A third node that bootstraps from the peer
+    alone finds the run while the coordinator's node is stopped (the record lives its TTL)."""
+    coordinator, _, first, second = two_nodes
+    assert discovery.announce_run(first, coordinator, run_id="r1", endpoint="127.0.0.1:5000", ttl_s=60)
+    discovery.stop_dht(first)
+    third = discovery.start_dht(Identity.generate(), initial_peers=discovery.visible_maddrs(second), host_maddrs=LOOPBACK)
+    try:
+        record = discovery.find_run(third, "r1", timeout_s=10)
+        assert (record.endpoint, record.coordinator_id) == ("127.0.0.1:5000", coordinator.peer_id)
+        with pytest.raises(discovery.RunNotFound, match="no active coordinator record for run 'r2'"):
+            discovery.find_run(third, "r2", timeout_s=0)  # one look, then the error the join's backoff retries
+    finally:
+        discovery.stop_dht(third)

@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=5, help="print a progress line every N inner steps")
     p.add_argument("--max-rounds", type=int, help="leave after this many rounds")
     p.add_argument("--summary-json", help="write this peer's per-round record here at exit")
-    p.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the DHT / coordinator")
+    p.add_argument("--connect-timeout", type=float, default=120.0,
+                   help="seconds to keep trying to join (DHT bootstrap, the run's record, the coordinator's first answer), with backoff")
     p.add_argument("--nproc", type=int, default=1, help="ranks of this peer (GPUs, or CPU processes with gloo): runs itself under torchrun, one peer to the swarm")
     _add_tls_flags(p, serves=True)
     _add_metrics_flags(p)

@@ -91,6 +91,7 @@ class PeerNode:
         self.stop_reason = ""  # the coordinator will not have this process (MustStop)
         self.round_traffic: dict[str, int] = {}
         self.history: list[dict[str, Any]] = []
+        self._joined_once = False  # the first accepted join is printed (launchers wait for that line)
 
     # --- what the heartbeat sees ----------------------------------------------------------
 
@@ -216,7 +217,8 @@ class PeerNode:
 
     def send_join(self) -> None:
         """Join (or rejoin: a restarted coordinator that lost us, a new endpoint); same identity.
-        Raises NotAdmitted when refused. May run on the heartbeat's thread: writes no node state."""
+        Raises NotAdmitted when refused. May run on the heartbeat's thread: writes no node state
+        (but the flag of the first join, which connect() sends before the heartbeat starts)."""
         body = {"run_id": self.cfg.run_id, "endpoint": self.endpoint, "client_mode": self.options.client_mode,
                 "version": VERSION, "tokenizer_sha256": self.tokenizer_sha256, "timestamp": time.time(),
                 # this process's session, and the one whose lock it took over (a restart after a crash)
@@ -225,7 +227,12 @@ class PeerNode:
             reply = self.client.join(sign_body(self.identity, JOIN_TAG, body))
         except Refused as exc:
             raise NotAdmitted(f"the coordinator refused to admit this peer: {exc.reason}", exc.refusal, exc.reason) from None
-        log.info("peer %s joined run %s at round %d (%d params, codec %s)", self.short, self.cfg.run_id, reply.round, self.numel, self.cfg.compression.codec)
+        joined = f"joined run {self.cfg.run_id} at round {reply.round} ({self.numel} params, codec {self.cfg.compression.codec})"
+        if self._joined_once:  # a rejoin (a restarted coordinator, a new endpoint): the log has it
+            log.info("peer %s %s", self.short, joined)
+        else:  # said once on the terminal: launchers count the peers that joined by this line (peer/cli/launcher.py)
+            print(f"peer {self.short} | {joined}", flush=True)
+            self._joined_once = True
 
     def _verify_header(self, signed, round_: int | None) -> UpdateHeader:
         return self.math.open_update(signed, round_=round_, layout_hash=self.layout_hash)

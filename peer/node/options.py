@@ -26,7 +26,7 @@ class PeerOptions:
     state_dir: str | None = None  # where --resume state is kept (default: next to the identity)
     resume: bool = False
     log_every: int = 5
-    connect_timeout_s: float = 10.0
+    connect_timeout_s: float = 120.0  # the whole join, retried with backoff (peer/run/timeouts.JoinTimeouts)
 
     def __post_init__(self) -> None:
         if not self.coordinator and not self.initial_peers:
@@ -37,5 +37,7 @@ class PeerOptions:
             raise ValueError(f"--device {self.device!r}: use cpu or cuda")
         if (self.shard is None) != (self.num_shards is None):
             raise ValueError("--shard needs the form I/N")
+        if not self.connect_timeout_s > 0:
+            raise ValueError(f"--connect-timeout must be a positive number of seconds (got {self.connect_timeout_s:g})")
         if self.log_every < 1:
             raise ValueError("--log-every must be at least 1")

@@ -16,25 +16,28 @@ Order of trust at start-up (docs/threat-model.md):
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 import grpc
 
 from peer.node.coordinator_client import CoordinatorClient
 from peer.node.errors import PeerExit
-from peer.run.timeouts import PeerTimeouts
+from peer.run.timeouts import JoinTimeouts, PeerTimeouts
 from peer.run.config import ConfigError, RunConfig
 from protocol import discovery
 from protocol.accounting import ByteCounter
-from protocol.channels import create_channel
+from protocol.backoff import retry
+from protocol.channels import EndpointUnreachable, create_channel
 from protocol.envelope import EnvelopeError
 from protocol.run_state import CoordinatorKeys, ImpersonationError, RunState, TermFence, newer, open_run_state
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 
 log = logging.getLogger("swarmloco.peer")
 PROBE_DEADLINE = timedelta(seconds=3)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,12 +160,18 @@ class RunAuthority:
 
 
 def find_coordinator(dht, *, coordinator: str | None, pinned: str | None, run_id: str | None,
-                     timeout_s: float) -> tuple[str, str | None, str]:
+                     steps: JoinSteps) -> tuple[str, str | None, str]:
     """(endpoint, pinned fingerprint, where the pin came from): --coordinator-key first, else the
-    key that signed the run's DHT record (when the peer found the run in the DHT)."""
+    key that signed the run's DHT record (when the peer found the run in the DHT). The record is
+    looked up again (backoff) while none is active: the coordinator may not be up yet, or its
+    record lapsed for a moment between two renewals on an overloaded machine."""
     pinned_by = "--coordinator-key"
     if dht is not None:
-        run = discovery.find_run(dht, run_id, timeout_s=timeout_s, pinned=pinned)
+        run = steps.retry("the run's coordinator record in the DHT",
+                          lambda left: discovery.find_run(dht, run_id, timeout_s=0.0, pinned=pinned), (discovery.RunNotFound,),
+                          advice="is the coordinator running, and do --initial-peers name a node of its swarm (the coordinator "
+                                 "or any peer that joined it)? `swarmloco runs --initial-peers ...` lists the runs a DHT holds; "
+                                 "--connect-timeout waits longer")
         coordinator = coordinator or run.endpoint
         if pinned is None:
             pinned, pinned_by = run.coordinator_id, "the DHT-signed run record"
@@ -186,20 +195,62 @@ class JoinedRun:
         return self.trusted.cfg
 
 
+@dataclass(frozen=True, slots=True)
+class JoinSteps:
+    """The steps of a join share one window (JoinTimeouts, from --connect-timeout): each is retried
+    with jittered backoff until it succeeds or the window is spent (protocol/backoff.py)."""
+
+    limits: JoinTimeouts
+    deadline: float  # time.monotonic() at which the window ends
+    say: Callable[[str], None]
+
+    @classmethod
+    def start(cls, limits: JoinTimeouts, short: str) -> "JoinSteps":
+        return cls(limits, time.monotonic() + limits.window.total_seconds(), lambda line: print(f"peer {short} | {line}", flush=True))
+
+    def attempt_s(self, left: float) -> float:
+        """One attempt's bound: JoinTimeouts.attempt, within what is left (at least a second)."""
+        return max(1.0, min(self.limits.attempt.total_seconds(), left))
+
+    def retry(self, what: str, attempt: Callable[[float], T], retryable: tuple[type[BaseException], ...], *, advice: str = "") -> T:
+        return retry(what, attempt, backoff=self.limits.backoff(), retryable=retryable, advice=advice, deadline=self.deadline,
+                     say=self.say)
+
+
+def _connect(endpoint: str, counter: ByteCounter, steps: JoinSteps) -> CoordinatorClient:
+    """A client whose channel is up: a fresh channel per attempt (gRPC's own reconnect backoff
+    grows to minutes, while a coordinator that is starting is up within seconds)."""
+    def attempt(left: float) -> CoordinatorClient:
+        client = CoordinatorClient(endpoint, counter, retry_for=timedelta(seconds=max(1.0, left)))
+        try:
+            client.wait_ready(timedelta(seconds=steps.attempt_s(left)))
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    return steps.retry(f"the coordinator at {endpoint} to accept a connection", attempt, (EndpointUnreachable,),
+                       advice="is the coordinator running, and is its port open to this machine?")
+
+
 def join_run(options: Any, identity: Any, counter: ByteCounter) -> JoinedRun:
     """Start the DHT (first: it forks a child, and gRPC is not fork-safe), find the run's
-    coordinator, and trust what it serves only as far as the pinned key allows (PeerOptions)."""
+    coordinator, and trust what it serves only as far as the pinned key allows (PeerOptions).
+    Every step is retried with backoff within --connect-timeout (JoinSteps)."""
     o = options
+    steps = JoinSteps.start(JoinTimeouts.of(o.connect_timeout_s), identity.peer_id[:8])
     dht = None
     if o.initial_peers:
-        dht = discovery.start_dht(identity, initial_peers=o.initial_peers, host_maddrs=o.host_maddrs,
-                                  announce_maddrs=o.announce_maddrs, client_mode=o.client_mode, timeout_s=o.connect_timeout_s)
+        dht = steps.retry("an initial DHT peer to answer",
+                          lambda left: discovery.start_dht(identity, initial_peers=o.initial_peers, host_maddrs=o.host_maddrs,
+                                                           announce_maddrs=o.announce_maddrs, client_mode=o.client_mode,
+                                                           timeout_s=steps.attempt_s(left)),
+                          (discovery.BootstrapUnanswered,))
     client = None
     try:
         endpoint, pinned, pinned_by = find_coordinator(dht, coordinator=o.coordinator, pinned=o.coordinator_key,
-                                                       run_id=o.run_id, timeout_s=o.connect_timeout_s)
-        client = CoordinatorClient(endpoint, counter)
-        client.wait_ready(timedelta(seconds=o.connect_timeout_s))
+                                                       run_id=o.run_id, steps=steps)
+        client = _connect(endpoint, counter, steps)
         info = client.run_info()
         trusted = trust_run(info, pinned=pinned, pinned_by=pinned_by, endpoint=endpoint, run_id=o.run_id)
     except BaseException:

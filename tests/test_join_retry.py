@@ -1,0 +1,124 @@
+"""Joins that survive a storm: the backoff policy (unit), and a peer started before its
+coordinator exists, which waits for the run's record in the DHT and joins once it is up."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import pytest
+
+from peer.run.timeouts import JoinTimeouts
+from protocol import discovery
+from protocol.backoff import Backoff, RetryWindowSpent, retry
+from protocol.identity import Identity
+from tests.helpers import read_summary, wait_line, write_run_config
+
+
+def test_delays_stay_within_their_bounds_and_the_window():
+    backoff = Backoff(window=timedelta(seconds=60), first=timedelta(seconds=0.5), factor=2.0, cap=timedelta(seconds=8), jitter=0.5)
+    delays = list(backoff.delays(random.Random(7)))
+    assert sum(delays) == pytest.approx(60.0)  # the sleeps fill the window and no more
+    for n, delay in enumerate(delays[:-1], start=1):
+        high = min(8.0, 0.5 * 2 ** (n - 1))  # 0.5, 1, 2, 4, 8, 8, ...
+        assert 0.5 * high <= delay <= high, (n, delay)
+    assert delays[-1] <= 8.0  # the last is cut to what is left
+    assert [round(backoff.bound(n), 3) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
+    assert len(delays) >= 60 / 8  # at least window / cap attempts
+    # seeded: the same draws; another seed: others (a crowd started at once spreads out)
+    assert delays == list(backoff.delays(random.Random(7)))
+    assert delays != list(backoff.delays(random.Random(8)))
+
+
+def test_bad_backoff_values_say_what_to_change():
+    with pytest.raises(ValueError, match="--connect-timeout"):
+        Backoff(window=timedelta(0))
+    with pytest.raises(ValueError, match="jitter"):
+        Backoff(window=timedelta(seconds=1), jitter=1.5)
+    with pytest.raises(ValueError, match="--connect-timeout must be positive"):
+        JoinTimeouts.of(0)
+    assert JoinTimeouts.of(3).attempt == JoinTimeouts.of(3).max_sleep == timedelta(seconds=3)  # nothing longer than the window
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_retry_says_once_what_it_waits_for_and_succeeds_when_the_step_does():
+    clock, said, calls = FakeClock(), [], []
+
+    def attempt(left: float) -> str:
+        calls.append(left)
+        clock.now += 1.0  # each try takes a second
+        if len(calls) < 4:
+            raise ConnectionError("no record yet")
+        return "found"
+
+    backoff = Backoff(window=timedelta(seconds=30))
+    got = retry("the run's record", attempt, backoff=backoff, retryable=(ConnectionError,), rng=random.Random(1),
+                say=said.append, clock=clock, sleep=clock.sleep)
+    assert got == "found" and len(calls) == 4
+    assert calls[0] == 30.0 and all(a > b for a, b in zip(calls, calls[1:]))  # each try is told what is left
+    assert len(said) == 1 and said[0].startswith("waiting for the run's record (attempt 2, 1 s of 30 s)")
+
+
+def test_retry_gives_up_at_the_window_with_the_last_error_and_advice():
+    clock, said = FakeClock(), []
+
+    def attempt(left: float) -> None:
+        clock.now += 0.25
+        raise ConnectionError(f"nobody home ({left:.1f} s left)")
+
+    with pytest.raises(RetryWindowSpent) as caught:
+        retry("the coordinator", attempt, backoff=Backoff(window=timedelta(seconds=20)), retryable=(ConnectionError,),
+              advice="is it running?", rng=random.Random(2), say=said.append, clock=clock, sleep=clock.sleep)
+    message = str(caught.value)
+    assert message.startswith("gave up waiting for the coordinator after ") and message.endswith("; is it running?")
+    assert "nobody home" in message and len(said) == 1
+    assert 100.0 + 20.0 - 8.0 <= clock.now <= 100.0 + 20.0  # ended within the window, less than one sleep short of it
+    # a shared deadline before the window's end ends it there
+    clock.now = 0.0
+    with pytest.raises(RetryWindowSpent):
+        retry("x", attempt, backoff=Backoff(window=timedelta(seconds=100)), retryable=(ConnectionError,), deadline=5.0,
+              rng=random.Random(3), say=said.append, clock=clock, sleep=clock.sleep)
+    assert clock.now <= 5.0
+
+
+def test_an_error_that_is_not_retryable_is_raised_at_once():
+    calls = []
+
+    def attempt(left: float) -> None:
+        calls.append(left)
+        raise ValueError("several runs on this DHT")
+
+    with pytest.raises(ValueError, match="several runs"):
+        retry("x", attempt, backoff=Backoff(window=timedelta(seconds=30)), retryable=(ConnectionError,), say=lambda _: None)
+    assert len(calls) == 1
+
+
+def test_a_peer_started_before_its_coordinator_waits_for_the_run_and_joins(swarm, tmp_path):
+    """The peer bootstraps from a DHT node that is not the coordinator (any member of the swarm
+    can be an initial peer), finds no run there and waits, printing so; the coordinator is started
+    only once the peer said it waits, joins the same DHT, and the peer finds it and trains."""
+    bootstrap = discovery.start_dht(Identity.generate(), host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    try:
+        swarm.initial_peers = discovery.visible_maddrs(bootstrap)
+        peer = swarm.start_peer("early", ["--shard", "0/1", "--connect-timeout", "180"])
+        wait_line(peer, r"waiting for the run's coordinator record in the DHT \(attempt 2, \d+ s of \d+ s\)", 90)
+        assert "joined run" not in "".join(peer.lines)
+        config = write_run_config(tmp_path / "run.json", rounds={"rounds": 2, "expected_peers": 1})
+        coordinator = swarm.start_coordinator(["--config", str(config), "--initial-peers", *discovery.visible_maddrs(bootstrap)])
+        wait_line(peer, r"joined run \S+ at round 0", 120)
+        assert swarm.wait(coordinator, 120) == 0 and swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
+    finally:
+        discovery.stop_dht(bootstrap)
+    history = read_summary(swarm, "early")["history"]
+    assert [h["round"] for h in history] == [0, 1] and all(h["in_sync"] for h in history)
+    assert [h["updates"] for h in read_summary(swarm, "coordinator")["history"]] == [1, 1]
