@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from protocol import merkle
 from protocol._generated import swarm_pb2
 from protocol.envelope_error import EnvelopeError
 from protocol.identity import Identity
 from protocol.keys import CoordinatorKeys
-from protocol.signing import SignatureError, open_signed, sign_body
+from protocol.signing import SignatureError, canonical_body, open_signed, sign_body
 
-UPDATE_TAG = "swarmloco/update-header/v2"  # v2: slice hashes as one base64 string of raw digests
-MANIFEST_TAG = "swarmloco/round-manifest/v2"  # v2: owners as indices into entries
+UPDATE_TAG = "swarmloco/update-header/v3"  # v3: a Merkle root over the slice hashes (v2: every slice hash)
+OLD_UPDATE_TAGS = ("swarmloco/update-header/v2", "swarmloco/update-header/v1")
+MANIFEST_TAG = "swarmloco/round-manifest/v3"  # v3: headers without the fields they share; v2: owners as indices
 JOIN_TAG = "swarmloco/join/v1"
 HEARTBEAT_TAG = "swarmloco/heartbeat/v1"
 GATHERED_TAG = "swarmloco/gathered/v1"  # a peer gathered a sliced round (Coordinator.ReportGathered)
@@ -38,8 +41,14 @@ class UpdateHeader:
     base_param_hash: str  # hash of θ_round the pseudo-gradient was computed from
     payload_sha256: str
     payload_size: int
-    # Sliced exchange: sha256 of each slice's bytes (in slice order), so one slice verifies alone.
-    slices: tuple[str, ...] = ()
+    # Sliced exchange: the Merkle root (protocol/merkle.py, base64 of its 32 bytes) over the
+    # sha256 of each slice's bytes, in slice order, and their count. A slice travels with its
+    # proof and verifies alone; the header stays the same size whatever the number of slices.
+    slices_root: str = ""
+    num_slices: int = 0
+
+    def root_bytes(self) -> bytes:
+        return base64.b64decode(self.slices_root) if self.slices_root else b""
 
 
 def sha256_hex(data: bytes) -> str:
@@ -48,10 +57,13 @@ def sha256_hex(data: bytes) -> str:
 
 def build_update_header(*, run_id: str, round_: int, peer_id: str, codec: str, numel: int, layout_hash: str,
                         base_param_hash: str, payload: bytes, slices: Iterable[str] = ()) -> UpdateHeader:
-    """The one way an update header is made: its payload's sha256 and size come from the bytes."""
+    """The one way an update header is made: its payload's sha256 and size come from the bytes,
+    its slices' Merkle root from their sha256 hex digests (`slices`, in slice order; none: not sliced)."""
+    digests = [bytes.fromhex(h) for h in slices]
+    top = base64.b64encode(merkle.root(digests)).decode() if digests else ""
     return UpdateHeader(run_id=run_id, round=round_, peer_id=peer_id, codec=codec, numel=numel, layout_hash=layout_hash,
                         base_param_hash=base_param_hash, payload_sha256=sha256_hex(payload), payload_size=len(payload),
-                        slices=tuple(slices))
+                        slices_root=top, num_slices=len(digests))
 
 
 def open_envelope(signed: swarm_pb2.Signed, tag: str, what: str) -> tuple[dict[str, Any], str]:
@@ -70,24 +82,23 @@ def sign_update(identity: Identity, header: UpdateHeader) -> swarm_pb2.Signed:
 
 def header_body(header: UpdateHeader) -> dict[str, Any]:
     """The fields an update header signs, as they travel."""
-    return {**asdict(header), "slices": pack_digests(header.slices)}
+    return asdict(header)
 
 
 def pack_digests(hashes: Iterable[str]) -> str:
-    """sha256 hex strings -> one base64 string of their raw 32-byte digests, in order: 43 characters
-    a hash instead of 66 as a JSON list of hex strings. A header carries one per slice and every
-    manifest one header per update, so this is most of a round's control bytes."""
+    """sha256 hex strings -> one base64 string of their raw 32-byte digests, in order (43
+    characters a hash instead of 66 as a JSON string of hex)."""
     return base64.b64encode(b"".join(bytes.fromhex(h) for h in hashes)).decode()
 
 
-def unpack_digests(value: object, *, limit: int = 4096) -> list[str]:
+def unpack_digests(value: object, *, field_name: str, limit: int = 4096) -> list[str]:
     """pack_digests' inverse for an untrusted field (EnvelopeError "malformed" when it is not one)."""
     try:
         raw = base64.b64decode(value, validate=True) if isinstance(value, str) else None
     except ValueError:
         raw = None
     if raw is None or len(raw) % 32 or len(raw) > 32 * limit:
-        raise EnvelopeError("malformed", f"update header field 'slices' is not base64 of at most {limit} sha256 digests")
+        raise EnvelopeError("malformed", f"field {field_name!r} is not base64 of at most {limit} sha256 digests")
     return [raw[i : i + 32].hex() for i in range(0, len(raw), 32)]
 
 
@@ -110,6 +121,10 @@ def open_update(
     num_slices: int = 0,
 ) -> UpdateHeader:
     """Verify a signed update header against what this run expects; raise EnvelopeError."""
+    for old in OLD_UPDATE_TAGS:
+        if signed.body.startswith(old.encode() + b"\n"):
+            raise EnvelopeError("wrong-tag", f"update header is in the old format {old!r} (a digest per slice); this "
+                                             f"swarm signs {UPDATE_TAG!r} (a Merkle root): upgrade swarmloco on that peer")
     fields, signer = open_envelope(signed, UPDATE_TAG, "update header")
     header = UpdateHeader(
         run_id=_field(fields, "run_id", str),
@@ -121,7 +136,8 @@ def open_update(
         base_param_hash=_field(fields, "base_param_hash", str),
         payload_sha256=_field(fields, "payload_sha256", str),
         payload_size=_field(fields, "payload_size", int),
-        slices=tuple(unpack_digests(fields.get("slices", ""))),
+        slices_root=_field(fields, "slices_root", str),
+        num_slices=_field(fields, "num_slices", int),
     )
     if header.peer_id != signer:
         raise EnvelopeError("forged", f"header names peer {header.peer_id} but is signed by {signer}")
@@ -139,8 +155,12 @@ def open_update(
         )
     if not _is_sha256(header.payload_sha256):
         raise EnvelopeError("malformed", "payload_sha256 is not 64 lowercase hex characters")
-    if len(header.slices) != num_slices:
-        raise EnvelopeError("wrong-layout", f"update commits to {len(header.slices)} slice hashes, the run's exchange needs {num_slices}")
+    if header.num_slices != num_slices:
+        raise EnvelopeError("wrong-layout", f"update commits to {header.num_slices} slices, the run's exchange needs {num_slices}")
+    if num_slices and unpack_digests(header.slices_root, field_name="slices_root", limit=1) == []:
+        raise EnvelopeError("malformed", "update header field 'slices_root' is empty: a sliced update commits to a Merkle root")
+    if not num_slices and header.slices_root:
+        raise EnvelopeError("malformed", "update header commits to a slices_root but no slices")
     return header
 
 
@@ -220,7 +240,69 @@ def sign_manifest(identity: Identity, manifest: RoundManifest) -> swarm_pb2.Sign
         owners = [[index[p] for p in slice_owners] for slice_owners in manifest.owners]
     except KeyError as exc:
         raise ValueError(f"slice owner {exc.args[0]} is not an entry of the manifest") from None
-    return sign_body(identity, MANIFEST_TAG, {**asdict(manifest), "owners": owners})
+    common, headers = _compact_headers(manifest.entries)
+    entries = [{**asdict(e), "header": h} for e, h in zip(manifest.entries, headers)]
+    return sign_body(identity, MANIFEST_TAG, {**asdict(manifest), "entries": entries, "owners": owners,
+                                               "header_common": common})
+
+
+# Headers travel in a manifest without what they share. Every listed header names the same run,
+# round, codec, layout, base and slice count, and repeats its entry's peer_id, payload sha256 and
+# size: the manifest carries the shared fields once ("header_common") and each header as
+# {"fields": the rest, "signature", "public_key"}. A receiver rebuilds the author's canonical
+# body (protocol/signing.canonical_body) and checks the author's signature over it, so nothing is
+# trusted that the author did not sign; a header whose signed bytes are not canonical travels whole.
+ENTRY_FIELDS = ("peer_id", "payload_sha256", "payload_size")  # a header's fields its manifest entry repeats
+
+
+def _compact_headers(entries: list[ManifestEntry]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    parsed: list[dict[str, Any] | None] = []
+    for entry in entries:
+        signed = signed_from_json(entry.header)
+        fields = _canonical_fields(signed)
+        if fields is not None and any(fields.get(k) != getattr(entry, k) for k in ENTRY_FIELDS):
+            fields = None
+        parsed.append(fields)
+    shareable = [f for f in parsed if f is not None]
+    common: dict[str, Any] = {}
+    for key, value in (shareable[0].items() if shareable else ()):
+        as_json = json.dumps(value)  # equal as JSON, not as Python (True == 1 == 1.0)
+        if key not in ENTRY_FIELDS and all(key in f and json.dumps(f[key]) == as_json for f in shareable):
+            common[key] = value
+    headers = []
+    for entry, fields in zip(entries, parsed):
+        if fields is None:
+            headers.append(entry.header)
+            continue
+        own = {k: v for k, v in fields.items() if k not in common and k not in ENTRY_FIELDS}
+        headers.append({"fields": own, "signature": entry.header["signature"], "public_key": entry.header["public_key"]})
+    return common, headers
+
+
+def _canonical_fields(signed: swarm_pb2.Signed) -> dict[str, Any] | None:
+    """The header's fields when its signed body is exactly canonical_body(UPDATE_TAG, fields)."""
+    prefix = UPDATE_TAG.encode() + b"\n"
+    if not signed.body.startswith(prefix):
+        return None
+    try:
+        fields = json.loads(signed.body[len(prefix):])
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(fields, dict) or canonical_body(UPDATE_TAG, fields) != signed.body:
+        return None
+    return fields
+
+
+def _expand_header(header: object, common: dict[str, Any], entry: dict[str, Any]) -> dict[str, str]:
+    """A manifest's compact header -> signed_to_json's form, the author's body rebuilt."""
+    if not isinstance(header, dict) or "fields" not in header:
+        return header  # type: ignore[return-value]  # travelled whole (signed_from_json checks it)
+    own = header["fields"]
+    if not isinstance(own, dict):
+        raise TypeError
+    fields = {**common, **own, **{k: entry[k] for k in ENTRY_FIELDS}}
+    return {"body_text": canonical_body(UPDATE_TAG, fields).decode("utf-8"), "signature": header["signature"],
+            "public_key": header["public_key"]}
 
 
 def _owners(value: object, entries: list[ManifestEntry]) -> list[list[str]]:
@@ -249,7 +331,10 @@ def open_manifest(signed: swarm_pb2.Signed, *, keys: CoordinatorKeys, run_id: st
     keys.check(signed, f"the manifest of round {round_}")
     try:
         fields, _ = open_signed(signed, MANIFEST_TAG)
-        entries = [ManifestEntry(**e) for e in fields["entries"]]
+        common = fields["header_common"]
+        if not isinstance(common, dict) or not all(isinstance(e, dict) for e in fields["entries"]):
+            raise TypeError
+        entries = [ManifestEntry(**{**e, "header": _expand_header(e.get("header"), common, e)}) for e in fields["entries"]]
         manifest = RoundManifest(
             run_id=fields["run_id"],
             round=fields["round"],

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 import threading
 from datetime import timedelta
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import grpc
 
+from protocol import merkle
 from protocol._generated import swarm_pb2, swarm_pb2_grpc
 from protocol.accounting import ByteCounter
 from protocol.channels import TRANSFER_DEADLINE, TlsConfig, create_channel
@@ -84,11 +87,65 @@ def fetch_blob(
     deadline: timedelta = TRANSFER_DEADLINE,
     shuffle: bool = False,
 ) -> bytes:
-    """Fetch the object with this sha256 and exact size (a payload, one slice of it, an
-    aggregated slice) from the first holder that has it, resuming a broken stream at the byte
+    """Fetch the object with this sha256 and exact size (a payload, an aggregated slice, a part
+    of the checkpoint) from the first holder that has it, resuming a broken stream at the byte
     it broke on (from the same or the next holder). Never reads past `size`. exact=False: `size`
-    only bounds the object (a slice of a payload whose codec has a variable length); its sha256
-    pins the bytes, and so their length, either way."""
+    only bounds the object; its sha256 pins the bytes, and so their length, either way."""
+    # the holder need not repeat the sha256 we asked for in its chunks: we check the bytes against it
+    request = lambda offset: swarm_pb2.FetchRequest(sha256=sha256, offset=offset, omit_sha256=True)  # noqa: E731
+    data, _ = _fetch(pool, holders, request, size, exact=exact, sha256=sha256, deadline=deadline, shuffle=shuffle)
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedSlice:
+    data: bytes
+    digest: str  # sha256 hex of `data`: the leaf the proof put under the signed root
+    proof: tuple[bytes, ...]  # its whole proof (rebuilt from the proven nodes when a short one came): to serve it on
+
+
+def fetch_slice(
+    pool: ChannelPool,
+    holders: Sequence[str],
+    header: UpdateHeader,
+    index: int,
+    *,
+    max_size: int,
+    proven: merkle.ProvenNodes | None = None,
+    deadline: timedelta = TRANSFER_DEADLINE,
+    shuffle: bool = False,
+) -> FetchedSlice:
+    """Slice `index` of the update `header` signed, from the first holder that serves it with a
+    Merkle proof that puts sha256(its bytes) under the header's `slices_root` at that index; a
+    holder whose proof does not hold is refused and the next one tried. `max_size` bounds the
+    slice (its codec's longest) before anything is read. A slice is small: a broken stream is
+    fetched again whole from the next holder rather than resumed (nothing declares its digest).
+    `proven`: what earlier slices of this root proved (one per root, shared by its fetches): only
+    the siblings below it are asked for."""
+    root = header.root_bytes()
+    if not 0 <= index < header.num_slices:
+        raise FetchError(f"slice {index} outside the header's 0..{header.num_slices - 1}")
+    if proven is None or (proven.root, proven.count) != (root, header.num_slices):
+        proven = merkle.ProvenNodes(root, header.num_slices)
+    levels = proven.levels_for(index)
+
+    def check_proof(data: bytes, first: swarm_pb2.Chunk) -> None:
+        if not proven.accept(hashlib.sha256(data).digest(), index, list(first.proof)):
+            raise TransferError(f"the holder's Merkle proof of slice {index} does not verify against the root "
+                                f"{header.peer_id[:8]} signed (a wrong or tampered slice)")
+
+    request = lambda offset: swarm_pb2.FetchRequest(slice=index, slices_root=root, proof_levels=levels,  # noqa: E731
+                                                    offset=offset)
+    data, first = _fetch(pool, holders, request, max_size, exact=False, sha256=None, deadline=deadline, shuffle=shuffle,
+                         verify=check_proof)
+    return FetchedSlice(data=data, digest=hashlib.sha256(data).hexdigest(), proof=tuple(proven.proof_of(index) or ()))
+
+
+def _fetch(pool: ChannelPool, holders: Sequence[str], request: Callable[[int], swarm_pb2.FetchRequest], size: int, *,
+           exact: bool, sha256: str | None, deadline: timedelta, shuffle: bool,
+           verify: Callable[[bytes, swarm_pb2.Chunk], None] | None = None) -> tuple[bytes, swarm_pb2.Chunk]:
+    """The holder loop both fetches share: each holder in turn; an object whose sha256 is known
+    resumes at the byte a broken stream broke on (from the same or the next holder)."""
     order = list(dict.fromkeys(h for h in holders if h))
     if shuffle:
         random.shuffle(order)
@@ -99,20 +156,12 @@ def fetch_blob(
     for holder in order:
         stub = pool.peer_stub(holder)
         try:
-            stream = stub.FetchPayload(
-                swarm_pb2.FetchRequest(sha256=sha256, offset=len(received)),
-                timeout=deadline.total_seconds(),
-            )
-            data, _ = receive_chunks(
-                stream,
-                max_size=size,
-                expected_size=size if exact else None,
-                expected_sha256=sha256,
-                prefix=received,
-            )
-            return data  # receive_chunks checked the size and the sha256
+            stream = stub.FetchPayload(request(len(received)), timeout=deadline.total_seconds())
+            data, first = receive_chunks(stream, max_size=size, expected_size=size if exact else None,
+                                         expected_sha256=sha256, prefix=received, verify=verify)
+            return data, first  # receive_chunks checked the size, and the sha256 or the proof
         except TransferError as exc:
-            received = exc.received if len(exc.received) < size else b""
+            received = exc.received if sha256 is not None and len(exc.received) < size else b""
             errors.append(f"{holder}: {exc}")
         except Exception as exc:  # any other failure of this holder: try the next one
             errors.append(f"{holder}: {exc}")

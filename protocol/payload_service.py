@@ -12,6 +12,7 @@ from typing import Callable
 
 import grpc
 
+from protocol import merkle
 from protocol._generated import swarm_pb2, swarm_pb2_grpc
 from protocol.envelope import EnvelopeError, UpdateHeader, check_payload
 from protocol.ratelimit import CallerLimits
@@ -35,15 +36,40 @@ class StoredBlob:
     payload: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class StoredSlice:
+    """Slice `index` of an update, addressed by the Merkle root its author signed: the bytes, their
+    sha256 (the leaf) and the proof that puts that leaf under the root, so it is served verifiable."""
+
+    round: int
+    digest: str  # sha256 hex of `payload`
+    proof: tuple[bytes, ...]  # the whole proof, bottom first
+    count: int  # leaves of the tree (the update's num_slices): fixes which levels the siblings are on
+    payload: bytes
+
+
 class PayloadStore:
-    """sha256 -> verified payload or blob, for the last few rounds (older ones are dropped)."""
+    """sha256 -> verified payload or blob, (slices_root, index) -> verified slice, for the last few
+    rounds (older ones are dropped)."""
 
     def __init__(self, keep_rounds: int = 2) -> None:
         self.keep_rounds = keep_rounds
         self._lock = threading.Lock()
         self._items: dict[str, StoredPayload] = {}
         self._blobs: dict[str, StoredBlob] = {}
+        self._slices: dict[tuple[bytes, int], StoredSlice] = {}
         self._newest = -1  # the newest round stored: older than newest - keep_rounds is dropped
+
+    def put_slice(self, slices_root: bytes, index: int, item: StoredSlice) -> None:
+        """Store a slice the caller has verified against `slices_root` (its proof checked, or the
+        tree built here from the payload)."""
+        with self._lock:
+            self._slices[(slices_root, index)] = item
+            self._drop_old(item.round)
+
+    def get_slice(self, slices_root: bytes, index: int) -> StoredSlice | None:
+        with self._lock:
+            return self._slices.get((slices_root, index))
 
     def put_blob(self, sha256: str, round_: int, data: bytes) -> None:
         """Store bytes the caller has verified against `sha256` (a fetch checks it on receipt)."""
@@ -67,11 +93,13 @@ class PayloadStore:
             if round_ < self._newest - self.keep_rounds:  # already too old to keep
                 self._items = {s: i for s, i in self._items.items() if i.header.round != round_}
                 self._blobs = {s: b for s, b in self._blobs.items() if b.round != round_}
+                self._slices = {k: v for k, v in self._slices.items() if v.round != round_}
             return
         self._newest = round_
         cutoff = round_ - self.keep_rounds
         self._items = {s: i for s, i in self._items.items() if i.header.round >= cutoff}
         self._blobs = {s: b for s, b in self._blobs.items() if b.round >= cutoff}
+        self._slices = {k: v for k, v in self._slices.items() if v.round >= cutoff}
 
     def lookup(self, sha256: str) -> StoredBlob | None:
         """What we serve under `sha256`: a whole payload or a blob, with its round."""
@@ -114,14 +142,23 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
 
     @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), streaming=True, max_stream_s=lambda s: s.max_stream_s)
     def FetchPayload(self, request: swarm_pb2.FetchRequest, context: grpc.ServicerContext):
-        found = self.store.lookup(request.sha256)
-        if found is None:
-            raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no payload {request.sha256[:16]}… here; try another holder", swarm_pb2.NOT_HELD)
-        data, round_ = found.payload, found.round
+        proof: tuple[bytes, ...] = ()
+        if request.HasField("slice"):  # slice `slice` of the update under `slices_root`, with its proof
+            item = self.store.get_slice(request.slices_root, request.slice)
+            if item is None:
+                raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no slice {request.slice} of update root {request.slices_root.hex()[:16]}… "
+                                                          "here; try another holder", swarm_pb2.NOT_HELD)
+            proof = tuple(merkle.truncate(item.proof, request.slice, item.count, request.proof_levels))
+            data, round_, sha = item.payload, item.round, None  # no digest declared: the receiver hashes the bytes
+        else:
+            found = self.store.lookup(request.sha256)
+            if found is None:
+                raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no payload {request.sha256[:16]}… here; try another holder", swarm_pb2.NOT_HELD)
+            data, round_, sha = found.payload, found.round, None if request.omit_sha256 else request.sha256
         if not 0 <= request.offset <= len(data):
             self.on_reject("bad-offset")
             raise RpcAbort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(data)}", swarm_pb2.MALFORMED)
-        yield from iter_chunks(data, offset=request.offset, round_=round_, sha256=request.sha256)
+        yield from iter_chunks(data, offset=request.offset, round_=round_, sha256=sha, proof=proof)
 
     @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), cost=5.0, max_stream_s=lambda s: s.max_stream_s)
     def PushPayload(self, request_iterator, context: grpc.ServicerContext):

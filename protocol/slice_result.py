@@ -8,6 +8,9 @@ signs ONE body for all of them:
      results:  [[slice, result_sha256, result_size], ...]   strictly by slice: exactly its slices
      excluded: {peer_id: {reason: [slice, ...]}}}            only the peers left out somewhere
 
+(both sha256 as base64 of the raw 32 bytes, 44 characters instead of 64 of hex: every peer
+downloads every owner's batch each round, ~S·r rows in all).
+
 `excluded` names the listed peers left out of a slice, with why (unreachable, non-finite,
 undecodable, hash-mismatch). Keyed by peer, an update unreachable for the whole round costs one
 entry, not one per slice, and a slice-local fault (a NaN in one slice) names just that slice: the
@@ -40,7 +43,8 @@ from protocol.identity import Identity
 from protocol.reasons import Reason
 from protocol.signing import sign_body
 
-SLICE_RESULTS_TAG = "swarmloco/slice-results/v2"
+SLICE_RESULTS_TAG = "swarmloco/slice-results/v3"  # v3: sha256 as base64 of raw digests (v2: hex)
+OLD_SLICE_RESULTS_TAGS = ("swarmloco/slice-results/v2",)
 MISMATCH_TAG = "swarmloco/slice-mismatch/v1"
 HEX = frozenset("0123456789abcdef")
 MAX_REASON_CHARS = 32  # the longest protocol.reasons.Reason is 17
@@ -86,8 +90,8 @@ def sign_slice_results(identity: Identity, results: Sequence[SliceResult]) -> sw
     for res in ordered:
         for peer_id, reason in res.excluded.items():
             excluded.setdefault(peer_id, {}).setdefault(str(reason), []).append(res.slice)
-    body = {"run_id": first.run_id, "round": first.round, "owner": first.owner, "manifest_sha256": first.manifest_sha256,
-            "results": [[r.slice, r.result_sha256, r.result_size] for r in ordered], "excluded": excluded}
+    body = {"run_id": first.run_id, "round": first.round, "owner": first.owner, "manifest_sha256": digest_b64(first.manifest_sha256),
+            "results": [[r.slice, digest_b64(r.result_sha256), r.result_size] for r in ordered], "excluded": excluded}
     return sign_body(identity, SLICE_RESULTS_TAG, body)
 
 
@@ -97,6 +101,24 @@ def batch_body_limit(owned: int, peers: int, run_id: str) -> int:
     few hundred bytes plus ~80 per slice)."""
     run_id_bytes = len(json.dumps(run_id))
     return BODY_OVERHEAD_BYTES + run_id_bytes + owned * RESULT_ROW_BYTES + peers * (PEER_KEY_BYTES + owned * EXCLUSION_BYTES)
+
+
+def digest_b64(hex_digest: str) -> str:
+    """A sha256 as it travels in a batch: base64 of its 32 raw bytes (ValueError if not 64 hex)."""
+    if not _is_hex64(hex_digest):
+        raise ValueError(f"not a sha256 in lowercase hex: {hex_digest!r}")
+    return base64.b64encode(bytes.fromhex(hex_digest)).decode()
+
+
+def _digest_hex(value: Any) -> str | None:
+    """digest_b64's inverse for an untrusted field; None when it is not the base64 of 32 bytes."""
+    if not isinstance(value, str) or len(value) != 44:
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except ValueError:
+        return None
+    return raw.hex() if len(raw) == 32 and base64.b64encode(raw).decode() == value else None
 
 
 def _is_hex64(value: Any) -> bool:
@@ -118,6 +140,10 @@ def open_slice_results(
     """Verify an owner's signed batch against the round's manifest (its sha256, `owners`: slice ->
     owner peer_ids, `peer_ids`: its entries in order) and open it into per-slice results, by
     slice; raise EnvelopeError (its reason counted) when anything does not hold."""
+    for old in OLD_SLICE_RESULTS_TAGS:
+        if signed.body.startswith(old.encode() + b"\n"):
+            raise EnvelopeError(Reason.WRONG_TAG, f"slice results in the old format {old!r}; this swarm signs "
+                                                  f"{SLICE_RESULTS_TAG!r}: upgrade swarmloco on that owner")
     fields, signer = open_envelope(signed, SLICE_RESULTS_TAG, "slice results")
     if set(fields) != BODY_FIELDS:
         raise _malformed(f"the body's fields are {sorted(fields)}, expected {sorted(BODY_FIELDS)}")
@@ -130,9 +156,10 @@ def open_slice_results(
         raise EnvelopeError(Reason.WRONG_RUN, f"slice results are for run {fields['run_id']!r}, this run is {run_id!r}")
     if fields["round"] != round_:
         raise EnvelopeError(Reason.WRONG_ROUND, f"slice results are for round {fields['round']}, expected round {round_}")
-    if not _is_hex64(fields["manifest_sha256"]):
-        raise _malformed("manifest_sha256 is not 64 lowercase hex characters")
-    if fields["manifest_sha256"] != manifest_sha256:
+    signed_manifest = _digest_hex(fields["manifest_sha256"])
+    if signed_manifest is None:
+        raise _malformed("manifest_sha256 is not the base64 of a 32-byte sha256")
+    if signed_manifest != manifest_sha256:
         raise EnvelopeError(Reason.WRONG_ROUND, f"slice results are signed over another manifest of round {round_}")
     owned = [j for j, slice_owners in enumerate(owners) if signer in slice_owners]
     if not owned:
@@ -169,11 +196,12 @@ def _result_rows(rows: Any, *, num_slices: int, max_result_bytes: int) -> dict[i
             raise _malformed(f"slice {j} outside 0..{num_slices - 1}")
         if slices and j <= next(reversed(slices)):
             raise _malformed(f"slice {j} out of order or named twice (results are strictly by slice)")
-        if not _is_hex64(sha):
-            raise _malformed(f"result_sha256 of slice {j} is not 64 lowercase hex characters")
+        sha_hex = _digest_hex(sha)
+        if sha_hex is None:
+            raise _malformed(f"result_sha256 of slice {j} is not the base64 of a 32-byte sha256")
         if not 0 < size <= max_result_bytes:
             raise EnvelopeError(Reason.OVERSIZED, f"declared result size {size} of slice {j} is outside (0, {max_result_bytes}]")
-        slices[j] = (sha, size)
+        slices[j] = (sha_hex, size)
     return slices
 
 

@@ -8,7 +8,7 @@ it, so an attacker cannot make it buffer more than it agreed to.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 from protocol._generated import swarm_pb2
 from protocol.channels import CHUNK_BYTES
@@ -22,16 +22,20 @@ class TransferError(IOError):
         self.received = received
 
 
-def iter_chunks(data: bytes, *, offset: int = 0, round_: int = 0, sha256: str = "") -> Iterator[swarm_pb2.Chunk]:
-    """Yield `data[offset:]` in messages of at most CHUNK_BYTES."""
-    digest = sha256 or hashlib.sha256(data).hexdigest()
+def iter_chunks(data: bytes, *, offset: int = 0, round_: int = 0, sha256: str | None = "",
+                proof: Sequence[bytes] = ()) -> Iterator[swarm_pb2.Chunk]:
+    """Yield `data[offset:]` in messages of at most CHUNK_BYTES; `proof` (a slice's Merkle proof)
+    rides on the first one. sha256=None: declare no digest (a slice: the receiver hashes the bytes
+    into the leaf its proof must put under the signed root, so 64 characters a slice are saved)."""
+    digest = "" if sha256 is None else sha256 or hashlib.sha256(data).hexdigest()
     total = len(data)
     if offset >= total:
-        yield swarm_pb2.Chunk(data=b"", offset=total, total_size=total, sha256=digest, round=round_)
+        yield swarm_pb2.Chunk(data=b"", offset=total, total_size=total, sha256=digest, round=round_, proof=proof)
         return
     for start in range(offset, total, CHUNK_BYTES):
         yield swarm_pb2.Chunk(
-            data=data[start : start + CHUNK_BYTES], offset=start, total_size=total, sha256=digest, round=round_
+            data=data[start : start + CHUNK_BYTES], offset=start, total_size=total, sha256=digest, round=round_,
+            proof=proof if start == offset else (),
         )
 
 
@@ -42,8 +46,11 @@ def receive_chunks(
     expected_size: int | None = None,
     expected_sha256: str | None = None,
     prefix: bytes = b"",
+    verify: Callable[[bytes, swarm_pb2.Chunk], None] | None = None,
 ) -> tuple[bytes, swarm_pb2.Chunk | None]:
     """Assemble a stream; returns (data, first chunk). `prefix` resumes an earlier broken transfer.
+    `verify(data, first chunk)` replaces the check against the declared sha256 (a slice: its
+    Merkle proof) and raises TransferError to refuse what arrived.
 
     Raises TransferError (carrying the valid prefix) on any violation or a broken stream.
     """
@@ -58,7 +65,7 @@ def receive_chunks(
                     raise TransferError(f"sender declares {total} bytes, expected {expected_size}")
                 if not 0 <= total <= max_size:
                     raise TransferError(f"sender declares {total} bytes, more than the limit of {max_size}")
-                if expected_sha256 is not None and chunk.sha256 != expected_sha256:
+                if expected_sha256 is not None and chunk.sha256 not in ("", expected_sha256):
                     raise TransferError("sender offers a different object than the one requested")
             elif chunk.total_size != first.total_size or chunk.sha256 != first.sha256:
                 raise TransferError("stream changed its declared size or hash midway")
@@ -75,6 +82,8 @@ def receive_chunks(
         raise TransferError("stream ended before any data")
     if len(buffer) != first.total_size:
         raise TransferError(f"stream ended at {len(buffer)} of {first.total_size} bytes", bytes(buffer))
-    if hashlib.sha256(buffer).hexdigest() != first.sha256:
+    if verify is not None:
+        verify(bytes(buffer), first)
+    elif hashlib.sha256(buffer).hexdigest() != (first.sha256 or expected_sha256):  # a chunk may leave out the sha256 asked for
         raise TransferError("received bytes do not match the declared sha256")
     return bytes(buffer), first

@@ -87,7 +87,8 @@ def test_manifest_signed_by_coordinator_only():
 def test_build_update_header_hashes_its_payload_and_check_entry_catches_a_swapped_entry():
     peer, other = Identity.generate(), Identity.generate()
     header = header_for(peer)
-    assert (header.payload_sha256, header.payload_size, header.round, header.slices) == (sha256_hex(PAYLOAD), 1000, 3, ())
+    assert (header.payload_sha256, header.payload_size, header.round, header.slices_root, header.num_slices) == (
+        sha256_hex(PAYLOAD), 1000, 3, "", 0)
     entry = ManifestEntry(peer_id=peer.peer_id, payload_sha256=header.payload_sha256, payload_size=header.payload_size,
                           header=signed_to_json(sign_update(peer, header)), holders=[])
     check_entry(entry, header)
@@ -97,17 +98,60 @@ def test_build_update_header_hashes_its_payload_and_check_entry_catches_a_swappe
         assert err.value.reason == "forged"
 
 
-def test_slice_digests_travel_as_one_base64_string_and_bad_ones_are_malformed():
+def test_packed_digests_round_trip_and_bad_ones_are_malformed():
     from protocol.envelope import pack_digests, unpack_digests
 
     hashes = [sha256_hex(bytes([i])) for i in range(28)]
     packed = pack_digests(hashes)
-    assert unpack_digests(packed) == hashes
+    assert unpack_digests(packed, field_name="x") == hashes
     assert len(packed) == 4 * -(-28 * 32 // 3)  # 1,196 characters, against 1,848 of hex inside a JSON list
     for bad in (packed[:-4], packed + "AAAA", "not base64!", ["a" * 64], 7, pack_digests(hashes * 200)):
         with pytest.raises(EnvelopeError) as err:
-            unpack_digests(bad, limit=4096)
+            unpack_digests(bad, field_name="x", limit=4096)
         assert err.value.reason == "malformed"
+
+
+def sliced_header(identity, num_slices=28, **changes):
+    digests = [sha256_hex(i.to_bytes(2, "big")) for i in range(num_slices)]
+    base = build_update_header(run_id="run", round_=3, peer_id=identity.peer_id, codec="fp16", numel=1000, layout_hash="L",
+                               base_param_hash="B", payload=PAYLOAD, slices=digests)
+    return dataclasses.replace(base, **changes)
+
+
+def test_sliced_header_commits_to_a_merkle_root_whatever_the_slice_count():
+    import base64
+
+    from protocol import merkle
+
+    me = Identity.generate()
+    header = sliced_header(me)
+    digests = [bytes.fromhex(sha256_hex(i.to_bytes(2, "big"))) for i in range(28)]
+    assert header.num_slices == 28 and base64.b64decode(header.slices_root) == merkle.root(digests)
+    opened = open_update(sign_update(me, header), **EXPECT, num_slices=28)
+    assert opened == header
+    # the signed body is the same size for 28 and 4,096 slices: O(1) per header, not O(S)
+    big = sign_update(me, sliced_header(me, num_slices=4096))
+    assert len(big.body) - len(sign_update(me, header).body) == 2  # "28" -> "4096"
+    for changes, reason in ((dict(num_slices=27), "wrong-layout"), (dict(slices_root=""), "malformed"),
+                            (dict(slices_root="AAAA"), "malformed"), (dict(slices_root="not base64!"), "malformed")):
+        with pytest.raises(EnvelopeError) as err:
+            open_update(sign_update(me, dataclasses.replace(header, **changes)), **EXPECT, num_slices=28)
+        assert err.value.reason == reason, changes
+    with pytest.raises(EnvelopeError) as err:  # a root on a run that is not sliced
+        open_update(sign_update(me, header), **EXPECT, num_slices=0)
+    assert err.value.reason == "wrong-layout"
+
+
+def test_old_update_header_format_is_refused_with_what_to_do():
+    from protocol.envelope import pack_digests
+    from protocol.signing import sign_body
+
+    me = Identity.generate()
+    fields = {k: v for k, v in dataclasses.asdict(header_for(me)).items() if k not in ("slices_root", "num_slices")}
+    old = sign_body(me, "swarmloco/update-header/v2", {**fields, "slices": pack_digests([sha256_hex(b"x")] * 28)})
+    with pytest.raises(EnvelopeError, match="old format 'swarmloco/update-header/v2'.*upgrade swarmloco") as err:
+        open_update(old, **EXPECT, num_slices=28)
+    assert err.value.reason == "wrong-tag"
 
 
 def test_signed_messages_inside_json_keep_their_exact_bytes():
@@ -145,3 +189,90 @@ def test_manifest_owners_travel_as_entry_indices_and_must_name_an_entry():
         with pytest.raises(EnvelopeError) as err:
             open_manifest(forged, keys=keys, run_id="run", round_=3)
         assert err.value.reason == "malformed", bad
+
+
+def _entry(identity, signed, header):
+    return ManifestEntry(peer_id=identity.peer_id, payload_sha256=header.payload_sha256, payload_size=header.payload_size,
+                         header=signed_to_json(signed), holders=["127.0.0.1:1"], serves=True)
+
+
+def test_manifest_carries_shared_header_fields_once_and_every_header_rebuilds_to_its_signed_bytes():
+    import json
+
+    from protocol.envelope import MANIFEST_TAG, UPDATE_TAG, signed_from_json
+    from protocol.signing import sign_body
+
+    coordinator = Identity.generate()
+    keys = CoordinatorKeys.of_key(coordinator.public_key)
+    peers = [Identity.generate() for _ in range(5)]
+    signed_headers, entries = {}, []
+    for k, p in enumerate(peers):
+        header = sliced_header(p, payload_size=1000 - k) if k != 4 else sliced_header(p)
+        # peer 3 signs a body that is not canonical (spaces): it must travel whole, untouched
+        signed = sign_update(p, header)
+        if k == 3:
+            body = UPDATE_TAG.encode() + b"\n" + json.dumps(dataclasses.asdict(header), sort_keys=True).encode()
+            signed = type(signed)(body=body, signature=p.sign(body), public_key=p.public_key)
+        # peer 1 has another slice count: not shared, travels in its own fields
+        if k == 1:
+            header = sliced_header(p, num_slices=27)
+            signed = sign_update(p, header)
+        signed_headers[p.peer_id] = signed
+        entries.append(_entry(p, signed, header))
+    entries.sort(key=lambda e: e.peer_id)
+    manifest = RoundManifest(run_id="run", round=3, base_param_hash="B", entries=entries, excluded={})
+    signed_manifest = sign_manifest(coordinator, manifest)
+    body = json.loads(signed_manifest.body.split(b"\n", 1)[1])
+    assert set(body["header_common"]) == {"run_id", "round", "codec", "numel", "layout_hash", "base_param_hash"}
+    assert signed_manifest.body.count(b'layout_hash') == 1 + 1  # once shared, once in peer 3's whole header
+    opened = open_manifest(signed_manifest, keys=keys, run_id="run", round_=3)
+    for entry in opened.entries:
+        assert signed_from_json(entry.header) == signed_headers[entry.peer_id]  # the author's exact bytes
+    # each compact header is shorter than its whole form by at least the shared fields and the
+    # three its entry repeats (peer 3's travels whole)
+    shared = len(json.dumps(body["header_common"], separators=(",", ":")))
+    by_peer = {e["peer_id"]: e["header"] for e in body["entries"]}
+    assert sum("fields" in h for h in by_peer.values()) == 4 and "body_text" in by_peer[peers[3].peer_id]
+    for entry in entries:
+        compact = by_peer[entry.peer_id]
+        if "fields" in compact:
+            assert len(json.dumps(compact)) < len(json.dumps(entry.header)) - shared - 32 - 64
+
+    # a coordinator that changes a compact header's field gets a header its author did not sign
+    tampered = json.loads(signed_manifest.body.split(b"\n", 1)[1])
+    compact = next(e for e in tampered["entries"] if "fields" in e["header"])
+    compact["header"]["fields"]["slices_root"] = base64_root(b"\x07" * 32)
+    reopened = open_manifest(sign_body(coordinator, MANIFEST_TAG, tampered), keys=keys, run_id="run", round_=3)
+    entry = next(e for e in reopened.entries if e.peer_id == compact["peer_id"])
+    with pytest.raises(EnvelopeError) as err:
+        open_update(signed_from_json(entry.header), **EXPECT, num_slices=28)
+    assert err.value.reason == "bad-signature"
+    for bad in ({**tampered, "header_common": []}, {**tampered, "entries": [{**compact, "header": {"fields": 3}}]}):
+        with pytest.raises(EnvelopeError) as err:
+            open_manifest(sign_body(coordinator, MANIFEST_TAG, bad), keys=keys, run_id="run", round_=3)
+        assert err.value.reason == "malformed"
+
+
+def test_shared_fields_compare_as_json_so_true_is_not_one():
+    """A header signing numel=true must not make an honest numel=1 header rebuild as true."""
+    from protocol.envelope import UPDATE_TAG, signed_from_json
+    from protocol.signing import sign_body
+
+    coordinator, a, b = Identity.generate(), Identity.generate(), Identity.generate()
+    entries = []
+    for p, numel in ((a, 1), (b, True)):
+        header = sliced_header(p)
+        signed = sign_body(p, UPDATE_TAG, {**dataclasses.asdict(header), "numel": numel})
+        entries.append(_entry(p, signed, header))
+    entries.sort(key=lambda e: e.peer_id)
+    manifest = RoundManifest(run_id="run", round=3, base_param_hash="B", entries=entries, excluded={})
+    opened = open_manifest(sign_manifest(coordinator, manifest), keys=CoordinatorKeys.of_key(coordinator.public_key),
+                           run_id="run", round_=3)
+    for before, after in zip(entries, opened.entries):
+        assert signed_from_json(after.header) == signed_from_json(before.header)
+
+
+def base64_root(raw: bytes) -> str:
+    import base64
+
+    return base64.b64encode(raw).decode()

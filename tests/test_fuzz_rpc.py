@@ -356,7 +356,10 @@ def test_sliced_round_rpcs_survive_hostile_messages():
             batch(manifest_sha256="cd" * 32),  # another manifest
             batch(result_size=1 << 40),
             batch(result_size=0),
-            batch(result_sha256="not-hex"),
+            crafted(results=[[0, "not-hex", 8], *body["results"][1:]]),
+            crafted(results=[[0, "ab" * 32, 8], *body["results"][1:]]),  # hex: the old form
+            crafted(manifest_sha256=manifest_sha),  # hex: the old form
+            sign_body(owner, "swarmloco/slice-results/v2", body),  # the old batch tag
             batch(excluded={"e" * 32: "unreachable"}),  # a peer the manifest does not list
             sign_slice_results(owner, [result()]),  # leaves out slices it owns
             crafted(results=[body["results"][0], *body["results"]]),  # a slice twice

@@ -15,7 +15,7 @@ from protocol.envelope import EnvelopeError
 from protocol.identity import Identity
 from protocol.signing import canonical_body, sign_body
 from protocol.slice_result import (
-    SLICE_RESULTS_TAG, SliceResult, batch_body_limit, open_slice_results, sign_slice_results,
+    SLICE_RESULTS_TAG, SliceResult, batch_body_limit, digest_b64, open_slice_results, sign_slice_results,
 )
 from protocol.wire import swarm_pb2
 
@@ -24,6 +24,11 @@ B, C = "b" * 32, "c" * 32
 MANIFEST = "0" * 64
 MAX_RESULT = 1000
 RUN, ROUND = "run", 4
+
+
+def D(c: str) -> str:
+    """The wire form (base64 of the raw digest) of the sha256 written as 64 times `c` in hex."""
+    return digest_b64(c * 64)
 
 
 def owners() -> list[list[str]]:
@@ -65,13 +70,13 @@ def test_a_batch_opens_into_the_per_slice_results_it_was_signed_from():
     assert open_(signed) == tuple(results)
     assert [r.inputs for r in open_(signed)] == [(OWNER.peer_id, C), (OWNER.peer_id,), (OWNER.peer_id, C)]
     body = body_of(results)
-    assert body["results"] == [[0, "0" * 64, 100], [2, "2" * 64, 102], [3, "3" * 64, 103]]
+    assert body["results"] == [[0, D("0"), 100], [2, D("2"), 102], [3, D("3"), 103]]
     # keyed by peer: unreachable all round is one entry, a slice-local fault names its slice
     assert body["excluded"] == {B: {"unreachable": [0, 2, 3]}, C: {"non-finite": [2]}}
     assert b'"inputs"' not in signed.body
-    # A clean batch: the round's fields once, ~80 bytes per slice, one signature.
+    # A clean batch: the round's fields once, ~60 bytes per slice, one signature.
     clean = sign_slice_results(OWNER, [result(j) for j in (0, 2, 3)])
-    assert len(clean.body) < 200 + 80 * 3
+    assert len(clean.body) < 180 + 60 * 3
     assert open_(clean) == tuple(result(j) for j in (0, 2, 3))
 
 
@@ -108,25 +113,26 @@ MALFORMED = {  # case -> (body, reason)
     "owner is not the signer": (with_(owner=B), "forged"),
     "another run": (with_(run_id="other"), "wrong-run"),
     "another round (replay)": (with_(round=ROUND - 1), "wrong-round"),
-    "another manifest": (with_(manifest_sha256="1" * 64), "wrong-round"),
+    "another manifest": (with_(manifest_sha256=D("1")), "wrong-round"),
+    "manifest hash in hex (the old form)": (with_(manifest_sha256="1" * 64), "malformed"),
     "manifest hash not hex": (with_(manifest_sha256="M" * 64), "malformed"),
     "results not a list": (with_(results={"0": "x"}), "malformed"),
     "results empty": (with_(results=[]), "malformed"),
-    "row too short": (with_(results=[[0, "0" * 64]]), "malformed"),
-    "slice not an integer": (with_(results=[[0.0, "0" * 64, 100], [2, "2" * 64, 102], [3, "3" * 64, 103]]), "malformed"),
-    "slice out of range": (with_(results=[[0, "0" * 64, 100], [2, "2" * 64, 102], [4, "3" * 64, 103]]), "malformed"),
-    "negative slice": (with_(results=[[-1, "0" * 64, 100], [2, "2" * 64, 102], [3, "3" * 64, 103]]), "malformed"),
-    "slice twice": (with_(results=[[0, "0" * 64, 100], [2, "2" * 64, 102], [2, "2" * 64, 102], [3, "3" * 64, 103]]), "malformed"),
-    "slices out of order": (with_(results=[[2, "2" * 64, 102], [0, "0" * 64, 100], [3, "3" * 64, 103]]), "malformed"),
-    "a slice the signer does not own": (with_(results=[[0, "0" * 64, 100], [1, "1" * 64, 101], [2, "2" * 64, 102],
-                                                       [3, "3" * 64, 103]]), "not-owner"),
-    "an owned slice left out": (with_(results=[[0, "0" * 64, 100], [2, "2" * 64, 102]],
+    "row too short": (with_(results=[[0, D("0")]]), "malformed"),
+    "slice not an integer": (with_(results=[[0.0, D("0"), 100], [2, D("2"), 102], [3, D("3"), 103]]), "malformed"),
+    "slice out of range": (with_(results=[[0, D("0"), 100], [2, D("2"), 102], [4, D("3"), 103]]), "malformed"),
+    "negative slice": (with_(results=[[-1, D("0"), 100], [2, D("2"), 102], [3, D("3"), 103]]), "malformed"),
+    "slice twice": (with_(results=[[0, D("0"), 100], [2, D("2"), 102], [2, D("2"), 102], [3, D("3"), 103]]), "malformed"),
+    "slices out of order": (with_(results=[[2, D("2"), 102], [0, D("0"), 100], [3, D("3"), 103]]), "malformed"),
+    "a slice the signer does not own": (with_(results=[[0, D("0"), 100], [1, D("1"), 101], [2, D("2"), 102],
+                                                       [3, D("3"), 103]]), "not-owner"),
+    "an owned slice left out": (with_(results=[[0, D("0"), 100], [2, D("2"), 102]],
                                       excluded={B: {"unreachable": [0, 2]}}), "malformed"),
-    "result hash not hex": (with_(results=[[0, "not-hex", 100], [2, "2" * 64, 102], [3, "3" * 64, 103]]), "malformed"),
-    "result hash upper case": (with_(results=[[0, "A" * 64, 100], [2, "2" * 64, 102], [3, "3" * 64, 103]]), "malformed"),
-    "size zero": (with_(results=[[0, "0" * 64, 0], [2, "2" * 64, 102], [3, "3" * 64, 103]]), "oversized"),
-    "size over the bound": (with_(results=[[0, "0" * 64, MAX_RESULT + 1], [2, "2" * 64, 102], [3, "3" * 64, 103]]), "oversized"),
-    "size a string": (with_(results=[[0, "0" * 64, "100"], [2, "2" * 64, 102], [3, "3" * 64, 103]]), "malformed"),
+    "result hash not hex": (with_(results=[[0, "not-hex", 100], [2, D("2"), 102], [3, D("3"), 103]]), "malformed"),
+    "result hash upper case": (with_(results=[[0, "A" * 64, 100], [2, D("2"), 102], [3, D("3"), 103]]), "malformed"),
+    "size zero": (with_(results=[[0, D("0"), 0], [2, D("2"), 102], [3, D("3"), 103]]), "oversized"),
+    "size over the bound": (with_(results=[[0, D("0"), MAX_RESULT + 1], [2, D("2"), 102], [3, D("3"), 103]]), "oversized"),
+    "size a string": (with_(results=[[0, D("0"), "100"], [2, D("2"), 102], [3, D("3"), 103]]), "malformed"),
     "excluded not a map": (with_(excluded=[B]), "malformed"),
     "excludes a peer the manifest does not list": (with_(excluded={"d" * 32: {"unreachable": [0]}}), "malformed"),
     "empty reasons of a peer": (with_(excluded={B: {}}), "malformed"),
@@ -189,3 +195,10 @@ def test_the_body_is_bounded_by_what_an_honest_owner_can_sign():
     with pytest.raises(EnvelopeError) as err:
         open_(hostile, owners=many, peer_ids=peers)
     assert err.value.reason == "oversized" and "exceeds" in str(err.value)
+
+
+def test_a_batch_in_the_old_hex_format_is_refused_with_what_to_do():
+    old = sign_body(OWNER, "swarmloco/slice-results/v2", {**good_body(), "manifest_sha256": MANIFEST})
+    with pytest.raises(EnvelopeError, match="old format 'swarmloco/slice-results/v2'.*upgrade swarmloco") as err:
+        open_(old)
+    assert err.value.reason == "wrong-tag"

@@ -28,8 +28,9 @@ from peer.run import slice_plan
 from peer.run.round_math import RoundMath, UpdateRejected
 from protocol.reasons import FOR_CAUSE
 from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, check_entry, signed_from_json
-from protocol.payload_fetch import ChannelPool, FetchError, fetch_blob
-from protocol.payload_service import PayloadStore
+from protocol import merkle
+from protocol.payload_fetch import ChannelPool, FetchError, fetch_blob, fetch_slice
+from protocol.payload_service import PayloadStore, StoredSlice
 from protocol.slice_result import SliceResult, open_slice_results, sign_slice_results
 from protocol.wire import swarm_pb2
 
@@ -63,6 +64,14 @@ class SliceRound:
     holders: dict[str, list[str]]  # peer_id -> endpoints holding that update's slices
     owners: list[list[str]]  # slice -> owner peer_ids
     endpoints: dict[str, str]  # owner peer_id -> its serving endpoint
+    # peer_id -> the tree nodes its slices' proofs have proven so far: later fetches of that
+    # update's slices ask for the siblings below them only (protocol/merkle.ProvenNodes)
+    proven: dict[str, merkle.ProvenNodes] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for peer_id, header in self.headers.items():
+            if header.num_slices:
+                self.proven.setdefault(peer_id, merkle.ProvenNodes(header.root_bytes(), header.num_slices))
 
     @property
     def peer_ids(self) -> list[str]:
@@ -133,9 +142,18 @@ class SliceExchange:
         return [hashlib.sha256(part).hexdigest() for part in self.math.sliced_codec.split(payload)]
 
     def serve_slices(self, header: UpdateHeader, payload: bytes) -> None:
-        """Make each slice of a (verified) payload fetchable by its own sha256."""
-        for sha, part in zip(header.slices, self.math.sliced_codec.split(payload)):
-            self.store.put_blob(sha, header.round, part)
+        """Make each slice of a (verified) payload fetchable by (its header's slices_root, index),
+        with its Merkle proof. A header whose root is not its payload's (a client-mode peer's
+        lie) gets nothing served: its slices are as unreachable as a wrong digest made them."""
+        parts = self.math.sliced_codec.split(payload)
+        digests = [hashlib.sha256(part).digest() for part in parts]
+        root = header.root_bytes()
+        if len(parts) != header.num_slices or merkle.root(digests) != root:
+            log.warning("update of %s: its signed slices_root is not the Merkle root of its payload's slices; "
+                        "not serving them", header.peer_id[:8])
+            return
+        for j, (part, digest, path) in enumerate(zip(parts, digests, merkle.proofs(digests))):
+            self.store.put_slice(root, j, StoredSlice(header.round, digest.hex(), tuple(path), len(parts), part))
 
     # --- the manifest --------------------------------------------------------------------
 
@@ -146,8 +164,8 @@ class SliceExchange:
         for entry in manifest.entries:
             header = verify_header(signed_from_json(entry.header), r)
             check_entry(entry, header)
-            if len(header.slices) != self.math.layout.num_slices:
-                raise EnvelopeError("malformed", f"update of {entry.peer_id[:8]} commits to {len(header.slices)} slices, the run has {self.math.layout.num_slices}")
+            if header.num_slices != self.math.layout.num_slices:
+                raise EnvelopeError("malformed", f"update of {entry.peer_id[:8]} commits to {header.num_slices} slices, the run has {self.math.layout.num_slices}")
             headers[entry.peer_id] = header
         if manifest.owners != draw_owners(self.math, r, manifest.entries):
             raise EnvelopeError("forged", "the manifest's slice owners are not the draw its entries determine")
@@ -156,16 +174,20 @@ class SliceExchange:
     # --- reduce-scatter ------------------------------------------------------------------
 
     def fetch_input(self, rnd: SliceRound, peer_id: str, j: int) -> bytes:
+        """Slice j of peer_id's update: from our store (verified when it was put) or fetched with its
+        Merkle proof against the signed root (a holder whose proof fails is skipped, as one whose
+        bytes missed a signed digest was)."""
         header = rnd.headers[peer_id]
-        sha = header.slices[j]
-        data = self.store.get_blob(sha)
-        if data is not None:
-            return data
+        root = header.root_bytes()
+        held = self.store.get_slice(root, j)
+        if held is not None:
+            return held.payload
         others = [rnd.endpoints[o] for o in rnd.owners[j] if o in rnd.endpoints]
         holders = [h for h in rnd.holders[peer_id] + others if h and h != self.own_endpoint]
-        data = fetch_blob(self.pool, holders, sha, self.math.sliced_codec.max_slice_payload_size(j), exact=False)
-        self.store.put_blob(sha, rnd.round, data)  # re-served: other owners may fetch it from us
-        return data
+        got = fetch_slice(self.pool, holders, header, j, max_size=self.math.sliced_codec.max_slice_payload_size(j),
+                          proven=rnd.proven[peer_id])
+        self.store.put_slice(root, j, StoredSlice(rnd.round, got.digest, got.proof, header.num_slices, got.data))  # re-served
+        return got.data
 
     def reduce(self, rnd: SliceRound, j: int, inputs: list[str] | None = None,
                fetched: list[tuple[bytes | None, str]] | None = None) -> tuple[bytes, SliceResult]:

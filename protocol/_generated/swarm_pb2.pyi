@@ -185,18 +185,20 @@ class CheckpointRequest(_message.Message):
     def __init__(self, offset: _Optional[int] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("data", "offset", "total_size", "sha256", "round")
+    __slots__ = ("data", "offset", "total_size", "sha256", "round", "proof")
     DATA_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     offset: int
     total_size: int
     sha256: str
     round: int
-    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., total_size: _Optional[int] = ..., sha256: _Optional[str] = ..., round: _Optional[int] = ...) -> None: ...
+    proof: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., total_size: _Optional[int] = ..., sha256: _Optional[str] = ..., round: _Optional[int] = ..., proof: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
@@ -209,12 +211,20 @@ class StatusReply(_message.Message):
     def __init__(self, json: _Optional[str] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("sha256", "offset")
+    __slots__ = ("sha256", "offset", "slice", "slices_root", "proof_levels", "omit_sha256")
     SHA256_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    SLICES_ROOT_FIELD_NUMBER: _ClassVar[int]
+    PROOF_LEVELS_FIELD_NUMBER: _ClassVar[int]
+    OMIT_SHA256_FIELD_NUMBER: _ClassVar[int]
     sha256: str
     offset: int
-    def __init__(self, sha256: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+    slice: int
+    slices_root: bytes
+    proof_levels: int
+    omit_sha256: bool
+    def __init__(self, sha256: _Optional[str] = ..., offset: _Optional[int] = ..., slice: _Optional[int] = ..., slices_root: _Optional[bytes] = ..., proof_levels: _Optional[int] = ..., omit_sha256: _Optional[bool] = ...) -> None: ...
 
 class PushChunk(_message.Message):
     __slots__ = ("header", "data")
