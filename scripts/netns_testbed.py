@@ -173,3 +173,60 @@ def measure_link_mbit(bed: Testbed, src: int, dst: int) -> float:
     finally:
         if sink.poll() is None:
             sink.kill()
+
+
+class HostLink:
+    """One network namespace tied to the host's own namespace by a veth pair, for a swarm that runs
+    on the host with a single node inside (scripts/chaos.py's partitioned peer):
+
+        host: <prefix>-h  HOST_IP/24   <->   eth0 in <prefix>-ns: NODE_IP/24
+
+    The host's processes listen on HOST_IP (reachable locally and from the namespace); `cut()`
+    takes the namespace's end down (its node loses the swarm, the host keeps HOST_IP) and
+    `heal()` brings it back. `close()` deletes the veth and the namespace."""
+
+    HOST_IP, NODE_IP = "10.78.0.1", "10.78.0.2"
+
+    def __init__(self, prefix: str | None = None) -> None:
+        self.prefix = prefix or f"swl{os.getpid()}"
+        self.ns, self.veth = f"{self.prefix}-ns", f"{self.prefix}-h"
+        self.created = False
+
+    def up(self) -> None:
+        run_ip("netns", "add", self.ns)
+        self.created = True
+        run_ip("link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.ns)
+        run_ip("addr", "add", f"{self.HOST_IP}/24", "dev", self.veth)
+        run_ip("link", "set", self.veth, "up")
+        run_ip("-n", self.ns, "addr", "add", f"{self.NODE_IP}/24", "dev", "eth0")
+        run_ip("-n", self.ns, "link", "set", "eth0", "up")
+        run_ip("-n", self.ns, "link", "set", "lo", "up")
+
+    def cut(self) -> None:
+        run_ip("-n", self.ns, "link", "set", "eth0", "down")
+
+    def heal(self) -> None:
+        run_ip("-n", self.ns, "link", "set", "eth0", "up")
+
+    def close(self) -> None:
+        if self.created:
+            run_ip("link", "del", self.veth, check=False)
+            run_ip("netns", "del", self.ns, check=False)
+            self.created = False
+
+
+CLONE_NEWNET = 0x40000000
+
+
+def enter_namespace(name: str) -> None:
+    """Move this (still single-threaded) process into the network namespace `name` (setns(2));
+    what it starts afterwards lives there too."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise NetnsError(f"setns into {name}: {os.strerror(ctypes.get_errno())} (needs root)")
+    finally:
+        os.close(fd)
