@@ -55,6 +55,8 @@ STEM = "byzantine_recipe"
 _ROOT = Path(__file__).resolve().parents[1]
 # Code that decides a run's numbers beyond its config: the rule, and the attacks made for it.
 _CODE = {"optim/sparse_robust.py": lambda case: case.aggregator.startswith("sparse-trimmed-mean"),
+         "optim/shared_support.py": lambda case: case.aggregator in ("trimmed-mean", "median"),
+         "peer/cli/simulate_shared.py": lambda case: case.aggregator in ("trimmed-mean", "median"),
          "optim/attacks_sparse.py": lambda case: case.attack in ("index-poison", "slow-accumulate", "vote-tailored")}
 
 
@@ -64,12 +66,15 @@ class RecipeProfile(Profile):
     the recipe decides codec, rule, result format, outer step and H; a cell decides only f."""
 
     recipe: str = RECIPE
+    variant: str = ""  # a prototype's overrides on top of the recipe (peer/cli/simulate_shared.py VARIANTS)
 
     def config(self, seed: int, aggregator: str, f: int | None, codec: str, exchange: str = SLICED) -> RunConfig:
         from peer.cli.run_flags import resolve_run_config
 
         base = super().config(seed, "mean", 0, DENSE, exchange)
-        overrides = {**recipe_overrides(self.recipe), "rounds.rounds": self.rounds}
+        from peer.cli.simulate_shared import variant_overrides
+
+        overrides = {**recipe_overrides(self.recipe), **variant_overrides(self.variant), "rounds.rounds": self.rounds}
         if f is not None:  # None: the recipe's own declared f
             overrides["aggregation.num_byzantine"] = f
         cfg = resolve_run_config(base, overrides)
@@ -85,6 +90,7 @@ PROFILES = {name: RecipeProfile(**asdict(p)) for name, p in BENCH_PROFILES.items
 def resolved(profile: RecipeProfile) -> dict[str, Any]:
     """What the recipe resolves to (stored in the JSON's meta and in every record)."""
     from optim import slicing
+    from peer.cli.simulate_shared import variant_overrides
 
     cfg = profile.config(0, "", None, "", SLICED).to_dict()
     c, a, x = cfg["compression"], cfg["aggregation"], cfg["exchange"]
@@ -95,6 +101,9 @@ def resolved(profile: RecipeProfile) -> dict[str, Any]:
         "result_codec": x["result_codec"], "result_format": x["result_codec"] or slicing.result_format(c["codec"]),
         "exchange": x["mode"], "slices": x["slices"], "replicas": x["replicas"], "spot_checks": x["spot_checks"],
         "outer": cfg["outer"], "H": cfg["inner"]["steps"], "rounds": cfg["rounds"]["rounds"],
+        # only when set, so the shipped recipe's records stay matched
+        **({"variant": profile.variant, "variant_overrides": variant_overrides(profile.variant)} if profile.variant else {}),
+        **({"support": x["support"]} if x.get("support") else {}),
     }
 
 
@@ -196,8 +205,9 @@ def report(results: dict[str, dict], meta: dict[str, Any]) -> str:
     earlier = "; earlier: " + "; ".join(meta["invocations"]) if meta.get("invocations") else ""
     options = ", ".join(f"{k}={v}" for k, v in s["options"].items()) or "defaults"
     outer = ", ".join(f"{k} {v}" for k, v in s["outer"].items() if k in ("name", "lr", "momentum") and v is not None)
-    md = [f"# Byzantine grid with the public-swarm recipe (`--recipe {s['recipe']}`)", "",
-          f"From `benchmarks/{STEM}.json`, written by `{meta.get('command', 'scripts/byzantine_recipe.py')}` "
+    variant = f" `--variant {s['variant']}` (a prototype's overrides: {s['variant_overrides']})" if s.get("variant") else ""
+    md = [f"# Byzantine grid with the public-swarm recipe (`--recipe {s['recipe']}`){variant}", "",
+          f"From `benchmarks/{meta.get('stem', STEM)}.json`, written by `{meta.get('command', 'scripts/byzantine_recipe.py')}` "
           f"({meta.get('wall_min', 0):.1f} min wall for the last invocation, {meta.get('workers')} worker processes x 1 "
           f"torch thread on the shared cores{earlier}): {len(ok)} runs, "
           f"{sum(r['status'] != 'ok' for r in runs.values())} that did not finish; one run's own wall time median "
@@ -206,7 +216,9 @@ def report(results: dict[str, dict], meta: dict[str, Any]) -> str:
           f"the recipe resolved at run time from `peer.run.recipes.recipe_overrides({s['recipe']!r})` over the Byzantine "
           f"bench's profile: codec `{s['codec']}`, error feedback {s['error_feedback']} (decay {s['error_feedback_decay']}); "
           f"rule `{s['rule']}` ({options}), the recipe declares f = {s['declared_f']}, each cell declares its own f; "
-          f"result format `{s['result_format']}`; exchange **{s['exchange']}** (S = {s['slices']}, r = {s['replicas']}, "
+          + (f"support `{s['support']}` (every peer sends its values on one agreed support: optim/shared_support.py); "
+             if s.get("support") else "")
+          + f"result format `{s['result_format']}`; exchange **{s['exchange']}** (S = {s['slices']}, r = {s['replicas']}, "
           f"{s['spot_checks']} spot check); outer {outer}; H = {s['H']}; {s['rounds']} rounds; seeds {seeds}. "
           f"n = {PEERS} peers, d_model {p['d_model']}, {p['n_layer']} layer, seq {p['seq_len']}, batch {p['batch_size']}, "
           f"{p['val_batches']} val batches. Attackers: the first f virtual peers, omniscient; sign-flip x4 (the bench's "
@@ -281,16 +293,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(OUT), help=f"directory for {STEM}.{{json,md}}")
     parser.add_argument("--limit", type=int, default=None, help="run at most this many new cases")
     parser.add_argument("--recipe", default=RECIPE, help="the recipe whose settings every run takes")
+    parser.add_argument("--variant", default="", help="a prototype's overrides over the recipe (e.g. vote: the agreed "
+                        "support of docs/robust-compressed.md); '' = the recipe as shipped")
+    parser.add_argument("--stem", default=STEM, help="file name of the JSON and md (e.g. byzantine_shared_support "
+                        "for --variant vote; keep byzantine_recipe's for the shipped recipe)")
     parser.add_argument("--report-only", action="store_true", help="only rewrite the md from the JSON")
     args = parser.parse_args(argv)
     from scripts.machine_info import command_line, load_average, machine_facts
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{STEM}.json"
+    path = out / f"{args.stem}.json"
     if not args.report_only:
         profile = PROFILES[args.profile]
-        profile = RecipeProfile(**{**asdict(profile), "recipe": args.recipe,
+        profile = RecipeProfile(**{**asdict(profile), "recipe": args.recipe, "variant": args.variant,
                                    "rounds": args.rounds if args.rounds is not None else profile.rounds})
         seeds = [int(s) for s in args.seeds.split(",")]
         names = list(attacks.NAMES) if args.attacks is None else [a.strip() for a in args.attacks.split(",")]
@@ -300,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         previous = json.loads(path.read_text())["meta"] if path.exists() else {}
         settings = resolved(profile)
         meta = {**previous, "profile": asdict(profile), "seeds": seeds, "workers": args.workers, "attacks": names,
-                "fs": list(FS), "recipe": settings}
+                "fs": list(FS), "recipe": settings, **({"stem": args.stem} if args.stem != STEM else {})}
         load_before, started, code = load_average(), time.perf_counter(), code_state()
         todo = [c for c in plan(settings, seeds, names) if results.get(c.key, {}).get("fingerprint") != fingerprint(c, profile)]
         todo = todo[: args.limit] if args.limit is not None else todo

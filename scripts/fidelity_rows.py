@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from peer.cli.simulate_shared import VARIANTS
+
 SEEDS3 = (0, 1, 2)
 
 
@@ -59,6 +61,9 @@ ROWS: list[Row] = [
     Row("Public-swarm recipe", "sparseloco", {}, recipe="sparseloco", rounds=13, inner_steps=15, seeds=SEEDS3,
         note="recipe sparseloco as shipped: the default sliced exchange, sparse-trimmed-mean with f = 1, "
              "the all-gather compressed to the top-192 of 4096 (2-bit)"),
+    Row("Agreed support (vote)", "sparseloco", VARIANTS["vote"], recipe="sparseloco", rounds=13, inner_steps=15, seeds=SEEDS3,
+        note="prototype (simulate only, docs/robust-compressed.md): peers vote with their top-128 of 4096, every peer "
+             "sends 2-bit values on the 128 most-voted (f + 1 = 2 votes needed), trimmed-mean f = 1, 2-bit result"),
     Row("Public-swarm recipe dense gather", "sparseloco", {"exchange.result_codec": "fp16"}, recipe="sparseloco", rounds=13,
         inner_steps=15, note="the recipe with a dense fp16 all-gather (what the compressed aggregate costs or buys)"),
     Row("SparseLoCo", "sparseloco", A2A, recipe="sparseloco", rounds=13, inner_steps=15,

@@ -49,6 +49,7 @@ from peer.learn.model import build_model, flat_params, initial_model, load_flat_
 from peer.cli.simulate_ddp import ConcatenatedSampler, ring_allreduce_bytes
 from peer.cli.simulate_options import SimulationOptions
 from peer.cli.simulate_result import Curve, human_bytes, log_round, simulation_result
+from peer.cli.simulate_shared import SharedSupportRound, swarm_math_config
 from peer.cli.simulate_slices import LYING_OWNER, LocalSlicedRound
 from peer.run.round_math import RoundMath, UpdateRejected
 from protocol.reasons import count_for_cause
@@ -101,6 +102,7 @@ def _samplers(cfg: RunConfig, peers: int) -> tuple[list[ShardSampler], list]:
 
 def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
     samplers, val_batches = _samplers(cfg, opts.peers)
+    shared_cfg, cfg = (cfg, swarm_math_config(cfg)) if cfg.exchange.support else (None, cfg)  # RoundMath: rule + outer step
     global_model = initial_model(cfg.model, cfg.seed)  # holds θ_r for evaluation only (θ_0: model.init_from's, if set)
     params = flat_params(global_model)  # θ_r, (d,) float32
     numel = params.numel()
@@ -116,6 +118,7 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
     receiver = RoundMath(cfg, numel)  # aggregator + outer global state, shared by all honest nodes
     curve = Curve(numel=numel, initial_val_loss=evaluate(global_model, val_batches))
     exchange = LocalSlicedRound(receiver, opts.peers, seed=cfg.seed) if lying else None
+    shared = SharedSupportRound(shared_cfg, receiver, opts.peers) if shared_cfg is not None else None
     try:
         for r in range(cfg.rounds.rounds):
             t0 = time.perf_counter()
@@ -141,12 +144,14 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
                         peers=len(peers) if receiver.last_aggregate is not None else 0)  # as the node: none known yet
                     peer.own_previous = delta
             sent = _craft_attacks(opts, attack, peers, deltas, r, cfg.seed)
+            if shared is not None:
+                shared.begin(r, sent)
 
             payloads: list[bytes | None] = []
             excluded: dict[str, str] = {}
             for peer, delta in zip(peers, sent):
                 try:
-                    payloads.append(peer.sender.encode(delta, r))
+                    payloads.append(peer.sender.encode(delta, r) if shared is None else shared.encode(peer.index, delta))
                 except ValueError as exc:  # a codec that refuses the input: nothing goes on the wire
                     payloads.append(None)
                     excluded[str(peer.index)] = f"unencodable: {exc}"
@@ -155,10 +160,12 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
                 if payload is None:
                     continue
                 try:
-                    updates.append(receiver.decode(payload, r))
+                    updates.append(receiver.decode(payload, r) if shared is None else shared.decode(payload))
                 except UpdateRejected as exc:
                     excluded[str(peer.index)] = exc.reason
-            if exchange is None:
+            if shared is not None:  # aligned values on the round's shared support, the rule per coordinate
+                receiver.step_with_aggregate(params, shared.aggregate(updates, r, count_for_cause(excluded)), round_=r)
+            elif exchange is None:
                 receiver.apply(params, updates, round_=r, excluded_for_cause=count_for_cause(excluded))  # θ_r -> θ_{r+1} in place (no-op when nothing survived)
             else:  # the sliced exchange run for real, liars signing false results; an honest peer's gather
                 combined = exchange.run(payloads, r, liars=set(range(opts.byzantine)), spot_checks=cfg.exchange.spot_checks)
@@ -167,10 +174,14 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
             # Each sender keeps what this round's aggregate did not apply of its message (all of it
             # when no update survived: then nothing was applied, and last_aggregate is an older round's).
             applied = receiver.last_aggregate if updates or exchange is not None else torch.zeros(numel)
-            for peer in peers:
-                peer.sender.restore_unapplied(applied, r)
             sizes = [0 if p is None else len(p) for p in payloads]
-            upload, download = receiver.mode.traffic(receiver, sizes)
+            if shared is not None:
+                shared.finish(applied)
+                upload, download = shared.traffic(sizes)
+            else:
+                for peer in peers:
+                    peer.sender.restore_unapplied(applied, r)
+                upload, download = receiver.mode.traffic(receiver, sizes)
             curve.upload_bytes.append(upload)
             curve.download_bytes.append(download)
             load_flat_params(global_model, params)

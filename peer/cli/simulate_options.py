@@ -90,6 +90,9 @@ class SimulationOptions:
                 f"--attack {LYING_OWNER} lies as a slice owner, which only the sliced exchange has; "
                 f"this run config has exchange.mode = {cfg.exchange.mode!r}: set it to \"sliced\""
             )
+        if cfg.exchange.support and self.attack == LYING_OWNER:
+            raise ValueError(f"--attack {LYING_OWNER} runs the real sliced engine, which has no shared support; "
+                             "drop exchange.support or choose another attack")
         f = cfg.aggregation.num_byzantine
         need = aggregate.minimum_rows(cfg.aggregation.name, f)
         if self.baseline == "diloco" and self.peers < need:

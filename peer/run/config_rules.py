@@ -36,6 +36,15 @@ def check_run_config(cfg: RunConfig) -> None:
 
     build_codec(cfg)
     build_aggregator(cfg)
+    if cfg.exchange.support:  # every peer sends the same coordinates: a coordinate-wise rule sees aligned values
+        from optim import shared_support
+
+        try:
+            shared_support.parse(cfg.exchange.support, cfg.compression.codec, cfg.exchange.result_codec,
+                                 cfg.aggregation.num_byzantine)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return
     check_result_codec(cfg.exchange.result_codec)
     if is_sparse_codec(cfg.compression.codec) and cfg.aggregation.name in COORDINATE_WISE_RULES:
         raise ConfigError(

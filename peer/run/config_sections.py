@@ -318,6 +318,14 @@ class ExchangeConfig:
     # (docs/compressed-exchange.md).
     result_codec: str = documented("", "what an aggregated slice travels as: '' = dense (fp16 for a lossy codec), or a "
                                     "codec spec such as chunk-topk:4096:64+int8 (a compressed, robustly aggregated all-gather)")
+    # Which coordinates peers send. "" (default): each peer its own top-K per chunk (the codec's).
+    # "shared:MIX[:DECAY]": every peer the same K per chunk, derived from public state (a share MIX
+    # by an EMA of the applied aggregates, the rest drawn from the round's seed), so a
+    # coordinate-wise rule sees n aligned values; "vote": the support chosen by the peers' top-K
+    # index sets, a coordinate needing f + 1 proposers. A prototype that only `swarmloco simulate` runs
+    # (optim/shared_support.py, docs/robust-compressed.md); the swarm refuses it.
+    support: str = documented("", "'' = each peer sends its own top-K; shared:MIX[:DECAY] = every peer the same "
+                              "coordinates from public state; vote = by the peers' index sets (simulate only, a prototype)")
     result_timeout_s: float = 60.0  # after the manifest: wait this long for slice results, then recompute what is missing
     result_grace_s: float = 2.0  # once every slice has a result: wait this long for the other owners' results
 
@@ -327,6 +335,8 @@ class ExchangeConfig:
         require(1 <= self.replicas <= 8, f"exchange.replicas={self.replicas}: use 1 to 8 owners per slice")
         require(0 <= self.spot_checks <= self.slices, f"exchange.spot_checks={self.spot_checks}: use 0 to exchange.slices")
         require(self.spot_check_coverage > 0, f"exchange.spot_check_coverage={self.spot_check_coverage}: use a positive number")
+        require(self.support in ("", "vote") or self.support.startswith("shared:"),
+                f"exchange.support={self.support!r}: use '' (each peer's own top-K), shared:MIX (e.g. shared:0.5) or vote")
         require(self.result_timeout_s > 0 and self.result_grace_s >= 0, "exchange.result_timeout_s must be > 0, result_grace_s >= 0")
 
 

@@ -76,6 +76,9 @@ class RoundMath:
     """Codec, outer optimizer and aggregator of a run, with the sender's local state."""
 
     def __init__(self, cfg: RunConfig, numel: int) -> None:
+        if cfg.exchange.support:
+            raise ConfigError(f"exchange.support = {cfg.exchange.support!r} is a prototype only `swarmloco simulate` runs "
+                              "(docs/robust-compressed.md); the swarm's exchange sends each peer's own top-K: set it to ''")
         self.cfg = cfg
         self.numel = numel
         codec = build_codec(cfg)
