@@ -109,21 +109,28 @@ def run_swarm(cfg, *, peers: int, workdir: Path) -> dict:
 
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "run.json").write_text(cfg.to_json())
+    from machine_info import load_average
+
     problems: list[str] = []
-    started = time.monotonic()
+    started, load_before = time.monotonic(), load_average()
     with Swarm(workdir) as swarm:
         coordinator = swarm.start_coordinator(["--config", str(workdir / "run.json")], timeout_s=300)
+        # every peer at once, through the DHT, as `swarmloco demo` starts them
         children = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/{peers}", "--log-every", "1000"]) for i in range(peers)]
         for child, limit in [(coordinator, 600 + 300 * cfg.rounds.rounds), *((c, 120) for c in children)]:
             try:
-                if (code := swarm.wait(child, limit)) != 0:
+                if (code := swarm.wait(child, limit)) != 0 and child is coordinator:
                     problems.append(f"{child.name} exited {code} (log: {child.log_path})")
             except subprocess.TimeoutExpired:
-                problems.append(f"{child.name} still running after {limit} s (log: {child.log_path})")
+                if child is coordinator:
+                    problems.append(f"{child.name} still running after {limit} s (log: {child.log_path})")
+        problems += swarm.failures(children)  # a peer that never joined, failed or hangs: named with its last words
+        joined = sum(child.joined for child in children)
     wall = time.monotonic() - started
+    facts = {"peers_started": peers, "peers_joined": joined, "load_before": load_before, "load_after": load_average()}
     coordinator_path = workdir / "coordinator.json"
     if not coordinator_path.exists():
-        return {"rows": [], "wall_s": wall, "problems": problems + ["no coordinator summary"], "rounds_done": 0}
+        return {"rows": [], "wall_s": wall, "problems": problems + ["no coordinator summary"], "rounds_done": 0, **facts}
     coord = json.loads(coordinator_path.read_text())
     rows = []
     for path in sorted(workdir.glob("peer*.json")):
@@ -136,7 +143,7 @@ def run_swarm(cfg, *, peers: int, workdir: Path) -> dict:
     if bad := [f"{r['peer']} r{r['round']}" for r in rows if not r["in_sync"] or r["updates"] != peers]:
         problems.append(f"out of sync or short of updates: {', '.join(bad)}")
     traffic = coord.get("coordinator_traffic", {})
-    return {"rows": rows, "wall_s": wall, "problems": problems, "rounds_done": rounds_done,
+    return {"rows": rows, "wall_s": wall, "problems": problems, "rounds_done": rounds_done, **facts,
             "coordinator_total": traffic.get("bytes_sent", 0) + traffic.get("bytes_received", 0)}
 
 
@@ -194,6 +201,7 @@ def summarize(codec: str, mode: str, n: int, args, numel: int, payload: int, res
         "coordinator_expected_data": expected_coordinator(mode, n, payload, result_bytes, args.slices, spot),
         "coordinator_total_per_round": run.get("coordinator_total", 0) / max(1, run["rounds_done"]),
         "wall_s": run["wall_s"], "problems": run["problems"], "ok": not run["problems"], "rows": run["rows"],
+        "rounds_done": run["rounds_done"], **{k: run.get(k) for k in ("peers_started", "peers_joined", "load_before", "load_after")},
     }
 
 
@@ -291,11 +299,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", action="store_true", help="keep the runs already in --json that this invocation does not repeat")
     parser.add_argument("--write-md", nargs="?", const=str(ROOT / "benchmarks/scale.md"), metavar="PATH")
     parser.add_argument("--report-only", action="store_true", help="rewrite --write-md from --json without running anything")
+    parser.add_argument("--storm", action="store_true",
+                        help="store the runs as the storm table (issue 24: every peer started at once through the DHT, "
+                             "does each join and stay in sync?) instead of the formula table")
     args = parser.parse_args(argv)
     from machine_info import command_line, load_average, machine_facts
     from scale_report import write_markdown
 
-    stored = json.loads(Path(args.json).read_text()) if (args.merge or args.report_only) and Path(args.json).exists() else {}
+    keep = args.merge or args.report_only or args.storm  # --storm keeps the formula table, and its own rows with --merge
+    stored = json.loads(Path(args.json).read_text()) if keep and Path(args.json).exists() else {}
+    if args.storm and not args.merge:
+        stored.pop("storm_runs", None)
+        stored.pop("storm_invocations", None)
     if args.report_only:
         if not stored:
             parser.error(f"--report-only: {args.json} does not exist; run the measurement first")
@@ -308,13 +323,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through Swarm's cleanup: no orphaned swarm
     load_before = load_average()
     results = measure(args)
+    runs_key, invocations_key = ("storm_runs", "storm_invocations") if args.storm else ("runs", "invocations")
     done = {(r["codec"], r["mode"], r["peers"]) for r in results}
-    kept = [r for r in stored.get("runs", []) if (r["codec"], r["mode"], r["peers"]) not in done]
+    kept = [r for r in stored.get(runs_key, []) if (r["codec"], r["mode"], r["peers"]) not in done]
     results = sorted(kept + results, key=lambda r: (r["codec"], r["mode"] != "sliced", r["peers"]))
     invocation = {"command": command_line(), "load_before": load_before, "load_after": load_average(),
                   "machine": machine_facts(), "runs": sorted(done)}
-    data = {"runs": results, "projection": projection(results), "control_fit": control_fit(results),
-            "invocations": stored.get("invocations", []) + [invocation]}
+    data = {**stored, runs_key: results, invocations_key: stored.get(invocations_key, []) + [invocation]}
+    data["projection"], data["control_fit"] = projection(data.get("runs", [])), control_fit(data.get("runs", []))
     Path(args.json).write_text(json.dumps(data, indent=1))
     print(f"wrote {args.json}")
     if args.write_md:

@@ -18,7 +18,7 @@ from machine_info import machine_lines, write_keeping_notes  # noqa: E402
 
 FORMULAS = [
     "- sliced, received ≈ r·(n−1)/m·P + (1 − r/m)·A + p·k·((n−1)·P − A)/S, p = min(1, coverage·S/(n·k)), coverage = 2",
-    "  (p = 1 in every measured run below: n ≤ 12)",
+    "  (p = 1 in every measured run below: n ≤ 64 at S = 32, k = 1)",
     "- sliced, sent ≈ (r − r/m)·P + (n − r + 1)/m·A + p·k·((n−1)·P − A)/S",
     "- all-to-all, received ≈ (n − 1)·P",
     "- coordinator, fetched ≈ A + k·(n·P − A)/S (sliced: gathers θ_{r+1}, spot-checks k slices); n·P (all-to-all)",
@@ -105,6 +105,65 @@ def projection_lines(data: dict) -> list[str]:
     return lines + [""]
 
 
+def storm_lines(data: dict) -> list[str]:
+    """The swarms started at once through the DHT (issue 24): did every peer join and stay in sync,
+    and how a peer's bytes, the control share and the coordinator's bytes grow with n."""
+    runs = sorted(data.get("storm_runs") or [], key=lambda r: (r["codec"], r["peers"]))
+    if not runs:
+        return []
+    lines = ["## Swarms started at once through the DHT (issue 24)", "",
+             "Every peer started at the same instant, as `swarmloco demo` starts them (one process each, all bootstrapping",
+             "from the coordinator's DHT node, each retrying its bootstrap, the run lookup and the first connection with",
+             "backoff within --connect-timeout's default window); the run waits for all n (expected_peers = min_peers = n).",
+             "A row is 'yes' when every peer printed its join, every round closed and every peer was in the manifest and in",
+             "sync in every round. control share = a peer's traffic with the coordinator over all its traffic (sent +",
+             "received). The machine is shared with other jobs: the load (1/5/15 min) before and after each row is in it.", ""]
+    for inv in data.get("storm_invocations", []):
+        lines += [*machine_lines(inv.get("machine"), inv["load_before"], inv["load_after"]), f"- command: `{inv['command']}`", ""]
+    lines += ["| codec | exchange | S | r | k | H | rounds | n started | joined | rounds closed | received mean (median) KB | vs smallest n | "
+              "control share | coordinator KB/round | = fp32 models | wall s | load before -> after | all joined, every round in sync |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|"]
+    for codec in dict.fromkeys(r["codec"] for r in runs):
+        group = [r for r in runs if r["codec"] == codec]
+        base = next((r for r in group if r["ok"]), None)
+        for r in group:
+            share = _control_share(r)
+            vs = f"{r['received_mean'] / base['received_mean']:.2f}x" if base and r["ok"] and r["received_mean"] == r["received_mean"] else "-"
+            lines.append(
+                f"| {codec} | {r['mode']} | {r['slices'] or '-'} | {r['replicas'] or '-'} | {r['spot_checks']} | {r['inner_steps']} | "
+                f"{r['rounds']} | {r.get('peers_started', r['peers'])} | {r.get('peers_joined', '?')} | {r.get('rounds_done', '?')} | "
+                f"{_kb(r['received_mean'])} ({_kb(r['received_median'])}) | {vs} | {share * 100:.1f}% | "
+                f"{_kb(r['coordinator_bytes_per_round'])} | {r['coordinator_bytes_per_round'] / (4 * r['numel']):.2f} | {r['wall_s']:.0f} | "
+                f"{r.get('load_before', '?')} -> {r.get('load_after', '?')} | {'yes' if r['ok'] else 'NO: ' + '; '.join(r['problems'])[:600]} |")
+    lines += ["", "Targets (issue 24), from the rows above:", ""]
+    for codec in dict.fromkeys(r["codec"] for r in runs):
+        group = [r for r in runs if r["codec"] == codec]
+        ok = [r for r in group if r["ok"]]
+        failed = [r for r in group if not r["ok"]]
+        lines.append(f"- {codec}: every peer joined and every round closed with every peer in sync at n = "
+                     f"{', '.join(str(r['peers']) for r in ok) or 'none'}" + (f"; NOT at n = {', '.join(str(r['peers']) for r in failed)}" if failed else ""))
+        if len(ok) >= 2:
+            lo, hi = ok[0], ok[-1]
+            ratio = hi["received_mean"] / lo["received_mean"]
+            lines.append(f"- {codec}: received per peer at {hi['peers']} / at {lo['peers']} peers ≤ 1.8x: "
+                         f"{'reached' if ratio <= 1.8 else 'NOT reached'}, {ratio:.2f}x")
+        if ok:
+            worst = max(ok, key=_control_share)
+            lines.append(f"- {codec}: control ≤ 5% of a peer's bytes at every n: {'reached' if _control_share(worst) <= 0.05 else 'NOT reached'} "
+                         f"(largest {_control_share(worst) * 100:.1f}% at n = {worst['peers']})")
+            heavy = max(ok, key=lambda r: r["coordinator_bytes_per_round"] / (4 * r["numel"]))
+            models = heavy["coordinator_bytes_per_round"] / (4 * heavy["numel"])
+            lines.append(f"- {codec}: the coordinator's bytes per round ≤ 2 fp32 models: {'reached' if models <= 2 else 'NOT reached'} "
+                         f"(largest {models:.2f} at n = {heavy['peers']}); its CPU per round is not measured here")
+    return lines + [""]
+
+
+def _control_share(r: dict) -> float:
+    control = (r.get("control_received_mean") or 0.0) + (r.get("control_sent_mean") or 0.0)
+    total = r["received_mean"] + r["sent_mean"]
+    return control / total if total == total and total > 0 else float("nan")
+
+
 def write_markdown(path: Path, data: dict) -> None:
     runs = data["runs"]
     lines = ["# Bytes per peer per round as the swarm grows (measured)", "",
@@ -138,5 +197,5 @@ def write_markdown(path: Path, data: dict) -> None:
     for g in growth(runs):
         lines.append(f"| {g['codec']} | {g['mode']} | {g['small']} -> {g['large']} | {g['measured']:.2f}x | {g['measured_median']:.2f}x | "
                      f"{g['data']:.2f}x | {g['expected']:.2f}x | {g['expected_no_spot']:.2f}x |")
-    lines += ["", *target_lines(runs), *projection_lines(data)]
+    lines += ["", *target_lines(runs), *storm_lines(data), *projection_lines(data)]
     write_keeping_notes(path, "\n".join(lines))

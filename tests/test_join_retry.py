@@ -122,3 +122,27 @@ def test_a_peer_started_before_its_coordinator_waits_for_the_run_and_joins(swarm
     history = read_summary(swarm, "early")["history"]
     assert [h["round"] for h in history] == [0, 1] and all(h["in_sync"] for h in history)
     assert [h["updates"] for h in read_summary(swarm, "coordinator")["history"]] == [1, 1]
+
+
+def test_a_demo_whose_peer_never_joins_exits_non_zero_naming_it(tmp_path):
+    """peer1's key file is not a key: it exits at start-up, never joining. The run goes on with
+    peer0 (the tiny run waits 3 s for both), and the demo ends with exit 1, naming peer1 and why,
+    and its JSON says 1 of 2 joined."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    workdir = tmp_path / "demo"
+    workdir.mkdir()
+    (workdir / "peer1.pem").write_text("not a key\n")
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 1, "start_timeout_s": 3.0})
+    out = subprocess.run([sys.executable, "-m", "peer.cli.main", "demo", "--peers", "2", "--config", str(config), "--workdir", str(workdir),
+                          "--json", str(tmp_path / "demo.json")], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "swarmloco demo: 1 of 2 peers failed" in out.stderr and "peer1 never joined (exit 2: swarmloco peer:" in out.stderr
+    assert "peer0" not in out.stderr.split("peers failed")[1]
+    result = json.loads((tmp_path / "demo.json").read_text())
+    assert (result["peers_started"], result["peers_joined"], result["rounds"]) == (2, 1, 1)
+    assert len(result["failed_peers"]) == 1 and result["failed_peers"][0].startswith("peer1 never joined")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from peer.cli import interrupts
@@ -44,26 +45,42 @@ def main(args: argparse.Namespace) -> int:
         peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/{args.peers}", "--log-every", "25"]) for i in range(args.peers)]
         timeout = 600 + 60 * cfg.rounds.rounds
         try:
-            swarm.wait(coordinator, timeout)
+            coordinator_code = swarm.wait(coordinator, timeout)
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"the demo did not finish within {timeout}s; see the logs in {workdir}") from None
         for peer in peers:
             try:
                 swarm.wait(peer, 30)
-            except subprocess.TimeoutExpired:  # the summary reads the peers that did finish
-                print(f"swarmloco demo: {peer.name} was still running 30 s after the run finished; stopping it "
-                      f"(log: {peer.log_path})", file=sys.stderr, flush=True)
+            except subprocess.TimeoutExpired:  # named below with the peers that failed
+                pass
+        failed = swarm.failures(peers)  # before the swarm stops what still runs: that is a failure too
+        joined = sum(peer.joined for peer in peers)
     wall = time.monotonic() - started
+    if coordinator_code != 0 or not (workdir / "coordinator.json").exists():
+        print(f"swarmloco demo: the coordinator exited with {coordinator_code} and no summary; its log: {coordinator.log_path}",
+              file=sys.stderr, flush=True)
+        return 1
     summary = json.loads((workdir / "coordinator.json").read_text())
     peer_summaries = [json.loads(p.read_text()) for p in sorted(workdir.glob("peer*.json"))]
-    code = report(cfg, summary, peer_summaries, wall, args)
+    code = report(cfg, summary, peer_summaries, wall, args, joined=JoinCount(started=len(peers), joined=joined, failed=failed))
     from peer.cli.sample import print_run_sample
 
     print_run_sample(workdir / "run.ckpt", None)  # the checkpoint carries its run config
+    if failed:  # loudly, last, so it is what the terminal ends with
+        print(f"swarmloco demo: {len(failed)} of {len(peers)} peers failed (the run went on without them):\n  " + "\n  ".join(failed),
+              file=sys.stderr, flush=True)
+        return 1
     return code
 
 
-def report(cfg, summary: dict, peers: list[dict], wall: float, args: argparse.Namespace) -> int:
+@dataclass(frozen=True, slots=True)
+class JoinCount:
+    started: int
+    joined: int
+    failed: list[str]  # one line per peer that never joined or exited with an error (Swarm.failures)
+
+
+def report(cfg, summary: dict, peers: list[dict], wall: float, args: argparse.Namespace, joined: JoinCount | None = None) -> int:
     history = summary["history"]
     if not history:
         print("the run closed no round; see the logs")
@@ -84,7 +101,7 @@ def report(cfg, summary: dict, peers: list[dict], wall: float, args: argparse.Na
         ("initial validation loss", f"{summary['initial_val_loss']:.4f}"),
         ("final validation loss", f"{history[-1]['val_loss']:.4f}"),
         ("rounds x inner steps", f"{rounds} x {cfg.inner.steps}"),
-        ("peers", str(n)),
+        ("peers", str(n) if joined is None else f"{n} finished; {joined.joined} of {joined.started} joined"),
         ("wall time", f"{wall:.0f} s"),
         ("codec", f"{cfg.compression.codec} (payload {fp32_payload / codec_ratio:,.0f} B vs fp32 {fp32_payload:,} B: {codec_ratio:.1f}x smaller)"),
         ("bytes per peer per round (measured)", format_bytes(per_peer_round)),
@@ -104,6 +121,8 @@ def report(cfg, summary: dict, peers: list[dict], wall: float, args: argparse.Na
             "val_loss_per_round": [h["val_loss"] for h in history],
             "rounds": rounds,
             "peers": n,
+            **({} if joined is None else {"peers_started": joined.started, "peers_joined": joined.joined,
+                                          "failed_peers": joined.failed}),
             "wall_s": wall,
             "bytes_per_peer_per_round": per_peer_round,
             "total_bytes": total,

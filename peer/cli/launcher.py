@@ -10,6 +10,11 @@ it the same way (when the Swarm is driven from the main thread, as the demo and 
 
 `Swarm(..., tls=True)` runs the whole swarm over TLS with a throwaway CA and one certificate for
 127.0.0.1 (`make_loopback_tls`), passed to every child with --tls-cert/--tls-key/--tls-ca.
+
+A launcher fails loudly: `Swarm.failures(peers)` names every peer that never joined (it prints
+"peer X | joined run ..." once admitted) or exited with an error the swarm did not cause (a kill
+through `Swarm.kill` is the caller's), with its last words and its log; `Swarm.check(peers)`
+raises SwarmFailed with them. `swarmloco demo` and scripts/measure_scale.py exit non-zero on it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from protocol import lifetime
 
 MADDR_RE = re.compile(r"--initial-peers (\S+)")
 GRPC_RE = re.compile(r"coordinator gRPC: (\S+)")
+JOINED_RE = re.compile(r"^peer \S+ \| joined run ")  # peer/node/node.py prints it at its first accepted join
 
 
 @dataclass
@@ -38,9 +44,22 @@ class Child:
     process: subprocess.Popen
     log_path: Path
     lines: list[str] = field(default_factory=list)
+    role: str = "peer"  # or "coordinator", "standby"
+    joined: bool = False  # a peer: it printed its first accepted join
+    killed: bool = False  # signalled through Swarm.kill: how it ends is the caller's doing
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def last_words(self) -> str:
+        """Its error line when it printed one (`swarmloco peer: ...`, a Traceback's last line), else its last line."""
+        lines = [line.strip() for line in self.lines if line.strip()]
+        said = [line for line in lines if line.startswith("swarmloco ") and ":" in line]
+        return (said or lines or ["(no output)"])[-1][:400]
+
+
+class SwarmFailed(RuntimeError):
+    """Peers a launcher started never joined, or exited with an error; the message names each."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +124,7 @@ class Swarm:
         self.coordinator_endpoint = ""
         self._lock = threading.Lock()
 
-    def _spawn(self, name: str, args: list[str], module: str = "peer.cli.main") -> Child:
+    def _spawn(self, name: str, args: list[str], module: str = "peer.cli.main", role: str = "peer") -> Child:
         log_path = self.workdir / f"{name}.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         process = subprocess.Popen(
@@ -117,7 +136,7 @@ class Swarm:
             start_new_session=True,  # own process group: a terminal's Ctrl+C to ours is not sent to it
             preexec_fn=lifetime.preexec_for_child(),  # and it dies with us, however we die
         )
-        child = Child(name, process, log_path)
+        child = Child(name, process, log_path, role=role)
         with self._lock:
             self.children.append(child)
         threading.Thread(target=self._pump, args=(child,), daemon=True).start()
@@ -127,6 +146,8 @@ class Swarm:
         with open(child.log_path, "w") as log:
             for line in child.process.stdout:  # type: ignore[union-attr]
                 child.lines.append(line)
+                if not child.joined and JOINED_RE.match(line):
+                    child.joined = True
                 log.write(line)
                 log.flush()
                 if self.echo and _worth_echoing(line):
@@ -136,7 +157,7 @@ class Swarm:
         args = ["coordinator", "--port", "0", "--host", "127.0.0.1", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
                 "--identity-path", str(self.workdir / "coordinator.pem"), "--summary-json", str(self.workdir / "coordinator.json"),
                 *self._tls_flags(), *extra]
-        child = self._spawn("coordinator", args)
+        child = self._spawn("coordinator", args, role="coordinator")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             text = "".join(child.lines)
@@ -156,7 +177,7 @@ class Swarm:
                 "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity-path", str(self.workdir / f"{name}.pem"),
                 "--checkpoint", str(self.workdir / f"{name}.ckpt"), "--summary-json", str(self.workdir / f"{name}.json"),
                 *self._tls_flags(), *extra]
-        return self._spawn(name, args)
+        return self._spawn(name, args, role="standby")
 
     def _tls_flags(self) -> list[str]:
         return self.tls.flags() if self.tls is not None else []
@@ -171,6 +192,7 @@ class Swarm:
         return self._spawn(name, args, module)
 
     def kill(self, child: Child, sig: int = signal.SIGKILL) -> None:
+        child.killed = child.killed or child.alive()  # a signal to a live child: its exit is ours
         try:
             os.killpg(child.process.pid, sig)
         except ProcessLookupError:
@@ -178,6 +200,31 @@ class Swarm:
 
     def wait(self, child: Child, timeout_s: float) -> int:
         return child.process.wait(timeout=timeout_s)
+
+    def failures(self, children: list[Child] | None = None) -> list[str]:
+        """One line per peer (of `children`, default: every peer started) that never joined, exited
+        with an error nobody sent it, or is still running: its name, exit status, last words and log."""
+        with self._lock:
+            peers = [c for c in (self.children if children is None else children) if c.role == "peer"]
+        out = []
+        for child in peers:
+            code = child.process.poll()
+            status = "still running" if code is None else f"exit {code}"
+            if not child.joined:
+                out.append(f"{child.name} never joined ({status}: {child.last_words()}; log: {child.log_path})")
+            elif code is None:
+                out.append(f"{child.name} is still running (log: {child.log_path})")
+            elif code != 0 and not child.killed:
+                out.append(f"{child.name} exited with an error ({status}: {child.last_words()}; log: {child.log_path})")
+        return out
+
+    def check(self, children: list[Child] | None = None) -> None:
+        """Raise SwarmFailed naming the peers `failures` finds."""
+        failed = self.failures(children)
+        if failed:
+            with self._lock:
+                started = sum(1 for c in (self.children if children is None else children) if c.role == "peer")
+            raise SwarmFailed(f"{len(failed)} of {started} peers failed:\n  " + "\n  ".join(failed))
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         """SIGTERM every child's group, then SIGKILL what is left; never raises."""
