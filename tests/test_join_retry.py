@@ -146,3 +146,24 @@ def test_a_demo_whose_peer_never_joins_exits_non_zero_naming_it(tmp_path):
     result = json.loads((tmp_path / "demo.json").read_text())
     assert (result["peers_started"], result["peers_joined"], result["rounds"]) == (2, 1, 1)
     assert len(result["failed_peers"]) == 1 and result["failed_peers"][0].startswith("peer1 never joined")
+
+
+def test_the_launcher_names_a_peer_that_failed_after_joining_but_not_one_it_killed(swarm):
+    """Swarm.failures on real processes (tests/standin_peer.py: it prints the join line, then exits
+    3 or waits): the one that exited 3 is named, the one the swarm SIGKILLed is not."""
+    import signal
+
+    from peer.cli.launcher import SwarmFailed
+
+    swarm.initial_peers = ["/ip4/127.0.0.1/tcp/1/p2p/unused"]
+    failing = swarm.start_peer("failing", ["--exit", "3"], module="tests.standin_peer")
+    killed = swarm.start_peer("killed", ["--exit", "wait"], module="tests.standin_peer")
+    wait_line(killed, r"joined run", 30)
+    assert swarm.wait(failing, 30) == 3 and failing.joined and killed.joined
+    swarm.kill(killed, signal.SIGKILL)
+    swarm.wait(killed, 10)
+    failures = swarm.failures()
+    assert len(failures) == 1 and failures[0].startswith("failing exited with an error (exit 3: swarmloco peer: stand-in failed")
+    with pytest.raises(SwarmFailed, match=r"1 of 2 peers failed:\n  failing exited"):
+        swarm.check()
+
