@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+import torch
 
 from protocol import merkle
 from protocol.accounting import ByteCounter
@@ -159,3 +160,39 @@ def test_a_blob_fetched_by_sha256_comes_without_it_and_is_still_checked_against_
     with pytest.raises(FetchError, match="do not match the declared sha256"):
         fetch_blob(pool, [liar.endpoint], sha, len(SLICES[3]))
     assert fetch_blob(pool, [liar.endpoint, honest.endpoint], sha, len(SLICES[3])) == SLICES[3]
+
+
+@pytest.mark.parametrize("lie", ["tampered proof", "another slice's proof"])
+def test_in_a_round_an_update_whose_slice_does_not_prove_is_left_out_of_that_slice_as_unreachable(lie):
+    """The same outcome as a slice that missed its signed digest before the Merkle root: every
+    owner of slice 5 finds no holder whose proof holds, leaves the author out of slice 5 only
+    ("unreachable", not a fault that proves the author Byzantine), and every node gathers the
+    same aggregate."""
+    from peer.run.config import RunConfig
+    from tests.test_slice_exchange import Node, make_round, reduce_all
+
+    cfg = RunConfig.from_dict({"run_id": "slices", "exchange": {"mode": "sliced", "slices": 8, "replicas": 2},
+                               "aggregation": {"name": "median"}})
+    nodes = [Node(cfg) for _ in range(4)]
+    try:
+        rounds, _ = make_round(cfg, nodes)
+        author = next(n for n in nodes if n.identity.peer_id not in rounds[0].owners[5])  # its own store is trusted
+        header = rounds[0].headers[author.identity.peer_id]
+        root = header.root_bytes()
+        good = author.store.get_slice(root, 5)
+        if lie == "tampered proof":
+            proof = (bytes([good.proof[0][0] ^ 1]) + good.proof[0][1:], *good.proof[1:])
+            author.store.put_slice(root, 5, StoredSlice(good.round, good.digest, proof, good.count, good.payload))
+        else:
+            other = author.store.get_slice(root, 4)
+            author.store.put_slice(root, 5, other)
+        outcomes = [node.exchange.gather(rnd, reduce_all(nodes, rounds)) for node, rnd in zip(nodes, rounds)]
+        bad = author.identity.peer_id
+        for outcome in outcomes:
+            assert outcome.excluded[5] == {bad: "unreachable"}
+            assert all(bad not in outcome.excluded[j] for j in range(8) if j != 5)
+            assert not outcome.liars
+            assert torch.equal(outcome.combined, outcomes[0].combined)
+    finally:
+        for node in nodes:
+            node.close()
