@@ -91,8 +91,12 @@ def fetch_blob(
     of the checkpoint) from the first holder that has it, resuming a broken stream at the byte
     it broke on (from the same or the next holder). Never reads past `size`. exact=False: `size`
     only bounds the object; its sha256 pins the bytes, and so their length, either way."""
-    # the holder need not repeat the sha256 we asked for in its chunks: we check the bytes against it
-    request = lambda offset: swarm_pb2.FetchRequest(sha256=sha256, offset=offset, omit_sha256=True)  # noqa: E731
+    # asked for by its raw digest, and the holder need not repeat it in its chunks: we check the bytes against it
+    try:
+        digest = bytes.fromhex(sha256)
+    except ValueError:
+        raise FetchError(f"not a sha256 to fetch: {sha256[:70]!r}") from None
+    request = lambda offset: swarm_pb2.FetchRequest(digest=digest, offset=offset, omit_sha256=True)  # noqa: E731
     data, _ = _fetch(pool, holders, request, size, exact=exact, sha256=sha256, deadline=deadline, shuffle=shuffle)
     return data
 

@@ -151,10 +151,11 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
             proof = tuple(merkle.truncate(item.proof, request.slice, item.count, request.proof_levels))
             data, round_, sha = item.payload, item.round, None  # no digest declared: the receiver hashes the bytes
         else:
-            found = self.store.lookup(request.sha256)
+            address = request.digest.hex() if request.digest else request.sha256
+            found = self.store.lookup(address)
             if found is None:
-                raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no payload {request.sha256[:16]}… here; try another holder", swarm_pb2.NOT_HELD)
-            data, round_, sha = found.payload, found.round, None if request.omit_sha256 else request.sha256
+                raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no payload {address[:16]}… here; try another holder", swarm_pb2.NOT_HELD)
+            data, round_, sha = found.payload, found.round, None if request.omit_sha256 else address
         if not 0 <= request.offset <= len(data):
             self.on_reject("bad-offset")
             raise RpcAbort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(data)}", swarm_pb2.MALFORMED)

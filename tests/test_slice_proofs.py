@@ -155,8 +155,11 @@ def test_a_blob_fetched_by_sha256_comes_without_it_and_is_still_checked_against_
     sha = hashlib.sha256(SLICES[3]).hexdigest()
     honest.store.put_blob(sha, 0, SLICES[3])
     liar.store.put_blob(sha, 0, SLICES[4][: len(SLICES[3])])
-    chunks = list(pool.peer_stub(honest.endpoint).FetchPayload(swarm_pb2.FetchRequest(sha256=sha, omit_sha256=True), timeout=10))
-    assert [(c.sha256, c.data) for c in chunks] == [("", SLICES[3])]
+    stub = pool.peer_stub(honest.endpoint)
+    chunks = list(stub.FetchPayload(swarm_pb2.FetchRequest(digest=bytes.fromhex(sha), omit_sha256=True), timeout=10))
+    assert [(c.sha256, c.data) for c in chunks] == [("", SLICES[3])]  # addressed by 32 raw bytes, answered without the hex
+    chunks = list(stub.FetchPayload(swarm_pb2.FetchRequest(sha256=sha), timeout=10))  # the hex address still serves
+    assert [(c.sha256, c.data) for c in chunks] == [(sha, SLICES[3])]
     with pytest.raises(FetchError, match="do not match the declared sha256"):
         fetch_blob(pool, [liar.endpoint], sha, len(SLICES[3]))
     assert fetch_blob(pool, [liar.endpoint, honest.endpoint], sha, len(SLICES[3])) == SLICES[3]

@@ -211,20 +211,22 @@ class StatusReply(_message.Message):
     def __init__(self, json: _Optional[str] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("sha256", "offset", "slice", "slices_root", "proof_levels", "omit_sha256")
+    __slots__ = ("sha256", "offset", "slice", "slices_root", "proof_levels", "omit_sha256", "digest")
     SHA256_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     SLICE_FIELD_NUMBER: _ClassVar[int]
     SLICES_ROOT_FIELD_NUMBER: _ClassVar[int]
     PROOF_LEVELS_FIELD_NUMBER: _ClassVar[int]
     OMIT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     sha256: str
     offset: int
     slice: int
     slices_root: bytes
     proof_levels: int
     omit_sha256: bool
-    def __init__(self, sha256: _Optional[str] = ..., offset: _Optional[int] = ..., slice: _Optional[int] = ..., slices_root: _Optional[bytes] = ..., proof_levels: _Optional[int] = ..., omit_sha256: _Optional[bool] = ...) -> None: ...
+    digest: bytes
+    def __init__(self, sha256: _Optional[str] = ..., offset: _Optional[int] = ..., slice: _Optional[int] = ..., slices_root: _Optional[bytes] = ..., proof_levels: _Optional[int] = ..., omit_sha256: _Optional[bool] = ..., digest: _Optional[bytes] = ...) -> None: ...
 
 class PushChunk(_message.Message):
     __slots__ = ("header", "data")
