@@ -149,17 +149,18 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                 raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no slice {request.slice} of update root {request.slices_root.hex()[:16]}… "
                                                           "here; try another holder", swarm_pb2.NOT_HELD)
             proof = tuple(merkle.truncate(item.proof, request.slice, item.count, request.proof_levels))
-            data, round_, sha = item.payload, item.round, None  # no digest declared: the receiver hashes the bytes
+            data, sha = item.payload, None  # no digest declared: the receiver hashes the bytes
         else:
             address = request.digest.hex() if request.digest else request.sha256
             found = self.store.lookup(address)
             if found is None:
                 raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no payload {address[:16]}… here; try another holder", swarm_pb2.NOT_HELD)
-            data, round_, sha = found.payload, found.round, None if request.omit_sha256 else address
+            data, sha = found.payload, None if request.omit_sha256 else address
         if not 0 <= request.offset <= len(data):
             self.on_reject("bad-offset")
             raise RpcAbort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(data)}", swarm_pb2.MALFORMED)
-        yield from iter_chunks(data, offset=request.offset, round_=round_, sha256=sha, proof=proof)
+        # no round in the chunks: a fetcher asks for an object it already placed (only checkpoints need one)
+        yield from iter_chunks(data, offset=request.offset, sha256=sha, proof=proof)
 
     @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), cost=5.0, max_stream_s=lambda s: s.max_stream_s)
     def PushPayload(self, request_iterator, context: grpc.ServicerContext):
