@@ -71,12 +71,15 @@ def retry(what: str, attempt: Callable[[float], T], *, backoff: Backoff, retryab
     """attempt(seconds_left) until it returns; an exception in `retryable` is retried after the
     next backoff delay while the window (or the earlier `deadline`, a `clock()` value shared by
     several steps) lasts, any other exception is raised at once. The first retry prints
-    "waiting for WHAT (attempt N, T s of W s) ..." once; later ones are logged. At the end:
+    "waiting for WHAT (attempt N, T s of W s) ..." once (T counted from the window's start: with a
+    shared deadline, from the first step's); later ones are logged. At the end:
     RetryWindowSpent naming WHAT, the attempts, the last error and `advice`."""
     rng = rng or random.Random()
     started = clock()
     window = backoff.window.total_seconds()
     end = min(started + window, deadline) if deadline is not None else started + window
+    # what the line counts from: the window's start (with a shared deadline, the first step's start)
+    origin = min(started, deadline - window) if deadline is not None else started
     delays = backoff.delays(rng)
     attempts = 0
     while True:
@@ -89,11 +92,11 @@ def retry(what: str, attempt: Callable[[float], T], *, backoff: Backoff, retryab
         now = clock()
         if delay is None or now + delay >= end:
             break
-        spent = now - started
+        spent = now - origin
         if attempts == 1:
-            say(f"waiting for {what} (attempt {attempts + 1}, {spent:.0f} s of {end - started:.0f} s) ...")
+            say(f"waiting for {what} (attempt {attempts + 1}, {spent:.0f} s of {end - origin:.0f} s) ...")
         else:
-            log.info("still waiting for %s (attempt %d, %.0f s of %.0f s): %s", what, attempts + 1, spent, end - started, last)
+            log.info("still waiting for %s (attempt %d, %.0f s of %.0f s): %s", what, attempts + 1, spent, end - origin, last)
         sleep(delay)
     text = str(last).rstrip(". ")
     raise RetryWindowSpent(f"gave up waiting for {what} after {attempts} attempt{'s' if attempts != 1 else ''} over "

@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -103,7 +104,42 @@ def ledger_rows(summary: dict, coordinator_endpoint: str, coordinator_id: str) -
     return rows
 
 
-def run_swarm(cfg, *, peers: int, workdir: Path) -> dict:
+def mem_available_gib() -> float:
+    """MemAvailable from /proc/meminfo (Linux), in GiB."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    raise RuntimeError("/proc/meminfo has no MemAvailable line")
+
+
+class MemoryGuard(threading.Thread):
+    """Watches the machine's available memory while a swarm runs; below `floor_gib` it stops the
+    swarm (every child, at once) instead of letting the kernel's OOM killer pick a process of
+    whoever shares the machine. `needed_gib` is how far MemAvailable fell from where it was at the
+    start: what the swarm took, give or take the other jobs' own swings."""
+
+    def __init__(self, swarm, floor_gib: float) -> None:
+        super().__init__(daemon=True, name="memory-guard")
+        self.swarm, self.floor_gib = swarm, floor_gib
+        self.start_gib = self.lowest_gib = mem_available_gib()
+        self.tripped_at: float | None = None
+        self.done = threading.Event()
+        self._began = time.monotonic()
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            self.lowest_gib = min(self.lowest_gib, mem_available_gib())
+            if self.lowest_gib < self.floor_gib and self.tripped_at is None:
+                self.tripped_at = time.monotonic() - self._began
+                self.swarm.stop_all(grace_s=0.0)
+
+    @property
+    def needed_gib(self) -> float:
+        return self.start_gib - self.lowest_gib
+
+
+def run_swarm(cfg, *, peers: int, workdir: Path, memory_floor_gib: float = 2.0) -> dict:
     """One local swarm to completion; per-peer per-round rows and whatever went wrong."""
     from peer.cli.launcher import Swarm
 
@@ -114,6 +150,8 @@ def run_swarm(cfg, *, peers: int, workdir: Path) -> dict:
     problems: list[str] = []
     started, load_before = time.monotonic(), load_average()
     with Swarm(workdir) as swarm:
+        guard = MemoryGuard(swarm, memory_floor_gib)
+        guard.start()
         coordinator = swarm.start_coordinator(["--config", str(workdir / "run.json")], timeout_s=300)
         # every peer at once, through the DHT, as `swarmloco demo` starts them
         children = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/{peers}", "--log-every", "1000"]) for i in range(peers)]
@@ -124,10 +162,18 @@ def run_swarm(cfg, *, peers: int, workdir: Path) -> dict:
             except subprocess.TimeoutExpired:
                 if child is coordinator:
                     problems.append(f"{child.name} still running after {limit} s (log: {child.log_path})")
-        problems += swarm.failures(children)  # a peer that never joined, failed or hangs: named with its last words
+        guard.done.set()
+        if guard.tripped_at is not None:  # the rest is the stop's doing: said once, with what it took
+            problems.append(f"does not fit: stopped {guard.tripped_at:.0f} s in, when the machine's available memory fell below "
+                            f"{memory_floor_gib:g} GiB (the swarm took about {guard.needed_gib:.1f} GiB of the {guard.start_gib:.1f} "
+                            f"available at its start; {sum(c.joined for c in children)} of {peers} peers had joined)")
+        else:
+            problems += swarm.failures(children)  # a peer that never joined, failed or hangs: named with its last words
         joined = sum(child.joined for child in children)
     wall = time.monotonic() - started
-    facts = {"peers_started": peers, "peers_joined": joined, "load_before": load_before, "load_after": load_average()}
+    facts = {"peers_started": peers, "peers_joined": joined, "load_before": load_before, "load_after": load_average(),
+             "memory_available_start_gib": round(guard.start_gib, 2), "memory_taken_gib": round(guard.needed_gib, 2),
+             "memory_floor_gib": memory_floor_gib, "stopped_for_memory": guard.tripped_at is not None}
     coordinator_path = workdir / "coordinator.json"
     if not coordinator_path.exists():
         return {"rows": [], "wall_s": wall, "problems": problems + ["no coordinator summary"], "rounds_done": 0, **facts}
@@ -201,7 +247,9 @@ def summarize(codec: str, mode: str, n: int, args, numel: int, payload: int, res
         "coordinator_expected_data": expected_coordinator(mode, n, payload, result_bytes, args.slices, spot),
         "coordinator_total_per_round": run.get("coordinator_total", 0) / max(1, run["rounds_done"]),
         "wall_s": run["wall_s"], "problems": run["problems"], "ok": not run["problems"], "rows": run["rows"],
-        "rounds_done": run["rounds_done"], **{k: run.get(k) for k in ("peers_started", "peers_joined", "load_before", "load_after")},
+        "rounds_done": run["rounds_done"], **{k: run.get(k) for k in (
+            "peers_started", "peers_joined", "load_before", "load_after", "memory_available_start_gib", "memory_taken_gib",
+            "memory_floor_gib", "stopped_for_memory")},
     }
 
 
@@ -220,7 +268,7 @@ def measure(args) -> list[dict]:
         sizes = exchange_sizes(cfg)
         numel, payload, result_bytes = sizes["numel"], sizes["payload"], sizes["result"]  # P, the gathered aggregate A
         print(f"{codec} {mode} n={n}: running ({args.rounds} rounds x {args.inner_steps} inner steps)", flush=True)
-        run = run_swarm(cfg, peers=n, workdir=base / f"{codec.replace(':', '_')}-{mode}-{n}")
+        run = run_swarm(cfg, peers=n, workdir=base / f"{codec.replace(':', '_')}-{mode}-{n}", memory_floor_gib=args.memory_floor)
         r = summarize(codec, mode, n, args, numel, payload, result_bytes, run)
         results.append(r)
         print(f"  {run['wall_s']:.0f} s; received mean {r['received_mean']:,.0f} B (median {r['received_median']:,.0f}; data "
@@ -299,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", action="store_true", help="keep the runs already in --json that this invocation does not repeat")
     parser.add_argument("--write-md", nargs="?", const=str(ROOT / "benchmarks/scale.md"), metavar="PATH")
     parser.add_argument("--report-only", action="store_true", help="rewrite --write-md from --json without running anything")
+    parser.add_argument("--memory-floor", type=float, default=2.0, metavar="GIB",
+                        help="stop a swarm when the machine's available memory falls below this (its row says it did not fit)")
     parser.add_argument("--storm", action="store_true",
                         help="store the runs as the storm table (issue 24: every peer started at once through the DHT, "
                              "does each join and stay in sync?) instead of the formula table")

@@ -117,12 +117,14 @@ def storm_lines(data: dict) -> list[str]:
              "backoff within --connect-timeout's default window); the run waits for all n (expected_peers = min_peers = n).",
              "A row is 'yes' when every peer printed its join, every round closed and every peer was in the manifest and in",
              "sync in every round. control share = a peer's traffic with the coordinator over all its traffic (sent +",
-             "received). The machine is shared with other jobs: the load (1/5/15 min) before and after each row is in it.", ""]
+             "received). The machine is shared with other jobs: the load (1/5/15 min) before and after each row is in it.",
+             "memory taken = how far the machine's available memory fell during the row (other jobs' swings included); a row",
+             "is stopped when it falls below the floor (`--memory-floor`) and says so: that swarm did not fit.", ""]
     for inv in data.get("storm_invocations", []):
         lines += [*machine_lines(inv.get("machine"), inv["load_before"], inv["load_after"]), f"- command: `{inv['command']}`", ""]
     lines += ["| codec | exchange | S | r | k | H | rounds | n started | joined | rounds closed | received mean (median) KB | vs smallest n | "
-              "control share | coordinator KB/round | = fp32 models | wall s | load before -> after | all joined, every round in sync |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|"]
+              "control share | coordinator KB/round | = fp32 models | wall s | memory taken GiB | load before -> after | all joined, every round in sync |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for codec in dict.fromkeys(r["codec"] for r in runs):
         group = [r for r in runs if r["codec"] == codec]
         base = next((r for r in group if r["ok"]), None)
@@ -134,7 +136,7 @@ def storm_lines(data: dict) -> list[str]:
                 f"{r['rounds']} | {r.get('peers_started', r['peers'])} | {r.get('peers_joined', '?')} | {r.get('rounds_done', '?')} | "
                 f"{_kb(r['received_mean'])} ({_kb(r['received_median'])}) | {vs} | {share * 100:.1f}% | "
                 f"{_kb(r['coordinator_bytes_per_round'])} | {r['coordinator_bytes_per_round'] / (4 * r['numel']):.2f} | {r['wall_s']:.0f} | "
-                f"{r.get('load_before', '?')} -> {r.get('load_after', '?')} | {'yes' if r['ok'] else 'NO: ' + '; '.join(r['problems'])[:600]} |")
+                f"{r['memory_taken_gib'] if r.get('memory_taken_gib') is not None else '-'} | {r.get('load_before', '?')} -> {r.get('load_after', '?')} | {'yes' if r['ok'] else 'NO: ' + '; '.join(r['problems'])[:600]} |")
     lines += ["", "Targets (issue 24), from the rows above:", ""]
     for codec in dict.fromkeys(r["codec"] for r in runs):
         group = [r for r in runs if r["codec"] == codec]

@@ -83,12 +83,13 @@ def test_retry_gives_up_at_the_window_with_the_last_error_and_advice():
     assert message.startswith("gave up waiting for the coordinator after ") and message.endswith("; is it running?")
     assert "nobody home" in message and len(said) == 1
     assert 100.0 + 20.0 - 8.0 <= clock.now <= 100.0 + 20.0  # ended within the window, less than one sleep short of it
-    # a shared deadline before the window's end ends it there
-    clock.now = 0.0
+    # a deadline shared by several steps (the join's window, 40 s spent by earlier steps) ends it
+    # there, and the line counts from the window's start
+    clock.now, said = 40.0, []
     with pytest.raises(RetryWindowSpent):
-        retry("x", attempt, backoff=Backoff(window=timedelta(seconds=100)), retryable=(ConnectionError,), deadline=5.0,
+        retry("x", attempt, backoff=Backoff(window=timedelta(seconds=60)), retryable=(ConnectionError,), deadline=60.0,
               rng=random.Random(3), say=said.append, clock=clock, sleep=clock.sleep)
-    assert clock.now <= 5.0
+    assert clock.now <= 60.0 and said == ["waiting for x (attempt 2, 40 s of 60 s) ..."]
 
 
 def test_an_error_that_is_not_retryable_is_raised_at_once():
