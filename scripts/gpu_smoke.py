@@ -16,10 +16,10 @@ the trainer's own MFU (peer/learn/throughput.py, the figure the progress line pr
 syncs are appended to PEER.json.inner.json next to the peer's --summary-json.
 
 Counting host syncs. Inside each `InnerTrainer.run` call `torch.cuda.set_sync_debug_mode("warn")`
-is on, and the warnings it raises are recorded (`warnings.catch_warnings(record=True)`). CUDA's
-caching allocator and PyTorch flag every operation that blocks the host on the device there:
-`.item()`, `.tolist()`, `.cpu()` of a CUDA tensor, a blocking copy (also host -> device from
-pageable memory), `nonzero`, ... Each warning carries the Python line that caused it, so the JSON
+is on, and the warnings it raises are recorded (`warnings.catch_warnings(record=True)`). PyTorch's
+CUDA code then warns at every operation that blocks the host on the device: `.item()`,
+`.tolist()`, `.cpu()` of a CUDA tensor, a blocking copy (host -> device from pageable memory
+too), `nonzero`, ... Each warning carries the Python line that caused it, so the JSON
 lists the sites with their counts. This is chosen over a profiler trace (counting
 `cudaStreamSynchronize` / `cudaMemcpy*` events) because it needs no CUPTI, costs nothing when no
 sync happens, and names the line to fix; it does not see a sync that a C++ extension makes on its
@@ -37,6 +37,16 @@ the peer process on CUDA; on CPU the peak resident set (ru_maxrss), labelled so.
 
 Without CUDA, `--device cuda` (the default) stops at once with exit status 2 and says what it
 needs; `--device cpu` runs the same code path on CPU.
+
+On a lent nvidia-h200 (the `device` tool; /work/.library/device/README.md): its image's python3
+(3.12) has torch, grpcio, protobuf, tokenizers, safetensors, prometheus-client, but not hivemind
+nor the small packages hivemind and this project need beside it (as of 2026-11: hivemind,
+cryptography, base58, varint, netaddr, py-multihash, py-cid, prefetch-generator, configargparse,
+pydantic and its core; check with `python3 -m pip show` there first). Download those as cp312
+manylinux wheels into an ignored .whl/ here, carry it, install them with --target and PYTHONPATH
+as that README says, and run `python3 scripts/gpu_smoke.py --write-md` (as root: the swarm binds
+loopback ports only). One run of the defaults is 3 rounds of H = 50 at batch 16 x 512 on
+llama-60m: start-up and the coordinator's CPU evaluation dominate its wall time, not the GPU.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def test_cpu_run_records_real_figures(cpu_run):
 def test_report_is_made_from_the_json_and_refuses_gpu_md(cpu_run, tmp_path):
     out, run = cpu_run
     md = tmp_path / "dry.md"
-    done = script("gpu_report.py", str(out), "--md", str(md), timeout=60)
+    done = script("gpu_report.py", str(out), "--md", str(md), timeout=240)
     assert done.returncode == 0, done.stderr
     text = md.read_text()
     assert "**CPU dry run**" in text
@@ -64,7 +64,7 @@ def test_report_is_made_from_the_json_and_refuses_gpu_md(cpu_run, tmp_path):
     assert "not applicable on CPU" in text
     assert text.startswith(render(run, out.name))  # the same JSON gives the same bytes
     before = GPU_MD.read_bytes() if GPU_MD.exists() else None
-    refused = script("gpu_report.py", str(out), timeout=60)
+    refused = script("gpu_report.py", str(out), timeout=240)
     assert refused.returncode == 2
     assert "CPU dry run" in refused.stderr and "benchmarks/gpu.md records CUDA runs only" in refused.stderr
     assert (GPU_MD.read_bytes() if GPU_MD.exists() else None) == before
@@ -72,7 +72,7 @@ def test_report_is_made_from_the_json_and_refuses_gpu_md(cpu_run, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the smoke would run")
 def test_without_cuda_it_says_what_it_needs():
-    done = script("gpu_smoke.py", "--rounds", "1", timeout=60)
+    done = script("gpu_smoke.py", "--rounds", "1", timeout=240)
     assert done.returncode == 2
     assert "CUDA is not available here" in done.stderr and "--device cpu" in done.stderr and "Nothing was run" in done.stderr
 
