@@ -26,7 +26,7 @@ FORMULAS = [
 
 
 def _kb(x: float) -> str:
-    return f"{x / 1e3:,.0f}"
+    return f"{x / 1e3:,.0f}" if x == x else "-"  # NaN: nothing measured
 
 
 def growth(runs: list[dict]) -> list[dict]:
@@ -134,16 +134,20 @@ def storm_lines(data: dict) -> list[str]:
             lines.append(
                 f"| {codec} | {r['mode']} | {r['slices'] or '-'} | {r['replicas'] or '-'} | {r['spot_checks']} | {r['inner_steps']} | "
                 f"{r['rounds']} | {r.get('peers_started', r['peers'])} | {r.get('peers_joined', '?')} | {r.get('rounds_done', '?')} | "
-                f"{_kb(r['received_mean'])} ({_kb(r['received_median'])}) | {vs} | {share * 100:.1f}% | "
-                f"{_kb(r['coordinator_bytes_per_round'])} | {r['coordinator_bytes_per_round'] / (4 * r['numel']):.2f} | {r['wall_s']:.0f} | "
+                f"{_kb(r['received_mean'])} ({_kb(r['received_median'])}) | {vs} | {_percent(share)} | "
+                f"{_kb(r['coordinator_bytes_per_round'])} | {_ratio(r['coordinator_bytes_per_round'] / (4 * r['numel']))} | {r['wall_s']:.0f} | "
                 f"{r['memory_taken_gib'] if r.get('memory_taken_gib') is not None else '-'} | {r.get('load_before', '?')} -> {r.get('load_after', '?')} | {'yes' if r['ok'] else 'NO: ' + '; '.join(r['problems'])[:600]} |")
     lines += ["", "Targets (issue 24), from the rows above:", ""]
     for codec in dict.fromkeys(r["codec"] for r in runs):
         group = [r for r in runs if r["codec"] == codec]
         ok = [r for r in group if r["ok"]]
-        failed = [r for r in group if not r["ok"]]
+        unfit = [r for r in group if not r["ok"] and r.get("stopped_for_memory")]
+        failed = [r for r in group if not r["ok"] and not r.get("stopped_for_memory")]
         lines.append(f"- {codec}: every peer joined and every round closed with every peer in sync at n = "
-                     f"{', '.join(str(r['peers']) for r in ok) or 'none'}" + (f"; NOT at n = {', '.join(str(r['peers']) for r in failed)}" if failed else ""))
+                     f"{', '.join(str(r['peers']) for r in ok) or 'none'}"
+                     + (f"; NOT at n = {', '.join(str(r['peers']) for r in failed)}" if failed else "")
+                     + (f"; not measured at n = {', '.join(str(r['peers']) for r in unfit)}: the swarm did not fit in this "
+                        "machine's memory beside the other jobs (stopped at the floor)" if unfit else ""))
         if len(ok) >= 2:
             lo, hi = ok[0], ok[-1]
             ratio = hi["received_mean"] / lo["received_mean"]
@@ -158,6 +162,14 @@ def storm_lines(data: dict) -> list[str]:
             lines.append(f"- {codec}: the coordinator's bytes per round ≤ 2 fp32 models: {'reached' if models <= 2 else 'NOT reached'} "
                          f"(largest {models:.2f} at n = {heavy['peers']}); its CPU per round is not measured here")
     return lines + [""]
+
+
+def _percent(x: float) -> str:
+    return f"{x * 100:.1f}%" if x == x else "-"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.2f}" if x == x else "-"
 
 
 def _control_share(r: dict) -> float:
