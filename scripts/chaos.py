@@ -50,7 +50,6 @@ if __name__ == "__main__" and os.environ.get(NETNS_ENV):
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import json  # noqa: E402
-import random  # noqa: E402
 import re  # noqa: E402
 import signal  # noqa: E402
 import time  # noqa: E402
@@ -63,80 +62,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from scripts.chaos_cgroup import CpuThrottle  # noqa: E402
+from scripts.chaos_plan import PEERS, ChaosConfig, Schedule, draw_schedule  # noqa: E402,F401 (re-exported)
 from scripts.chaos_report import render, verdicts  # noqa: E402
 from scripts.machine_info import command_line, load_average, machine_facts, write_keeping_notes  # noqa: E402
 
 BYZANTINE = "tests.byzantine_peer"
-PEERS = ("steady", "straggler", "churner", "partitioned", "attacker", "liar")
-ROLES = {"steady": "honest", "straggler": "honest", "churner": "honest", "partitioned": "honest",
-         "attacker": "attacker", "liar": "liar"}
 STATUS_TIMEOUT = timedelta(seconds=2)
+TOOK_OVER_RE = re.compile(r"took over run \S+ with term \d+ at round (\d+)[^\n]*?(?:the lapsed lease was ([\d.]+)s)?\)")
 
-
-@dataclass(frozen=True)
-class Schedule:
-    """What goes wrong, by round. Windows are (first, last): the fault starts once round `first - 1`
-    has closed and ends once round `last` has closed."""
-
-    churn_kills: tuple[int, ...] = ()  # the churner SIGKILLs itself after training these rounds
-    throttle: tuple[int, int] | None = None  # the straggler's CPU quota is cut in these rounds
-    partition: tuple[int, int] | None = None  # the partitioned peer's link is down in these rounds
-    coordinator_kill: int | None = None  # the active coordinator SIGKILLs itself after signing this manifest
-    attacker: bool = False  # the attacker sign-flips (else it is honest)
-    liar: bool = False  # the liar signs false slice results (else it is honest)
-
-    def events(self) -> list[tuple[int, str]]:
-        out = [(r, f"churner SIGKILLed after training round {r}, restarted with --resume") for r in self.churn_kills]
-        if self.throttle:
-            out.append((self.throttle[0], f"straggler CPU-throttled in rounds {self.throttle[0]}-{self.throttle[1]}"))
-        if self.partition:
-            out.append((self.partition[0], f"partitioned peer's link down in rounds {self.partition[0]}-{self.partition[1]}"))
-        if self.coordinator_kill is not None:
-            out.append((self.coordinator_kill, f"active coordinator SIGKILLed after signing round {self.coordinator_kill}'s manifest"))
-        if self.attacker:
-            out.append((0, "attacker sign-flips its update every round"))
-        if self.liar:
-            out.append((0, "liar signs false results for every slice it owns"))
-        return sorted(out)
-
-
-def draw_schedule(rounds: int, seed: int) -> Schedule:
-    """The full schedule for `rounds` rounds from `seed`: about one churn kill per 20 rounds (at least
-    one, 6+ rounds apart), a throttle and a partition window of max(3, rounds/10) rounds, the
-    coordinator kill in the run's middle fifth; the last 3 rounds are left quiet to settle."""
-    if rounds < 10:
-        raise ValueError(f"--rounds {rounds}: the full schedule needs at least 10 rounds (use 20 or more)")
-    rng = random.Random(seed)
-    width = max(3, rounds // 10)
-    kills: list[int] = []
-    slots = list(range(2, rounds - 4))
-    while len(kills) < max(1, rounds // 20) and slots:
-        r = rng.choice(slots)
-        kills.append(r)
-        slots = [s for s in slots if abs(s - r) >= 6]
-    throttle_start = rng.randint(max(1, rounds // 10), max(1, rounds // 4))
-    partition_start = rng.randint(rounds // 2 + 1, max(rounds // 2 + 1, rounds - 4 - width))
-    return Schedule(churn_kills=tuple(sorted(kills)), throttle=(throttle_start, throttle_start + width - 1),
-                    partition=(partition_start, min(rounds - 4, partition_start + width - 1)),
-                    coordinator_kill=rng.randint(int(rounds * 0.35), int(rounds * 0.55)), attacker=True, liar=True)
-
-
-@dataclass(frozen=True)
-class ChaosConfig:
-    rounds: int = 20
-    seed: int = 0
-    inner_steps: int = 32  # H: a round of the tiny model is a couple of seconds with six peers on 2 cores
-    lease_s: float = 8.0  # the lease floor (test_failover's: a loaded 2-core box renews slowly)
-    peer_timeout_s: float = 6.0
-    throttle_fraction: float = 0.1  # the straggler's CPU quota while throttled (of one core)
-    timeout_s: float = 0.0  # whole run; 0: 30 s per round + 300 s
-    peers: tuple[str, ...] = PEERS  # which of the six roles run (tests run fewer)
-    gate_round: int | None = None  # tests: every peer waits after training this round until each restarted one is in it
-
-    def run_sections(self) -> dict:
-        return {"seed": self.seed, "inner": {"steps": self.inner_steps},
-                "rounds": {"rounds": self.rounds, "expected_peers": len(self.peers), "peer_timeout_s": self.peer_timeout_s},
-                "control": {"lease_s": self.lease_s}}
 
 
 @dataclass
@@ -148,7 +81,9 @@ class RunRecord:
     reports: dict[str, dict] = field(default_factory=dict)  # "peer|round|hash" -> first report
     events: list[dict] = field(default_factory=list)
     peer_ids: dict[str, str] = field(default_factory=dict)
-    leases: list[float] = field(default_factory=list)
+    leases: list[list] = field(default_factory=list)  # [seconds since start, lease_s, endpoint] per status poll
+    coordinator_hashes: list[str] = field(default_factory=list)  # every hash a coordinator's status held (θ_0 included)
+    takeovers: list[dict] = field(default_factory=list)  # the standby's "took over" lines
     start: dict = field(default_factory=dict)
     finished: dict = field(default_factory=dict)
     final: dict = field(default_factory=dict)
@@ -171,34 +106,6 @@ def environment(**values: str):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def listening_ports(pid: int) -> set[tuple[str, int]]:
-    """(protocol, port) of the TCP sockets process `pid` listens on (seen in its own namespace)."""
-    try:
-        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")}
-    except OSError:
-        return set()
-    found = set()
-    for proto in ("tcp", "tcp6"):
-        for row in _tcp_rows(f"/proc/{pid}/net/{proto}"):
-            if row[3] == "0A" and row[9] in inodes:
-                found.add((proto, int(row[1].rsplit(":", 1)[1], 16)))
-    return found
-
-
-def _tcp_rows(path: str) -> list[list[str]]:
-    try:
-        return [line.split() for line in Path(path).read_text().splitlines()[1:]]
-    except OSError:
-        return []
-
-
-def host_listening(ports: set[tuple[str, int]]) -> list[str]:
-    """Those of `ports` something in this (the host's) namespace still listens on."""
-    listening = {(proto, int(row[1].rsplit(":", 1)[1], 16)) for proto in ("tcp", "tcp6")
-                 for row in _tcp_rows(f"/proc/self/net/{proto}") if row[3] == "0A"}
-    return sorted(f"{proto}:{port}" for proto, port in ports & listening)
 
 
 class ChaosRun:
@@ -245,21 +152,21 @@ class ChaosRun:
 
         if self.link:
             self.link.up()
-        standby_key = Identity.load_or_create(self.workdir / "standby.pem")
+        keys = [Identity.load_or_create(self.workdir / "standby.pem").peer_id] if self.config.standby else []
         fail = {"SWARMLOCO_FAIL_AT": f"manifest-signed:{self.schedule.coordinator_kill}"} if self.schedule.coordinator_kill is not None else {}
         with environment(**fail):
-            self.coordinator = self.swarm.start_coordinator(["--config", str(self.run_config), "--coordinators", standby_key.peer_id,
+            self.coordinator = self.swarm.start_coordinator(["--config", str(self.run_config), *(["--coordinators", *keys] if keys else []),
                                                              "--run-log", str(self.workdir / "coordinator.jsonl"), *host_flags(self.host_ip)])
         from tests.helpers import free_port
 
         port = free_port()
         self.standby_endpoint = f"{self.host_ip}:{port}"
-        self.standby = self.swarm.start_standby("standby", ["--port", str(port), "--run-log", str(self.workdir / "standby.jsonl"),
-                                                            *host_flags(self.host_ip)])
+        self.standby = None if not keys else self.swarm.start_standby(
+            "standby", ["--port", str(port), "--run-log", str(self.workdir / "standby.jsonl"), *host_flags(self.host_ip)])
         for i, name in enumerate(self.config.peers):
             self.record.peer_ids[name] = Identity.load_or_create(self.workdir / f"{name}.pem").peer_id
             self.peers[name] = self._start_peer(name, i)
-        self.note(f"started coordinator, standby and {len(self.config.peers)} peers ({'with' if self.faulty else 'without'} faults)")
+        self.note(f"started coordinator{', standby' if self.standby else ''} and {len(self.config.peers)} peers ({'with' if self.faulty else 'without'} faults)")
 
     def _start_peer(self, name: str, i: int, *, resume: bool = False, after_round: int = -1):
         args = ["--shard", f"{i}/{len(self.config.peers)}", "--log-every", "1000", "--identity-path", str(self.workdir / f"{name}.pem")]
@@ -322,7 +229,7 @@ class ChaosRun:
         from peer.cli.status import fetch_status
 
         endpoints = [self.swarm.coordinator_endpoint] if self.coordinator.alive() else []
-        if "took over" in "".join(self.standby.lines):
+        if self.standby is not None and "took over" in "".join(self.standby.lines):
             endpoints.append(self.standby_endpoint)
         names = {v: k for k, v in self.record.peer_ids.items()}
         for endpoint in endpoints:
@@ -333,8 +240,11 @@ class ChaosRun:
             if status.get("coordinator", {}).get("role") != "active":
                 continue
             lease = status["coordinator"].get("lease", {}).get("lease_s")
-            if lease:
-                self.record.leases.append(lease)
+            now = round(time.time() - self.t0, 2)
+            if lease and (not self.record.leases or self.record.leases[-1][1:] != [lease, endpoint]):
+                self.record.leases.append([now, lease, endpoint])
+            if status.get("param_hash") and status["param_hash"] not in self.record.coordinator_hashes:
+                self.record.coordinator_hashes.append(status["param_hash"])
             for p in status.get("peers", []):
                 if p.get("last_round") is None or p.get("last_round") < 0 or not p.get("param_hash"):
                     continue
@@ -344,14 +254,15 @@ class ChaosRun:
                                                      "seen_s": round(time.time() - self.t0, 2), "via": endpoint})
 
     def _track(self) -> None:
-        from tests.helpers import process_tree
+        from tests.helpers import listening_ports, process_tree
 
         for child in list(self.swarm.children):
             if child.alive():
                 tree = process_tree(child.process.pid)
                 self.trees.update(tree)
                 for pid in tree:
-                    self.ports |= {p for p in listening_ports(pid)} if child.name != "partitioned" else set()
+                    if not child.name.startswith("partitioned"):  # its ports are in its namespace, gone with it
+                        self.ports |= listening_ports(pid)
 
     def _after_round(self, r: int) -> None:
         s = self.schedule
@@ -423,7 +334,7 @@ class ChaosRun:
             if self.record.finished:
                 self.note(f"run finished at round {self.record.finished['round']}", current)
                 return
-            if not self.coordinator.alive() and not self.standby.alive():
+            if not self.coordinator.alive() and not (self.standby and self.standby.alive()):
                 self.note("no coordinator left running", current)
                 return
             if not any(c.alive() for c in self.peers.values()):
@@ -436,10 +347,10 @@ class ChaosRun:
     def finish(self) -> None:
         """Peers leave with the run; then whatever is left is stopped, the fixtures removed, and
         what is still running or listening recorded."""
-        from tests.helpers import read_summary, still_running
+        from tests.helpers import host_listening, read_summary, still_running
 
         deadline = time.monotonic() + (60.0 if self.record.finished else 0.0)  # peers leave with a finished run
-        for child in [self.coordinator, self.standby, *self.peers.values()]:
+        for child in [self.coordinator, *([self.standby] if self.standby else []), *self.peers.values()]:
             try:
                 self.swarm.wait(child, max(0.1, deadline - time.monotonic()))
             except Exception:  # noqa: BLE001 - stop_all below ends it
@@ -467,8 +378,12 @@ class ChaosRun:
                 s = read_summary(self.swarm, child.name)
             except (OSError, ValueError):
                 s = {}
-            peers[child.name] = {"rc": child.process.returncode, "param_hash": s.get("param_hash"), "round": s.get("round")}
+            peers[child.name] = {"rc": child.process.returncode, "param_hash": s.get("param_hash"), "round": s.get("round"),
+                                 "in_sync": [[h["round"], bool(h.get("in_sync"))] for h in s.get("history", [])]}
         self.record.final["peers"] = peers
+        if self.standby is not None:
+            self.record.takeovers = [{"round": int(m.group(1)), "lapsed_lease_s": float(m.group(2)) if m.group(2) else None,
+                                      "line": m.group(0)} for m in TOOK_OVER_RE.finditer("".join(self.standby.lines))]
         self.stop()
         left = still_running(self.trees, within_s=10.0)
         self.record.final["left_running"] = {str(pid): cmd[:200] for pid, cmd in left.items()}

@@ -1,12 +1,13 @@
 """What several test files share, in one place: the tiny run config, a free loopback port,
 reading a real swarm's children (a line they print, the JSON summary they write, the coordinator's
 status), a fault-hook gate that holds a swarm at an exact point, and the process tree of a child
-(Linux /proc: what it started, and whether any of it is left).
+(Linux /proc: what it started, whether any of it is left, and the TCP ports it listens on).
 
 Fixtures live in tests/conftest.py; this module holds plain functions, imported by name."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -297,3 +298,36 @@ def kill_tree(processes: dict[int, int]) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def listening_ports(pid: int) -> set[tuple[str, int]]:
+    """(protocol, port) of the TCP sockets process `pid` listens on (seen in its own namespace)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):  # closed meanwhile
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    except OSError:
+        return set()
+    found = set()
+    for proto in ("tcp", "tcp6"):
+        for row in _tcp_rows(f"/proc/{pid}/net/{proto}"):
+            if row[3] == "0A" and row[9] in inodes:
+                found.add((proto, int(row[1].rsplit(":", 1)[1], 16)))
+    return found
+
+
+def _tcp_rows(path: str) -> list[list[str]]:
+    try:
+        return [line.split() for line in Path(path).read_text().splitlines()[1:]]
+    except OSError:
+        return []
+
+
+def host_listening(ports: set[tuple[str, int]]) -> list[str]:
+    """Those of `ports` something in this (the host's) namespace still listens on."""
+    listening = {(proto, int(row[1].rsplit(":", 1)[1], 16)) for proto in ("tcp", "tcp6")
+                 for row in _tcp_rows(f"/proc/self/net/{proto}") if row[3] == "0A"}
+    return sorted(f"{proto}:{port}" for proto, port in ports & listening)
