@@ -461,7 +461,12 @@ def main(argv: list[str] | None = None) -> int:
         config = ChaosConfig(rounds=args.rounds, seed=args.seed, inner_steps=args.inner_steps, lease_s=args.lease_s)
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds like Ctrl-C: the finally blocks clean up
-        result = run_chaos(config, Path(args.workdir), netns=not args.no_netns, baseline=not args.no_baseline)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C too, also where a shell started us with SIGINT ignored
+        try:
+            result = run_chaos(config, Path(args.workdir), netns=not args.no_netns, baseline=not args.no_baseline)
+        except KeyboardInterrupt:  # the runs' finally blocks have stopped every process, the namespace and the cgroup
+            print(f"scripts/chaos.py: interrupted; every process it started is stopped (logs in {args.workdir})", file=sys.stderr)
+            return 130
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     v = verdicts(result)
