@@ -51,7 +51,7 @@ def headline(run: dict) -> str:
 def render(run: dict, source: str) -> str:
     from machine_info import machine_lines
 
-    cfg = run["config"]
+    cfg, how = run["config"], run["run"]
     cuda = is_cuda_run(run)
     lines = ["# GPU smoke", ""]
     if not cuda:
@@ -60,8 +60,9 @@ def render(run: dict, source: str) -> str:
     lines += [f"Written by `scripts/gpu_report.py` from `{source}`, which `scripts/gpu_smoke.py` wrote: a coordinator and "
               f"{cfg['peers']} peer(s) as processes on loopback, the peers training on `{cfg['device']}`.",
               f"- run: preset {cfg['preset']}, tokenizer {cfg['tokenizer']}, batch {cfg['batch_size']} x seq_len {cfg['seq_len']}, "
-              f"H = {cfg['inner_steps']}, {cfg['rounds']} rounds, codec {cfg['codec']}, outer nesterov, aggregator (run default), "
-              f"sliced exchange, torch.compile {'on' if cfg['compile'] else 'off'}, seed 0",
+              f"H = {cfg['inner_steps']}, {cfg['rounds']} rounds, codec {cfg['codec']}, outer {how['outer']} (lr {how['outer_lr']}), "
+              f"aggregator {how['aggregator']}, {how['exchange']} exchange, inner.precision {how['precision']}, "
+              f"torch.compile {'on' if cfg['compile'] else 'off'}, seed {how['seed']}, run config {how['config_hash'][:12]}",
               f"- command: `{run['command']}`; commit {run['commit']}; finished {run['finished_at']}; wall {run['wall_s']:.0f} s",
               *machine_lines(run.get("machine"), run.get("load_before"), run.get("load_after")), "",
               "| peer | device | params | autocast | rounds done | tokens/s (rounds 2+) | tokens/s (round 1) | MFU | peak memory "

@@ -256,6 +256,7 @@ def wait_for_swarm(swarm, coordinator, peers: list, timeout_s: float) -> dict[st
 def run_smoke(cfg: SmokeConfig, workdir: Path, *, echo: bool = False) -> dict:
     from machine_info import command_line, load_average, machine_facts
     from peer.cli.launcher import Swarm
+    from peer.run.config import RunConfig
 
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = write_smoke_config(cfg, workdir)
@@ -282,7 +283,11 @@ def run_smoke(cfg: SmokeConfig, workdir: Path, *, echo: bool = False) -> dict:
         row["progress_line"] = next((line.strip() for line in reversed(child.lines) if "tok/s" in line), "")
         rows.append(row)
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {"config": asdict(cfg), "rounds_asked": cfg.rounds, "coordinator_rounds": len(coordinator_summary.get("history", [])),
+    served = json.loads(config_path.read_text())
+    how = {"outer": served["outer"]["name"], "outer_lr": served["outer"]["lr"], "aggregator": served["aggregation"]["name"],
+           "exchange": served["exchange"]["mode"], "seed": served["seed"], "precision": served["inner"]["precision"],
+           "config_hash": RunConfig.from_json(config_path.read_text()).config_hash()}
+    return {"config": asdict(cfg), "run": how, "rounds_asked": cfg.rounds, "coordinator_rounds": len(coordinator_summary.get("history", [])),
             "coordinator_hash": coordinator_hash, "peers": rows,
             "peers_in_sync": all(r["in_sync_every_round"] and r["final_hash"] and coordinator_hash.startswith(r["final_hash"]) for r in rows),
             "wall_s": time.monotonic() - started, "machine": machine_facts(), "load_before": load_before, "load_after": load_average(),

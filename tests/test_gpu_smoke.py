@@ -40,6 +40,8 @@ def test_cpu_run_records_real_figures(cpu_run):
     assert run["rounds_asked"] == 2 and run["coordinator_rounds"] == 2
     assert run["peers_in_sync"] is True
     assert run["machine"]["versions"]["torch"] == torch.__version__
+    assert run["run"]["outer"] == "nesterov" and run["run"]["exchange"] == "sliced" and run["run"]["seed"] == 0
+    assert run["run"]["aggregator"] and len(run["run"]["config_hash"]) == 64
     (peer,) = run["peers"]
     assert peer["device"] == "cpu" and peer["rounds_done"] == 2 and peer["in_sync_every_round"]
     assert peer["final_hash"] == run["coordinator_hash"] and len(peer["final_hash"]) == 64
