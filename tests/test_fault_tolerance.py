@@ -162,7 +162,7 @@ def test_coordinator_restart_from_its_checkpoint(swarm, tmp_path, monkeypatch):
         assert summary["param_hash"] == history[-1]["param_hash"]
 
 
-def test_resume_continues_bit_for_bit(tmp_path):
+def test_resume_continues_bit_for_bit(tmp_path, capsys):
     """Stopped after round 1 and resumed == never stopped: same parameters after round 2 (sha256).
 
     One peer and an in-process coordinator, so the only difference between the runs is the stop.
@@ -200,7 +200,12 @@ def test_resume_continues_bit_for_bit(tmp_path):
         shutil.copy(dirs[0] / "peer.pem", d / "peer.pem")  # same identity, same shard
 
     straight = run(dirs[0], [(2, False)])
+    capsys.readouterr()
     resumed = run(dirs[1], [(1, False), (1, True)])
+    said = capsys.readouterr().out
     fresh = run(dirs[2], [(1, False), (1, False)])
     assert resumed == straight
+    # the volunteer sees that the rerun found its state (it was silent, at INFO, before)
+    assert said.count("resumed its saved local state (round 1)") == 1, said[-2000:]
+    assert "resumed its saved" not in capsys.readouterr().out  # the fresh restarts say nothing of the kind
     assert fresh != straight

@@ -186,7 +186,8 @@ class PeerNode:
             self.state_path, config_hash=cfg.config_hash(), trainer=self.trainer, math=self.math)
         if resumed:  # --resume: θ_r and every local state as this peer last saved them
             self._set_params(resumed.params, resumed.round)
-            log.info("peer %s resumed local state at round %d", self.short, resumed.round)
+            # said on the terminal: a volunteer rerunning the join line sees that nothing was lost
+            print(f"peer {self.short} | resumed its saved local state (round {resumed.round}) from {self.state_path}", flush=True)
         self._publish()
 
     def _serve(self) -> None:
