@@ -71,7 +71,6 @@ STATUS_TIMEOUT = timedelta(seconds=2)
 TOOK_OVER_RE = re.compile(r"took over run \S+ with term \d+ at round (\d+)[^\n]*?(?:the lapsed lease was ([\d.]+)s)?\)")
 
 
-
 @dataclass
 class RunRecord:
     """What one run left: round closes, peers' reported hashes, events, leftovers."""
