@@ -64,6 +64,11 @@ ROWS: list[Row] = [
     Row("Agreed support (vote)", "sparseloco", VARIANTS["vote"], recipe="sparseloco", rounds=13, inner_steps=15, seeds=SEEDS3,
         note="prototype (simulate only, docs/robust-compressed.md): peers vote with their top-128 of 4096, every peer "
              "sends 2-bit values on the 128 most-voted (f + 1 = 2 votes needed), trimmed-mean f = 1, 2-bit result"),
+    Row("Agreed support (vote) mean f=0", "sparseloco", {**VARIANTS["vote"], "aggregation.name": "mean",
+                                                          "aggregation.num_byzantine": 0}, recipe="sparseloco", rounds=13,
+        inner_steps=15, note="diagnostic: the vote's support with the plain mean and f = 0 (1 vote needed): what trimming costs"),
+    Row("Agreed support (vote) K=192", "sparseloco", {**VARIANTS["vote"], "compression.codec": "chunk-topk:4096:192+stat2"},
+        recipe="sparseloco", rounds=13, inner_steps=15, note="diagnostic: the vote on top-192 index sets, 192 per chunk aligned"),
     Row("Public-swarm recipe dense gather", "sparseloco", {"exchange.result_codec": "fp16"}, recipe="sparseloco", rounds=13,
         inner_steps=15, note="the recipe with a dense fp16 all-gather (what the compressed aggregate costs or buys)"),
     Row("SparseLoCo", "sparseloco", A2A, recipe="sparseloco", rounds=13, inner_steps=15,
