@@ -64,8 +64,8 @@ def weighted_order(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 def heaviest_mass(weights: torch.Tensor, f: int) -> float:
-    weights = torch.as_tensor(weights, dtype=torch.float64)
     """The most weight any f rows hold."""
+    weights = torch.as_tensor(weights, dtype=torch.float64)
     return float(torch.sort(weights, descending=True).values[:f].sum()) if f > 0 else 0.0
 
 
@@ -127,10 +127,13 @@ def _band(rows: torch.Tensor, w: torch.Tensor, trim: float | None) -> RuleResult
         half, eps = total / 2, _BOUNDARY_TOLERANCE * total
         # A value counts if the middle lies inside its interval; at a boundary both neighbours
         # count half (the mean of the two middle values).
+        # Only a value with more mass than the tolerance window can sit at a boundary: a sliver
+        # of mass at the middle (a claim of ~0 work) would otherwise count beside both neighbours.
         inside = (lower < half - eps) & (upper > half + eps)
         at_top = (upper - half).abs() <= eps
         at_bottom = (lower - half).abs() <= eps
-        share = inside.double() + 0.5 * ((at_top | at_bottom) & (mass > 0)).double()  # (n, d)
+        share = inside.double() + 0.5 * ((at_top | at_bottom) & (mass > 2 * eps)).double()  # (n, d)
+        share = share / share.sum(dim=0, keepdim=True)  # a convex combination in every coordinate
     else:
         keep_lo, keep_hi = trim, total - trim
         kept = (torch.minimum(upper, torch.tensor(keep_hi)) - torch.maximum(lower, torch.tensor(keep_lo))).clamp_min(0)

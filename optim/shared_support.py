@@ -218,7 +218,7 @@ class SupportValues:
         self.support, self.bounds = support, bounds
 
     def _sizes(self) -> list[int]:
-        return [self.values.max_encoded_size(b - a) for a, b in zip(self.bounds, self.bounds[1:])]
+        return [self.values.max_encoded_size(b - a) if b > a else 0 for a, b in zip(self.bounds, self.bounds[1:])]  # an empty slice sends nothing
 
     def max_encoded_size(self, numel: int) -> int:
         return sum(self._sizes())

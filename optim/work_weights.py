@@ -74,13 +74,18 @@ def minority_level(weights: Sequence[float], num_byzantine: int, share: float) -
             f"only {carrying} rows carry work, so f={f} of them could hold all the weight; wait for more "
             f"peers or lower num_byzantine"
         )
-    # With the top j weights cut to c (ranked[j] <= c <= ranked[j-1], j >= f) the f heaviest hold
-    # f*c and the total is j*c + rest(j): solve f*c = share*(j*c + rest) for the first j that fits.
-    for j in range(f, carrying):
-        denominator = f - share * j
-        if denominator <= 0:
-            break
-        c = share * sum(ranked[j:]) / denominator
+    # Cut the top j weights to c (ranked[j] <= c <= ranked[j-1]); the total is then j*c + R with
+    # R = sum(ranked[j:]). The f heaviest hold j*c + sum(ranked[j:f]) while j < f, f*c from j = f
+    # on. Solve "f heaviest = share * total" for the first j that fits (the largest such c).
+    for j in range(1, carrying):
+        rest = sum(ranked[j:])
+        if j < f:
+            c = (share * rest - sum(ranked[j:f])) / (j * (1.0 - share))
+        else:
+            denominator = f - share * j
+            if denominator <= 0:
+                break
+            c = share * rest / denominator
         if ranked[j] <= c <= ranked[j - 1]:
             return c
     return ranked[carrying - 1]

@@ -311,13 +311,18 @@ def find_run(dht: DHT, run_id: str | None = None, *, timeout_s: float = 15.0, pi
         if done:
             raise DiscoveryError(f"run {done[0].run_id!r} has finished (its coordinator {done[0].coordinator_id[:16]} said so); "
                                  "`swarmloco runs` lists the runs you can join")
-        if records and not trusted:
+        if records and not trusted and pinned is None:
             raise DiscoveryError(
                 f"run {names[0]!r} is announced by coordinator keys that do not vouch for each other "
                 f"({', '.join(r.coordinator_id[:16] for r in records)}): pass --coordinator-key with the fingerprint "
                 "of the coordinator you trust")
         if time.monotonic() >= deadline:
             which = f"run {run_id!r}" if run_id else "any run"
+            if records and not trusted:  # pinned: its record may have lapsed for a moment; retryable
+                raise RunNotFound(
+                    f"the DHT has no record of the pinned coordinator {pinned} for {which} (records of "
+                    f"{', '.join(r.coordinator_id[:16] for r in records)} only); is that coordinator up? check "
+                    "--coordinator-key")
             raise RunNotFound(f"the DHT has no active coordinator record for {which}; is the coordinator up? check --initial-peers")
         time.sleep(0.5)
 

@@ -83,3 +83,17 @@ def test_a_joined_peer_serves_the_run_record_after_the_coordinators_node_is_gone
             discovery.find_run(third, "r2", timeout_s=0)  # one look, then the error the join's backoff retries
     finally:
         discovery.stop_dht(third)
+
+
+
+def test_a_pinned_coordinators_lapsed_record_is_waited_for_not_called_untrusted(two_nodes):
+    """A standby's record is there, the pinned active one's is not (lapsed between renewals): the
+    lookup is a retryable RunNotFound naming the pinned key, not 'keys that do not vouch'."""
+    active, standby, first, second = two_nodes
+    discovery.announce_run(second, standby, run_id="r1", endpoint="127.0.0.1:6000")
+    with pytest.raises(discovery.RunNotFound, match=f"no record of the pinned coordinator {active.peer_id[:16]}"):
+        discovery.find_run(first, "r1", timeout_s=1, pinned=active.peer_id[:16])
+    # Unpinned, two keys that do not list each other are still refused at once.
+    discovery.announce_run(first, active, run_id="r1", endpoint="127.0.0.1:5000")
+    with pytest.raises(discovery.DiscoveryError, match="do not vouch"):
+        discovery.find_run(first, "r1", timeout_s=1)

@@ -75,6 +75,16 @@ def test_support_values_carry_values_only_and_error_feedback_keeps_the_rest():
         codec.decode_values(payload[:-1])
 
 
+def test_a_slice_the_support_misses_sends_nothing_and_still_decodes():
+    support = torch.tensor([0, 1, 5])
+    codec = SupportValues("fp32")
+    codec.set_round(support, [0, 2, 2, 3])  # the second of three slices holds no support coordinate
+    x = torch.arange(8, dtype=torch.float32)
+    payload = codec.encode(x)
+    assert len(payload) == codec.max_encoded_size(8) == 2 * codecs.HEADER_SIZE + 3 * 4
+    assert torch.equal(codec.decode(payload, 8)[support], x[support])
+
+
 def test_public_score_is_an_ema_of_the_applied_aggregates():
     score = PublicScore(3, decay=0.5)
     score.update(torch.tensor([1.0, 0.0, -2.0]))

@@ -126,6 +126,27 @@ def test_claims_are_capped_by_the_median_the_history_and_the_minority_rule() -> 
     assert result.capped_by[4:] == ("minority", "minority") and result.weights[:4] == (100.0,) * 4
 
 
+def test_the_minority_cut_lowers_only_what_it_must() -> None:
+    # f = 2, at most 40%: cutting the one heavy claim to 5 is enough (5 + 3 of 20), not all to 2
+    assert minority_level([9.88, 3, 3, 3, 2, 2, 2], 2, 0.4) == pytest.approx(5.0)
+    # two heavy rows cut together: [c, c, 1, 1, 1, 1] with 2c = 0.4 (2c + 4) -> c = 4/3
+    assert minority_level([10, 9, 1, 1, 1, 1], 2, 0.4) == pytest.approx(4 / 3)
+    g = torch.Generator().manual_seed(4)
+    for _ in range(200):
+        weights = (torch.rand(9, generator=g) * 10).tolist()
+        level = minority_level(weights, 3, 0.4)
+        cut = sorted((min(w, level) for w in weights), reverse=True)
+        assert sum(cut[:3]) <= 0.4 * sum(cut) + 1e-9
+        if math.isfinite(level) and level > cut[-1]:  # not flattened: the cut is tight at 40%
+            assert sum(cut[:3]) == pytest.approx(0.4 * sum(cut))
+
+
+def test_a_sliver_of_weight_at_the_middle_does_not_move_the_median() -> None:
+    rows = torch.tensor([[1.0], [1.0], [1.1], [1.1], [1.1]])
+    w = torch.tensor([1000, 1000, 1e-9, 1000, 1000], dtype=torch.float64)
+    assert weighted.weighted_median(rows, w, 1).output.item() == pytest.approx(1.05)
+
+
 def test_too_few_peers_to_weigh_fall_back_to_equal_weights() -> None:
     # f = 2 of 4: even equal weights give 2 rows half the mass; every row is cut to the lightest
     assert minority_level([5.0, 4.0, 3.0, 1.0], 2, 0.4) == 1.0
