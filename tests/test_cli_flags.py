@@ -30,6 +30,7 @@ FLAG_VALUES: dict[str, tuple[str, list[str], object]] = {
     "--aggregator": ("aggregation.name", ["mean"], "mean"),
     "--num-byzantine": ("aggregation.num_byzantine", ["1"], 1),
     "--result-codec": ("exchange.result_codec", ["chunk-topk:4096:64+int8"], "chunk-topk:4096:64+int8"),
+    "--support": ("exchange.support", ["vote", "--codec", "chunk-topk:4096:64+stat2"], "vote"),  # needs a chunked top-k codec
     "--min-peers": ("rounds.min_peers", ["2"], 2),
     "--expected-peers": ("rounds.expected_peers", ["3"], 3),
     "--run-seed": ("seed", ["5"], 5),

@@ -48,6 +48,10 @@ RUN_FLAGS: tuple[RunFlag, ...] = (
     RunFlag("--aggregator", "aggregation.name"),
     RunFlag("--num-byzantine", "aggregation.num_byzantine"),
     RunFlag("--result-codec", "exchange.result_codec"),
+    RunFlag(
+        "--support", "exchange.support",
+        {v: "the agreed support is a prototype only simulate runs (docs/robust-compressed.md)" for v in ("coordinator", "demo")},
+    ),
     RunFlag("--min-peers", "rounds.min_peers", {"simulate": f"{_NO_NETWORK}, so there is no quorum to wait for"}),
     RunFlag(
         "--expected-peers", "rounds.expected_peers",
