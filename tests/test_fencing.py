@@ -385,3 +385,29 @@ def test_a_takeovers_run_log_holds_the_rounds_it_inherited_and_not_twice(tmp_pat
     events = [json.loads(line) for line in fresh.read_text().splitlines()]
     assert [(e["event"], e.get("round")) for e in events] == [("takeover", 2), ("round", 0), ("round", 1)]
     assert events[0]["initial_val_loss"] == 5.0 and all(e["param_hash"] == f"h{e['round']}" for e in events[1:])
+
+
+def test_the_run_log_says_finished_only_after_the_last_round(tmp_path):
+    """The clock sets `finished` when it closes the last round, before that round is persisted into
+    the history: a poll in between must not write "finished" ahead of the last round's line."""
+    from peer.coordinator.run_log import RunWatcher
+
+    rounds = [{"round": r, "val_loss": 4.0 - r, "updates": 2, "excluded": {}, "seconds": 1.0, "close_reason": "quorum",
+               "param_hash": f"h{r}"} for r in range(2)]
+    view = {"history": rounds[:1], "finished": False, "round": 1}
+
+    def status() -> dict:
+        return {"run_id": "r", "coordinator_id": "a" * 32, "endpoint": "h:1", "round": view["round"], "codec": "fp16",
+                "aggregator": "median", "outer": "nesterov", "initial_val_loss": 5.0, "finished": view["finished"],
+                "history": view["history"], "peers": [], "coordinator_traffic": {"bytes_sent": 0, "bytes_received": 0}}
+
+    path = tmp_path / "run.jsonl"
+    watcher = RunWatcher(status, path)
+    watcher.poll()
+    view.update(finished=True, round=2)  # round 1 closed, the run is over; round 1 not persisted yet
+    watcher.poll()
+    view["history"] = rounds
+    watcher.poll()
+    watcher.close()
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(e["event"], e.get("round")) for e in events] == [("start", 1), ("round", 1), ("finished", 2)]

@@ -78,7 +78,11 @@ class RunWatcher:
                 self._start(s)
             self._peers_changed(s)
             self._rounds_closed(s)
-            if s["finished"] and not self._finished:
+            # The clock marks the run finished when it closes the last round; that round enters the
+            # history only once persisted (evaluated, checkpointed). "finished" waits for it, so the
+            # log never says finished before its last round (a reader stopping there would miss it).
+            last_recorded = s["history"][-1]["round"] if s["history"] else -1
+            if s["finished"] and not self._finished and last_recorded >= s["round"] - 1:
                 self._finished = True
                 self._emit("finished", round=s["round"], val_loss=s["history"][-1]["val_loss"] if s["history"] else None)
 
