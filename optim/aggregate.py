@@ -207,10 +207,7 @@ class Aggregator:
             case "trimmed-mean":
                 result = weighted.weighted_trimmed_mean(rows, w, f)
             case "multi-krum":
-                m = rows.shape[0] - f if o["m"] is None else o["m"]
-                if m > rows.shape[0]:
-                    raise ValueError(f"multi-krum m={m} exceeds the {rows.shape[0]} rows to select from; lower m")
-                result = weighted.weighted_multi_krum(rows, w, f, m)
+                result = weighted.weighted_multi_krum(rows, w, f, self._multi_krum_m(rows, f))
             case "geometric-median":
                 result = weighted.weighted_geometric_median(
                     rows, w, iterations=o["iterations"], eps=o["eps"], nu=o["nu"]
@@ -234,6 +231,12 @@ class Aggregator:
             )
         return result.output
 
+    def _multi_krum_m(self, rows: torch.Tensor, f: int) -> int:
+        m = rows.shape[0] - f if self.options["m"] is None else self.options["m"]
+        if m > rows.shape[0]:
+            raise ValueError(f"multi-krum m={m} exceeds the {rows.shape[0]} rows to select from; lower m")
+        return m
+
     @staticmethod
     def _check_center(center: torch.Tensor | None, rows: torch.Tensor) -> None:
         if center is not None and center.shape[0] != rows.shape[1]:
@@ -254,10 +257,7 @@ class Aggregator:
             case "krum":
                 return rules.multi_krum(rows, f, 1)
             case "multi-krum":
-                m = rows.shape[0] - f if o["m"] is None else o["m"]
-                if m > rows.shape[0]:
-                    raise ValueError(f"multi-krum m={m} exceeds the {rows.shape[0]} rows to select from; lower m")
-                return rules.multi_krum(rows, f, m)
+                return rules.multi_krum(rows, f, self._multi_krum_m(rows, f))
             case "geometric-median":
                 return rules.geometric_median(rows, iterations=o["iterations"], eps=o["eps"], nu=o["nu"])
             case "centered-clip":

@@ -51,7 +51,11 @@ def _in_content_order(rows: torch.Tensor, rule: Callable[[torch.Tensor], RuleRes
     order = canonical_order(rows)  # (n,) canonical position -> input row
     if torch.equal(order, torch.arange(order.numel())):
         return rule(rows)
-    result = rule(rows[order])
+    return in_input_order(rule(rows[order]), order)
+
+
+def in_input_order(result: RuleResult, order: torch.Tensor) -> RuleResult:
+    """The per-row fields of a result computed on ``rows[order]``, mapped back to input order."""
 
     def back(values: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(values)

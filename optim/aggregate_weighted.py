@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from optim.aggregate_mixing import TieBreaker, canonical_order
-from optim.aggregate_rules import RuleResult, _unclipped, krum_scores
+from optim.aggregate_rules import RuleResult, _unclipped, in_input_order, krum_scores
 
 # Where the middle of the mass falls "exactly" on a boundary between two values: relative to
 # the total mass, far below any real weight difference, far above float64 rounding in a cumsum.
@@ -83,19 +83,7 @@ def require_minority(weights: torch.Tensor, f: int, rule: str) -> None:
 def _in_order(rows: torch.Tensor, weights: torch.Tensor, rule) -> RuleResult:
     weights = weights.to(torch.float64)
     order = weighted_order(rows, weights)
-    result = rule(rows[order], weights[order])
-
-    def back(values: torch.Tensor) -> torch.Tensor:
-        out = torch.empty_like(values)
-        out[order] = values
-        return out
-
-    return RuleResult(
-        output=result.output,
-        weights=back(result.weights),
-        selected=back(result.selected),
-        clip_scale=back(result.clip_scale),
-    )
+    return in_input_order(rule(rows[order], weights[order]), order)
 
 
 def _mean_in_order(rows: torch.Tensor, w: torch.Tensor) -> RuleResult:

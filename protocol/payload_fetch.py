@@ -132,9 +132,11 @@ def fetch_slice(
     if proven is None or (proven.root, proven.count) != (root, header.num_slices):
         proven = merkle.ProvenNodes(root, header.num_slices)
     levels = proven.levels_for(index)
+    leaf: list[bytes] = []  # the accepted bytes' sha256, hashed once
 
     def check_proof(data: bytes, first: swarm_pb2.Chunk) -> None:
-        if not proven.accept(hashlib.sha256(data).digest(), index, list(first.proof)):
+        leaf[:] = [hashlib.sha256(data).digest()]
+        if not proven.accept(leaf[0], index, list(first.proof)):
             raise TransferError(f"the holder's Merkle proof of slice {index} does not verify against the root "
                                 f"{header.peer_id[:8]} signed (a wrong or tampered slice)")
 
@@ -142,7 +144,7 @@ def fetch_slice(
                                                     offset=offset)
     data, first = _fetch(pool, holders, request, max_size, exact=False, sha256=None, deadline=deadline, shuffle=shuffle,
                          verify=check_proof)
-    return FetchedSlice(data=data, digest=hashlib.sha256(data).hexdigest(), proof=tuple(proven.proof_of(index) or ()))
+    return FetchedSlice(data=data, digest=leaf[0].hex(), proof=tuple(proven.proof_of(index) or ()))
 
 
 def _fetch(pool: ChannelPool, holders: Sequence[str], request: Callable[[int], swarm_pb2.FetchRequest], size: int, *,
