@@ -28,12 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -42,7 +42,10 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
     if extra not in sys.path:
         sys.path.insert(0, extra)
 
+from swarm_meters import CoordinatorCpu, MemoryGuard  # noqa: E402  (scripts/ is on the path now)
+
 LINK_BITS_PER_S = 100e6
+JOINED_NODE_RE = re.compile(r"^peer (\S+) \| joined run ")  # peer/node/node.py prints it at its first accepted join
 
 
 def run_config(*, peers: int, rounds: int, inner_steps: int, codec: str, mode: str, slices: int, replicas: int, spot_checks: int):
@@ -104,43 +107,21 @@ def ledger_rows(summary: dict, coordinator_endpoint: str, coordinator_id: str) -
     return rows
 
 
-def mem_available_gib() -> float:
-    """MemAvailable from /proc/meminfo (Linux), in GiB."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 2**20
-    raise RuntimeError("/proc/meminfo has no MemAvailable line")
+def storm_peers(swarm, coordinator, peers: int) -> list:
+    """Every peer at once, one process each, through the DHT, as `swarmloco demo` starts them."""
+    return [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/{peers}", "--log-every", "1000"]) for i in range(peers)]
 
 
-class MemoryGuard(threading.Thread):
-    """Watches the machine's available memory while a swarm runs; below `floor_gib` it stops the
-    swarm (every child, at once) instead of letting the kernel's OOM killer pick a process of
-    whoever shares the machine. `needed_gib` is how far MemAvailable fell from where it was at the
-    start: what the swarm took, give or take the other jobs' own swings."""
-
-    def __init__(self, swarm, floor_gib: float) -> None:
-        super().__init__(daemon=True, name="memory-guard")
-        self.swarm, self.floor_gib = swarm, floor_gib
-        self.start_gib = self.lowest_gib = mem_available_gib()
-        self.tripped_at: float | None = None
-        self.done = threading.Event()
-        self._began = time.monotonic()
-
-    def run(self) -> None:
-        while not self.done.wait(0.5):
-            self.lowest_gib = min(self.lowest_gib, mem_available_gib())
-            if self.lowest_gib < self.floor_gib and self.tripped_at is None:
-                self.tripped_at = time.monotonic() - self._began
-                self.swarm.stop_all(grace_s=0.0)
-
-    @property
-    def needed_gib(self) -> float:
-        return self.start_gib - self.lowest_gib
+def joined_count(child) -> int:
+    """Peer nodes of a child process that printed their join (one per peer process; several in a
+    scale-lab process): counted by node, from its lines."""
+    return len({m.group(1) for line in list(child.lines) if (m := JOINED_NODE_RE.match(line))})
 
 
-def run_swarm(cfg, *, peers: int, workdir: Path, memory_floor_gib: float = 2.0) -> dict:
-    """One local swarm to completion; per-peer per-round rows and whatever went wrong."""
+def run_swarm(cfg, *, peers: int, workdir: Path, memory_floor_gib: float = 2.0, start_peers=storm_peers) -> dict:
+    """One local swarm to completion; per-peer per-round rows, the coordinator's CPU per round and
+    whatever went wrong. `start_peers(swarm, coordinator, n)` starts the n peers' processes
+    (default: one each, through the DHT; scripts/scale_lab.py: several nodes per process, direct)."""
     from peer.cli.launcher import Swarm
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -153,8 +134,9 @@ def run_swarm(cfg, *, peers: int, workdir: Path, memory_floor_gib: float = 2.0) 
         guard = MemoryGuard(swarm, memory_floor_gib)
         guard.start()
         coordinator = swarm.start_coordinator(["--config", str(workdir / "run.json")], timeout_s=300)
-        # every peer at once, through the DHT, as `swarmloco demo` starts them
-        children = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/{peers}", "--log-every", "1000"]) for i in range(peers)]
+        cpu = CoordinatorCpu(coordinator)
+        cpu.start()
+        children = start_peers(swarm, coordinator, peers)
         for child, limit in [(coordinator, 600 + 300 * cfg.rounds.rounds), *((c, 120) for c in children)]:
             try:
                 if (code := swarm.wait(child, limit)) != 0 and child is coordinator:
@@ -163,17 +145,22 @@ def run_swarm(cfg, *, peers: int, workdir: Path, memory_floor_gib: float = 2.0) 
                 if child is coordinator:
                     problems.append(f"{child.name} still running after {limit} s (log: {child.log_path})")
         guard.done.set()
+        cpu.done.set()
+        cpu.join()
         if guard.tripped_at is not None:  # the rest is the stop's doing: said once, with what it took
             problems.append(f"does not fit: stopped {guard.tripped_at:.0f} s in, when the machine's available memory fell below "
                             f"{memory_floor_gib:g} GiB (the swarm took about {guard.needed_gib:.1f} GiB of the {guard.start_gib:.1f} "
-                            f"available at its start; {sum(c.joined for c in children)} of {peers} peers had joined)")
+                            f"available at its start; {sum(map(joined_count, children))} of {peers} peers had joined)")
         else:
             problems += swarm.failures(children)  # a peer that never joined, failed or hangs: named with its last words
-        joined = sum(child.joined for child in children)
+        joined = sum(map(joined_count, children))
+        if guard.tripped_at is None and joined < peers:  # a lab process whose other nodes joined
+            problems.append(f"only {joined} of {peers} peer nodes printed their join")
     wall = time.monotonic() - started
     facts = {"peers_started": peers, "peers_joined": joined, "load_before": load_before, "load_after": load_average(),
              "memory_available_start_gib": round(guard.start_gib, 2), "memory_taken_gib": round(guard.needed_gib, 2),
-             "memory_floor_gib": memory_floor_gib, "stopped_for_memory": guard.tripped_at is not None}
+             "memory_floor_gib": memory_floor_gib, "stopped_for_memory": guard.tripped_at is not None,
+             "coordinator_cpu": cpu.per_round()}
     coordinator_path = workdir / "coordinator.json"
     if not coordinator_path.exists():
         return {"rows": [], "wall_s": wall, "problems": problems + ["no coordinator summary"], "rounds_done": 0, **facts}
@@ -246,11 +233,24 @@ def summarize(codec: str, mode: str, n: int, args, numel: int, payload: int, res
         "coordinator_bytes_per_round": coordinator,
         "coordinator_expected_data": expected_coordinator(mode, n, payload, result_bytes, args.slices, spot),
         "coordinator_total_per_round": run.get("coordinator_total", 0) / max(1, run["rounds_done"]),
+        **coordinator_cpu(run.get("coordinator_cpu") or [], args.skip_rounds),
         "wall_s": run["wall_s"], "problems": run["problems"], "ok": not run["problems"], "rows": run["rows"],
         "rounds_done": run["rounds_done"], **{k: run.get(k) for k in (
             "peers_started", "peers_joined", "load_before", "load_after", "memory_available_start_gib", "memory_taken_gib",
             "memory_floor_gib", "stopped_for_memory")},
     }
+
+
+def coordinator_cpu(per_round: list[dict], skip_rounds: int) -> dict:
+    """The coordinator's CPU seconds and the wall seconds per round (mean over the counted rounds:
+    the first `skip_rounds` hold start-up and joins), alone and with its DHT process and p2pd."""
+    counted = [r for r in per_round if r["round"] >= skip_rounds]
+
+    def mean(key: str) -> float:
+        return statistics.fmean(r[key] for r in counted) if counted else math.nan
+
+    return {"coordinator_cpu": per_round, "coordinator_cpu_s_per_round": mean("cpu_s"),
+            "coordinator_tree_cpu_s_per_round": mean("tree_cpu_s"), "round_wall_s": mean("wall_s")}
 
 
 def plan(args) -> list[tuple[str, str, int]]:
@@ -259,7 +259,8 @@ def plan(args) -> list[tuple[str, str, int]]:
     return list(dict.fromkeys(runs))
 
 
-def measure(args) -> list[dict]:
+def measure(args, *, start_peers=storm_peers, how: dict | None = None, on_row=None) -> list[dict]:
+    """Every planned (codec, mode, n) swarm, one after the other; `how` is stored in each row (how it ran)."""
     base = Path(args.workdir or tempfile.mkdtemp(prefix="swarmloco-scale-"))
     results = []
     for codec, mode, n in plan(args):
@@ -268,13 +269,17 @@ def measure(args) -> list[dict]:
         sizes = exchange_sizes(cfg)
         numel, payload, result_bytes = sizes["numel"], sizes["payload"], sizes["result"]  # P, the gathered aggregate A
         print(f"{codec} {mode} n={n}: running ({args.rounds} rounds x {args.inner_steps} inner steps)", flush=True)
-        run = run_swarm(cfg, peers=n, workdir=base / f"{codec.replace(':', '_')}-{mode}-{n}", memory_floor_gib=args.memory_floor)
-        r = summarize(codec, mode, n, args, numel, payload, result_bytes, run)
+        run = run_swarm(cfg, peers=n, workdir=base / f"{codec.replace(':', '_')}-{mode}-{n}", memory_floor_gib=args.memory_floor,
+                        start_peers=start_peers)
+        r = {**summarize(codec, mode, n, args, numel, payload, result_bytes, run), **(how or {})}
         results.append(r)
+        if on_row is not None:
+            on_row(r)
         print(f"  {run['wall_s']:.0f} s; received mean {r['received_mean']:,.0f} B (median {r['received_median']:,.0f}; data "
               f"{r['data_received_mean']:,.0f} vs expected {r['expected_received']:,.0f}: x{r['data_received_vs_expected']:.3f}; "
               f"control {r['control_received_mean'] or 0:,.0f}) | sent {r['sent_mean']:,.0f} B | coordinator "
-              f"{r['coordinator_bytes_per_round']:,.0f} B/round", flush=True)
+              f"{r['coordinator_bytes_per_round']:,.0f} B/round, CPU {r['coordinator_cpu_s_per_round']:.2f} s/round "
+              f"({r['coordinator_tree_cpu_s_per_round']:.2f} s with its DHT), round {r['round_wall_s']:.1f} s", flush=True)
         for problem in r["problems"]:
             print(f"  PROBLEM: {problem}", flush=True)
     return results
@@ -291,13 +296,23 @@ def control_fit(results: list[dict]) -> tuple[float, float]:
     return mean_c - c1 * mean_n, c1
 
 
-def projection(results: list[dict], link_bits_per_s: float = LINK_BITS_PER_S) -> list[dict]:
-    """Per-peer bytes and transfer time per round for big models and swarms, from measured bytes/param.
+def control_runs(data: dict) -> list[dict]:
+    """The runs the control term is fitted on: the scale lab's (today's control: Merkle-rooted
+    headers, bitmaps) when there are any, else the formula table's (measured before them)."""
+    return [r for r in data.get("lab_runs", []) if r["ok"]] or data.get("runs", [])
 
-    Sliced at S = 32 (as measured) and S = n (each peer owns ~r slices). Control = c0 + c1·n·S/32
-    (the manifest's slice hashes grow as n·S). The busiest
+
+def projection(data: dict, link_bits_per_s: float = LINK_BITS_PER_S) -> list[dict]:
+    """Per-peer bytes and transfer time per round for big models and swarms, from measured bytes/param
+    (the formula table's largest sliced run per codec) and the control fit (control_runs).
+
+    Sliced at S = 32 (as measured) and S = n (each peer owns ~r slices). Control = c0 + c1·n, fitted
+    on the lab's rows (O(n): one Merkle root per header); on the formula table's alone (before Merkle
+    roots, S slice hashes per header) c0 + c1·n·S/32. The busiest
     peer owns ceil(S·r/n) slices: it receives their n − 1 inputs and serves their result to n/r peers."""
-    c0, c1 = control_fit(results)
+    results = data.get("runs", [])
+    c0, c1 = control_fit(control_runs(data))
+    per_slice = not any(r["ok"] for r in data.get("lab_runs", []))
     rows = []
     for codec in dict.fromkeys(r["codec"] for r in results):
         sliced = [r for r in results if r["codec"] == codec and r["mode"] == "sliced" and r["ok"]]
@@ -311,7 +326,7 @@ def projection(results: list[dict], link_bits_per_s: float = LINK_BITS_PER_S) ->
                 a2a = expected("all-to-all", n, P, A, rep)["received"]
                 for S in (32, min(4096, n)):
                     exp = expected("sliced", n, P, A, rep, S, k)
-                    control = c0 + c1 * n * S / 32
+                    control = c0 + c1 * n * (S / 32 if per_slice else 1)
                     owned = math.ceil(S * rep / n)
                     busiest_received = owned * (n - 1) * P / S + (S - owned) * A / S + exp["spot"] + control
                     busiest_sent = (rep - rep / n) * P + owned * n / rep * A / S + exp["spot"]
@@ -336,8 +351,9 @@ def add_swarm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser(description: str) -> argparse.ArgumentParser:
+    """The flags of a measured series of swarms (this script's, and scripts/scale_lab.py's)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--peers", type=int, nargs="+", default=[3, 6, 9, 12])
     parser.add_argument("--codec", nargs="+", default=["fp16"])
     parser.add_argument("--mode", nargs="+", default=["sliced"], choices=["sliced", "all-to-all"])
@@ -349,44 +365,66 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="rewrite --write-md from --json without running anything")
     parser.add_argument("--memory-floor", type=float, default=2.0, metavar="GIB",
                         help="stop a swarm when the machine's available memory falls below this (its row says it did not fit)")
+    return parser
+
+
+def with_projection(data: dict) -> dict:
+    """The projection is a pure function of the measured runs and the formula: recomputed and
+    written back, so the JSON beside the md holds every figure the md shows."""
+    data["projection"], data["control_fit"] = projection(data), control_fit(control_runs(data))
+    return data
+
+
+def measure_and_store(args, runs_key: str, *, start_peers=storm_peers, how: dict | None = None) -> int:
+    """Run the planned swarms and store each row in --json (and --write-md) as soon as it is measured,
+    under `runs_key` ("runs", "storm_runs", "lab_runs"): the rows of earlier invocations under that
+    key are kept with --merge (those this one repeats are replaced), dropped without it."""
+    from machine_info import command_line, load_average, machine_facts
+    from scale_report import write_markdown
+
+    invocations_key = runs_key.replace("runs", "invocations")
+    stored = json.loads(Path(args.json).read_text()) if Path(args.json).exists() else {}
+    if not args.merge:
+        stored.pop(runs_key, None)
+        stored.pop(invocations_key, None)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through Swarm's cleanup: no orphaned swarm
+    load_before, measured = load_average(), []
+    previous = stored.get(invocations_key, [])
+
+    def store(row: dict) -> None:
+        measured.append(row)
+        done = {(r["codec"], r["mode"], r["peers"]) for r in measured}
+        kept = [r for r in stored.get(runs_key, []) if (r["codec"], r["mode"], r["peers"]) not in done]
+        invocation = {"command": command_line(), "load_before": load_before, "load_after": load_average(),
+                      "machine": machine_facts(), "runs": sorted(done)}
+        stored[runs_key] = sorted(kept + measured, key=lambda r: (r["codec"], r["mode"] != "sliced", r["peers"]))
+        stored[invocations_key] = previous + [invocation]
+        Path(args.json).write_text(json.dumps(with_projection(stored), indent=1))
+        print(f"wrote {args.json}", flush=True)
+        if args.write_md:
+            write_markdown(Path(args.write_md), stored)
+            print(f"wrote {args.write_md}", flush=True)
+
+    measure(args, start_peers=start_peers, how=how, on_row=store)
+    return 0 if all(r["ok"] for r in measured) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--storm", action="store_true",
                         help="store the runs as the storm table (issue 24: every peer started at once through the DHT, "
                              "does each join and stay in sync?) instead of the formula table")
     args = parser.parse_args(argv)
-    from machine_info import command_line, load_average, machine_facts
     from scale_report import write_markdown
 
-    keep = args.merge or args.report_only or args.storm  # --storm keeps the formula table, and its own rows with --merge
-    stored = json.loads(Path(args.json).read_text()) if keep and Path(args.json).exists() else {}
-    if args.storm and not args.merge:
-        stored.pop("storm_runs", None)
-        stored.pop("storm_invocations", None)
     if args.report_only:
-        if not stored:
+        if not Path(args.json).exists():
             parser.error(f"--report-only: {args.json} does not exist; run the measurement first")
-        # The projection is a pure function of the measured runs and the formula: recomputed and
-        # written back, so the JSON beside the md holds every figure the md shows.
-        stored["projection"], stored["control_fit"] = projection(stored["runs"]), control_fit(stored["runs"])
+        stored = with_projection(json.loads(Path(args.json).read_text()))
         Path(args.json).write_text(json.dumps(stored, indent=1))
         write_markdown(Path(args.write_md or ROOT / "benchmarks/scale.md"), stored)
         return 0
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through Swarm's cleanup: no orphaned swarm
-    load_before = load_average()
-    results = measure(args)
-    runs_key, invocations_key = ("storm_runs", "storm_invocations") if args.storm else ("runs", "invocations")
-    done = {(r["codec"], r["mode"], r["peers"]) for r in results}
-    kept = [r for r in stored.get(runs_key, []) if (r["codec"], r["mode"], r["peers"]) not in done]
-    results = sorted(kept + results, key=lambda r: (r["codec"], r["mode"] != "sliced", r["peers"]))
-    invocation = {"command": command_line(), "load_before": load_before, "load_after": load_average(),
-                  "machine": machine_facts(), "runs": sorted(done)}
-    data = {**stored, runs_key: results, invocations_key: stored.get(invocations_key, []) + [invocation]}
-    data["projection"], data["control_fit"] = projection(data.get("runs", [])), control_fit(data.get("runs", []))
-    Path(args.json).write_text(json.dumps(data, indent=1))
-    print(f"wrote {args.json}")
-    if args.write_md:
-        write_markdown(Path(args.write_md), data)
-        print(f"wrote {args.write_md}")
-    return 0 if all(r["ok"] for r in results) else 1
+    return measure_and_store(args, "storm_runs" if args.storm else "runs")
 
 
 if __name__ == "__main__":

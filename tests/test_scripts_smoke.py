@@ -222,7 +222,7 @@ def test_measure_scale_splits_control_from_data_and_checks_the_targets(tmp_path)
     assert small["data_received_vs_expected"] == pytest.approx(1_620_000 / (1e6 * (4 / 3 + 1 / 3 + 1 / 32)))
     assert measure_scale.control_fit(runs) == pytest.approx((80_000 - 3 * 120_000 / 9, 120_000 / 9))
 
-    proj = measure_scale.projection(runs)
+    proj = measure_scale.projection({"runs": runs})
     by = {(p["params"], p["peers"], p["slices"]): p for p in proj}
     assert len(proj) == 8 and by[(1e9, 1000, 1000)]["owned_busiest"] == 2 and by[(1e9, 1000, 32)]["owned_busiest"] == 1
     # S fixed: a peer checks with probability coverage·S/(n·k) = 2·32/1000, so the swarm recomputes

@@ -300,7 +300,8 @@ def cmd_peer(args: argparse.Namespace, make_node=None) -> int:
     from peer.cli import interrupts
     from peer.node.node import PeerExit
 
-    interrupts.install()
+    if threading.current_thread() is threading.main_thread():  # scripts/scale_lab.py runs several nodes, one per thread
+        interrupts.install()
     metrics = None
     try:
         if args.metrics_port is not None:
