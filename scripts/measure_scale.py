@@ -285,9 +285,11 @@ def measure(args, *, start_peers=storm_peers, how: dict | None = None, on_row=No
     return results
 
 
-def control_fit(results: list[dict]) -> tuple[float, float]:
-    """Least-squares control bytes received per peer per round = c0 + c1·n over the sliced runs."""
-    points = [(r["peers"], r["control_received_mean"]) for r in results if r["mode"] == "sliced" and r["ok"]]
+def control_fit(results: list[dict], both_ways: bool = False) -> tuple[float, float]:
+    """Least-squares control bytes received (both_ways: sent + received) per peer per round =
+    c0 + c1·n over the sliced runs."""
+    points = [(r["peers"], r["control_received_mean"] + (r["control_sent_mean"] if both_ways else 0.0))
+              for r in results if r["mode"] == "sliced" and r["ok"]]
     if len({n for n, _ in points}) < 2:
         return (points[0][1] if points else 0.0), 0.0
     mean_n = statistics.fmean(n for n, _ in points)
@@ -312,6 +314,7 @@ def projection(data: dict, link_bits_per_s: float = LINK_BITS_PER_S) -> list[dic
     peer owns ceil(S·r/n) slices: it receives their n − 1 inputs and serves their result to n/r peers."""
     results = data.get("runs", [])
     c0, c1 = control_fit(control_runs(data))
+    t0, t1 = control_fit(control_runs(data), both_ways=True)  # the coordinator serves n peers that much
     per_slice = not any(r["ok"] for r in data.get("lab_runs", []))
     rows = []
     for codec in dict.fromkeys(r["codec"] for r in results):
@@ -331,11 +334,13 @@ def projection(data: dict, link_bits_per_s: float = LINK_BITS_PER_S) -> list[dic
                     busiest_received = owned * (n - 1) * P / S + (S - owned) * A / S + exp["spot"] + control
                     busiest_sent = (rep - rep / n) * P + owned * n / rep * A / S + exp["spot"]
                     mean = exp["received"] + control
+                    coordinator = n * (t0 + t1 * n * (S / 32 if per_slice else 1)) + expected_coordinator("sliced", n, P, A, S, k)
                     rows.append({"codec": codec, "params": params, "peers": n, "slices": S, "owned_busiest": owned,
                                  "sliced_bytes": mean, "spot_bytes": exp["spot"], "control_bytes": control,
                                  "busiest_received": busiest_received, "busiest_sent": busiest_sent, "all_to_all_bytes": a2a,
                                  "sliced_s": mean * 8 / link_bits_per_s, "busiest_s": max(busiest_received, busiest_sent) * 8 / link_bits_per_s,
-                                 "all_to_all_s": a2a * 8 / link_bits_per_s})
+                                 "all_to_all_s": a2a * 8 / link_bits_per_s, "coordinator_bytes": coordinator,
+                                 "coordinator_models": coordinator / (4 * params)})
     return rows
 
 
@@ -372,6 +377,7 @@ def with_projection(data: dict) -> dict:
     """The projection is a pure function of the measured runs and the formula: recomputed and
     written back, so the JSON beside the md holds every figure the md shows."""
     data["projection"], data["control_fit"] = projection(data), control_fit(control_runs(data))
+    data["control_fit_both_ways"] = control_fit(control_runs(data), both_ways=True)
     return data
 
 

@@ -86,6 +86,10 @@ def projection_lines(data: dict) -> list[str]:
         return []
     c0, c1 = data.get("control_fit", (0.0, 0.0))
     lab = [r for r in data.get("lab_runs", []) if r["ok"]]
+    t0, t1 = data.get("control_fit_both_ways", (0.0, 0.0))
+    coordinator = [f"The coordinator: n peers' control both ways (each ≈ {t0 / 1e3:,.1f} KB + {t1 / 1e3:,.3f} KB·n, fitted like the",
+                   "control above: O(n) per peer, O(n²) in all) plus what it fetches (θ_{r+1}'s slices A, and its k spot checks'",
+                   "n inputs: A + k·(n·P − A)/S; it checks with probability 1 at any n).", ""]
     control = ([f"control received per peer per round ≈ {c0 / 1e3:,.1f} KB + {c1 / 1e3:,.3f} KB·n, fitted on the scale lab's rows",
                 f"(n = {', '.join(str(r['peers']) for r in lab)}, S = 32): O(n), one Merkle root per header and bitmaps for input sets;",
                 "the signed results list (S·r results) is in the constant at S = 32 and not scaled with S here. Every peer"]
@@ -104,13 +108,15 @@ def projection_lines(data: dict) -> list[str]:
              "min(1, coverage·S/(n·k)) per peer and round (exchange.spot_check_coverage, default 2: the swarm recomputes",
              "each slice about twice per round), so their share stays near coverage·P per peer however large n grows;",
              "the measured runs (n ≤ 64 at S = 32) all ran with probability 1.", "",
-             "| codec | model | peers | S | mean peer received | of which spot checks | of which control | mean peer time | busiest peer recv / sent | busiest peer time | all-to-all received | all-to-all time |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             *coordinator,
+             "| codec | model | peers | S | mean peer received | of which spot checks | of which control | mean peer time | busiest peer recv / sent | busiest peer time | all-to-all received | all-to-all time | coordinator | = fp32 models |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in proj:
         lines.append(f"| {p['codec']} | {p['params'] / 1e6:,.0f}M | {p['peers']:,} | {p['slices']:,} | {p['sliced_bytes'] / 1e9:,.2f} GB | "
-                     f"{p['spot_bytes'] / 1e9:,.2f} GB | {p['control_bytes'] / 1e9:,.3f} GB | {p['sliced_s']:,.0f} s | "
+                     f"{p['spot_bytes'] / 1e9:,.2f} GB | {p['control_bytes'] / 1e6:,.2f} MB | {p['sliced_s']:,.0f} s | "
                      f"{p['busiest_received'] / 1e9:,.2f} / {p['busiest_sent'] / 1e9:,.2f} GB | {p['busiest_s']:,.0f} s | "
-                     f"{p['all_to_all_bytes'] / 1e9:,.1f} GB | {p['all_to_all_s']:,.0f} s |")
+                     f"{p['all_to_all_bytes'] / 1e9:,.1f} GB | {p['all_to_all_s']:,.0f} s | "
+                     f"{p['coordinator_bytes'] / 1e9:,.2f} GB | {p['coordinator_models']:.2f} |" if "coordinator_bytes" in p else "- | - |")
     return lines + [""]
 
 
