@@ -230,6 +230,15 @@ class RoundManifest:
     owners: list[list[str]] = field(default_factory=list)  # sliced exchange: slice -> owner peer_ids
     last: bool = False  # the run's last round: after it, the run is over
     term: int = 0  # the signer's coordinator term: a receiver that has seen a higher one refuses it (run_state.TermFence)
+    # A takeover's manifest continues the round in flight (peer/coordinator/standby.py): the same
+    # body as the manifest of term `continues_term` whose signed body has sha256 `continues`, signed
+    # again in the successor's term. Slice results stay bound to that body (SliceRound.of), so the
+    # owners' signed batches count in the continued round; open_manifest checks the claim.
+    continues: str = ""
+    continues_term: int = 0
+
+
+CONTINUATION_FIELDS = ("continues", "continues_term")
 
 
 def sign_manifest(identity: Identity, manifest: RoundManifest) -> swarm_pb2.Signed:
@@ -242,8 +251,19 @@ def sign_manifest(identity: Identity, manifest: RoundManifest) -> swarm_pb2.Sign
         raise ValueError(f"slice owner {exc.args[0]} is not an entry of the manifest") from None
     common, headers = _compact_headers(manifest.entries)
     entries = [{**asdict(e), "header": h} for e, h in zip(manifest.entries, headers)]
-    return sign_body(identity, MANIFEST_TAG, {**asdict(manifest), "entries": entries, "owners": owners,
-                                               "header_common": common})
+    body = {**asdict(manifest), "entries": entries, "owners": owners, "header_common": common}
+    if not manifest.continues:  # a manifest that continues none has the fields it always had
+        for name in CONTINUATION_FIELDS:
+            del body[name]
+    return sign_body(identity, MANIFEST_TAG, body)
+
+
+def continued_sha256(fields: dict[str, Any]) -> str:
+    """The sha256 of the signed body a continuing manifest's fields say they continue: the same
+    fields in the earlier term, without the continuation (sign_body's canonical form is unique)."""
+    earlier = {k: v for k, v in fields.items() if k not in CONTINUATION_FIELDS}
+    earlier["term"] = fields["continues_term"]
+    return hashlib.sha256(canonical_body(MANIFEST_TAG, earlier)).hexdigest()
 
 
 # Headers travel in a manifest without what they share. Every listed header names the same run,
@@ -344,6 +364,8 @@ def open_manifest(signed: swarm_pb2.Signed, *, keys: CoordinatorKeys, run_id: st
             owners=_owners(fields.get("owners", []), entries),
             last=bool(fields.get("last", False)),
             term=_term(fields["term"]),
+            continues=str(fields.get("continues", "")),
+            continues_term=_term(fields.get("continues_term", 0)),
         )
     except SignatureError as exc:
         raise EnvelopeError(exc.reason, f"manifest refused: {exc}") from None
@@ -353,4 +375,7 @@ def open_manifest(signed: swarm_pb2.Signed, *, keys: CoordinatorKeys, run_id: st
         raise EnvelopeError("wrong-round", f"manifest is for {manifest.run_id}/{manifest.round}, expected {run_id}/{round_}")
     if [e.peer_id for e in entries] != sorted(e.peer_id for e in entries):
         raise EnvelopeError("malformed", "manifest entries are not sorted by peer_id")
+    if manifest.continues and (manifest.continues_term >= manifest.term or manifest.continues != continued_sha256(fields)):
+        raise EnvelopeError("forged", f"the manifest of round {round_} says it continues manifest {manifest.continues[:12]} "
+                                      f"of term {manifest.continues_term}, but its body is not that one's in a later term")
     return manifest

@@ -2,14 +2,18 @@
 coordinator, and how the coordinator's RPCs fare while a slow round closes.
 
     nice -n 15 .venv/bin/python scripts/bench_failover.py takeover --trials 5 --json /tmp/takeover.json
+    nice -n 15 .venv/bin/python scripts/bench_failover.py takeover --trials 5 --fail-at manifest-signed:2 --json /tmp/takeover_reopen.json
     nice -n 15 .venv/bin/python scripts/bench_failover.py lock --label after --json /tmp/lock_after.json
     PYTHONPATH=/tmp/before nice -n 15 .venv/bin/python scripts/bench_failover.py lock --label before --json /tmp/lock_before.json
-    .venv/bin/python scripts/bench_failover.py report --parts /tmp/takeover.json /tmp/lock_*.json \
-        --json benchmarks/failover.json --md benchmarks/failover.md
+    .venv/bin/python scripts/bench_failover.py report --parts /tmp/takeover.json /tmp/takeover_reopen.json /tmp/lock_*.json \
+        /tmp/wan_*.json --json benchmarks/failover.json --md benchmarks/failover.md
 
-`takeover`: per trial, an active coordinator (CLI, SWARMLOCO_FAIL_AT=manifest-signed:2, so it
-SIGKILLs itself right after signing round 2's manifest), one standby and 2 tiny peers on
-loopback. The kill time is when the parent sees the active's process exit; from there to the
+`takeover`: per trial, an active coordinator (CLI, SWARMLOCO_FAIL_AT=--fail-at), one standby and
+2 tiny peers on loopback. `manifest-followed:2` (the default): the active SIGKILLs itself as soon as
+the standby's heartbeat says it holds round 2's signed manifest (the manifest is out, the peers work
+on it): the standby continues round 2. `manifest-signed:2`: it SIGKILLs itself while signing round
+2's manifest, before anyone saw it: the standby reopens round 2 (the peers commit the same update
+again). The kill time is when the parent sees the active's process exit; from there to the
 standby's "took over" line and to its next "round N/M closed" line. Lines are timestamped by a
 10 ms poller of the launcher's line buffers.
 
@@ -38,6 +42,11 @@ if str(ROOT) not in sys.path:
 from scripts.machine_info import load_average, machine_facts, machine_lines, write_keeping_notes  # noqa: E402
 
 LEASE_S = 2.0
+FAIL_POINTS = {  # --fail-at: what the takeover finds
+    "manifest-followed:2": "the active died once the standby held round 2's signed manifest: round 2 continued under it",
+    "manifest-signed:2": "the active died signing round 2's manifest (nobody saw it): round 2 reopened, the peers' same updates committed again",
+}
+ROUND_FATE_RE = re.compile(r"round (\d+) (continued|reopened)")
 ROUNDS = 5
 CLOSED_RE = re.compile(r"coordinator \| round (\d+)/(\d+) closed .*?\| ([\d.]+)s \(")
 TOOK_RE = re.compile(r"took over run \S+ with term \d+ at round (\d+).*?(?:the lapsed lease was ([\d.]+)s)?\)")
@@ -83,7 +92,7 @@ def wait_for(clock: LineClock, name: str, pattern: str, timeout_s: float, after:
     raise TimeoutError(f"{name} never printed {pattern!r}")
 
 
-def one_takeover(workdir: Path) -> dict:
+def one_takeover(workdir: Path, fail_at: str) -> dict:
     from peer.cli.launcher import Swarm
     from protocol.identity import Identity
     from tests.conftest import write_run_config
@@ -93,7 +102,7 @@ def one_takeover(workdir: Path) -> dict:
     try:
         standby_key = Identity.load_or_create(workdir / "standby.pem")
         config = write_run_config(workdir / "run.json", rounds={"rounds": ROUNDS, "expected_peers": 2}, control={"lease_s": LEASE_S})
-        os.environ["SWARMLOCO_FAIL_AT"] = "manifest-signed:2"
+        os.environ["SWARMLOCO_FAIL_AT"] = fail_at
         try:
             active = swarm.start_coordinator(["--config", str(config), "--coordinators", standby_key.peer_id])
         finally:
@@ -119,6 +128,7 @@ def one_takeover(workdir: Path) -> dict:
         killed = exited["t"]
         took, took_line = wait_for(clock, "standby", r"took over run \S+ with term \d+ at round \d+", 120)
         closed, closed_line = wait_for(clock, "standby", r"coordinator \| round \d+/\d+ closed", 180, after=took)
+        fate = ROUND_FATE_RE.search(wait_for(clock, "standby", r"round \d+ (continued|reopened)", 10, after=took)[1])
         before = [float(m.group(3)) for _, line in clock.seen["coordinator"] if (m := CLOSED_RE.search(line))]
         rc = active.process.returncode
         took_match = TOOK_RE.search(took_line)
@@ -131,6 +141,7 @@ def one_takeover(workdir: Path) -> dict:
             "lapsed_lease_s": float(took_match.group(2)) if took_match and took_match.group(2) else None,
             "takeover_s": took - killed,
             "next_close_s": closed - killed,
+            "round_fate": fate.group(2) if fate else None,  # continued (under the followed manifest) or reopened
             "took_over_line": took_line.strip(),
             "next_closed_line": closed_line.strip(),
             "round_seconds_before_kill": before,
@@ -150,13 +161,13 @@ def run_takeover(args) -> dict:
         if sum(not x["took_over_before_kill"] for x in trials) >= args.trials:
             break
         with tempfile.TemporaryDirectory(prefix="swarmloco-failover-") as tmp:
-            trial = one_takeover(Path(tmp))
+            trial = one_takeover(Path(tmp), args.fail_at)
         print(f"trial {i}: takeover {trial['takeover_s']:.2f}s, next close {trial['next_close_s']:.2f}s, "
-              f"round {trial['took_over_round']}, lapsed lease {trial['lapsed_lease_s']}, "
+              f"round {trial['took_over_round']} {trial['round_fate']}, lapsed lease {trial['lapsed_lease_s']}, "
               f"rounds before {trial['round_seconds_before_kill']}{' (took over before the kill)' if trial['took_over_before_kill'] else ''}",
               flush=True)
         trials.append(trial)
-    return {"part": "takeover", "lease_s": LEASE_S, "rounds": ROUNDS, "peers": 2, "fail_at": "manifest-signed:2",
+    return {"part": "takeover", "lease_s": LEASE_S, "rounds": ROUNDS, "peers": 2, "fail_at": args.fail_at,
             "config": "tests' tiny config (d_model 64, 1 layer, 8 inner steps), codec/outer/aggregator defaults",
             "trials": trials, "load_before": load_before, "load_after": load_average()}
 
@@ -271,15 +282,14 @@ def render(data: dict) -> str:
     lines = ["# Control-plane timings (issue #11)", "",
              f"Written by `scripts/bench_failover.py report` from `failover.json` (same run). Run with `nice -n 15`, 1 torch thread.", ""]
     lines += data.get("machine", [])
-    t = data.get("takeover")
-    if t:
+    for t in data.get("takeovers", []):
         skipped = [x for x in t["trials"] if x.get("took_over_before_kill")]
         trials = [x for x in t["trials"] if not x.get("took_over_before_kill")]
         take = [x["takeover_s"] for x in trials]
         nxt = [x["next_close_s"] for x in trials]
         rounds = [s for x in trials for s in x["round_seconds_before_kill"][1:]]  # round 1 waits for the peers to start
         round_s = statistics.median(rounds) if rounds else float("nan")
-        lines += ["", "## Time to take over", "",
+        lines += ["", f"## Time to take over: {FAIL_POINTS.get(t['fail_at'], t['fail_at'])}", "",
                   f"{len(trials)} trials; each: active coordinator (CLI, `--coordinators <standby>`, `[control] lease_s = {t['lease_s']}`, "
                   f"SWARMLOCO_FAIL_AT={t['fail_at']}), 1 standby, {t['peers']} peers; {t['config']}; {t['rounds']} rounds. "
                   f"Clock starts when the parent sees the active's process exit. Load (1/5/15 min) before: {t['load_before']}; after: {t['load_after']}.", "",
@@ -287,8 +297,10 @@ def render(data: dict) -> str:
         lines.append(f"| rounds closed before the kill (after the first, which waits for the peers) | {round_s:.2f} | "
                      f"{min(rounds, default=float('nan')):.2f} | {max(rounds, default=float('nan')):.2f} |")
         own = [float(m.group(3)) for x in trials if (m := CLOSED_RE.search(x["next_closed_line"]))]
+        after = [n - k for n, k in zip(nxt, take)]
         for name, xs in (("kill → standby's \"took over\" line", take), ("kill → standby's next \"round N/M closed\" line", nxt),
-                         ("that round's own seconds (opened at the takeover), as the new coordinator's close line states it", own)):
+                         ("standby's \"took over\" line → that close", after),
+                         ("that round's own seconds (from the takeover), as the new coordinator's close line states it", own)):
             lines.append(f"| {name} | {statistics.median(xs):.2f} | {min(xs):.2f} | {max(xs):.2f} |")
         lapsed = [x["lapsed_lease_s"] for x in trials if x.get("lapsed_lease_s")]
         if lapsed:
@@ -296,8 +308,9 @@ def render(data: dict) -> str:
                          f"{min(lapsed):.2f} | {max(lapsed):.2f} |")
         held = [x.get("took_over_round") for x in trials]
         if all(r is not None for r in held):
-            lines += ["", f"Round the standby took over at, per trial: {', '.join(str(r) for r in held)} "
-                      f"(the active died signing round 2's manifest: 2 = the round in flight, continued without retraining)."]
+            fates = [x.get("round_fate") or "?" for x in trials]
+            lines += ["", f"Round the standby took over at, per trial: {', '.join(f'{r} ({f})' for r, f in zip(held, fates))} "
+                      f"(2 = the round in flight; nobody trained it again)."]
         if skipped:
             lines += ["", f"{len(skipped)} more trial(s) measured no failover: the loaded machine let the active's lease lapse before "
                       "the kill, the standby took over and the active stepped down (safely); they were run again and are left out above."]
@@ -339,10 +352,11 @@ def render(data: dict) -> str:
 def run_report(args) -> None:
     parts = [json.loads(Path(path).read_text()) for path in args.parts]
     # the machine of the first part's run as that part recorded it (not the machine writing the report)
-    data: dict = {"machine": machine_lines(parts[0].get("machine"), parts[0]["load_before"], parts[-1]["load_after"]), "lock": []}
+    data: dict = {"machine": machine_lines(parts[0].get("machine"), parts[0]["load_before"], parts[-1]["load_after"]), "lock": [],
+                  "takeovers": []}
     for part in parts:
         if part["part"] == "takeover":
-            data["takeover"] = part
+            data.setdefault("takeovers", []).append(part)
         elif part["part"] == "lock":
             data["lock"].append(part)
         elif part["part"] == "wan":
@@ -357,6 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="verb", required=True)
     p = sub.add_parser("takeover")
     p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--fail-at", choices=sorted(FAIL_POINTS), default="manifest-followed:2")
     p.add_argument("--json", required=True)
     p = sub.add_parser("lock")
     p.add_argument("--label", required=True)

@@ -247,8 +247,10 @@ class ChaosRun:
             for p in status.get("peers", []):
                 if p.get("last_round") is None or p.get("last_round") < 0 or not p.get("param_hash"):
                     continue
-                key = f"{p['peer_id']}|{p['last_round']}|{p['param_hash']}"
-                self.record.reports.setdefault(key, {"peer": names.get(p["peer_id"], p["peer_id"][:8]), "round": p["last_round"],
+                # The round the hash belongs to (its heartbeat's), not last_round (the last manifest listing the peer).
+                at = p.get("param_hash_round", p["last_round"])
+                key = f"{p['peer_id']}|{at}|{p['param_hash']}"
+                self.record.reports.setdefault(key, {"peer": names.get(p["peer_id"], p["peer_id"][:8]), "round": at,
                                                      "param_hash": p["param_hash"], "state": p.get("state"),
                                                      "seen_s": round(time.time() - self.t0, 2), "via": endpoint})
 

@@ -189,6 +189,19 @@ def test_status_names_the_coordinator_its_term_and_the_run_keys(cfg):
     assert f"coordinator {key.peer_id[:16]} (term 3) | run keys 2" in status_table(status)
 
 
+def test_status_pairs_a_peers_hash_with_the_round_its_heartbeat_named(cfg):
+    """A heartbeat's hash is of the state its round opens; status says which round that is, apart
+    from last_round (the last manifest that listed the peer, which a heartbeat lags or leads)."""
+    with serve_coordinator(cfg) as served:
+        peer = Identity.generate()
+        assert join(served, peer).accepted
+        [record] = served.status()["peers"]
+        assert (record["param_hash"], record["param_hash_round"]) == ("", -1)
+        heartbeat(served, peer, round=2, param_hash="ab" * 32)
+        [record] = served.status()["peers"]
+        assert (record["param_hash"], record["param_hash_round"], record["last_round"]) == ("ab" * 32, 2, -1)
+
+
 def test_the_coordinators_checkpoint_carries_its_run_config(cfg, tmp_path):
     """export/sample need no --config for a coordinator's checkpoint: the config (with the key the
     coordinator adds) is inside it, and its hash is the checkpoint's."""

@@ -97,6 +97,54 @@ def test_standby_takes_over_from_a_sigkilled_coordinator_and_the_old_one_comes_b
     assert old_key != standby_key.peer_id
 
 
+def test_a_takeover_continues_the_round_in_flight_under_the_manifest_the_peers_committed_to(swarm, tmp_path, monkeypatch):
+    """The active coordinator SIGKILLs itself as soon as the standby's heartbeat says it holds round
+    2's signed manifest (fail point manifest-followed:2: the manifest is out, the peers work on it).
+    The standby takes over with term 1 and continues round 2 under that manifest, signed again in
+    its term: the round closes with the 2 updates the peers committed to the dead coordinator (a
+    peer signs one update per round; another would be banned as equivocation), no peer resynchronises
+    or trains round 2 again, no round has two hashes across both coordinators, and every peer ends
+    on the new coordinator's final hash."""
+    standby_key = Identity.load_or_create(swarm.workdir / "standby.pem")
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 4, "expected_peers": 2}, control={"lease_s": LEASE_S})
+    logs = {name: swarm.workdir / f"{name}.jsonl" for name in ("coordinator", "standby")}
+    with monkeypatch.context() as m:
+        m.setenv("SWARMLOCO_FAIL_AT", "manifest-followed:2")
+        active = swarm.start_coordinator(["--config", str(config), "--coordinators", standby_key.peer_id,
+                                          "--run-log", str(logs["coordinator"])])
+    standby = swarm.start_standby("standby", ["--port", str(free_port()), "--run-log", str(logs["standby"])])
+    wait_line(standby, r"following run \S+'s active coordinator", 60)
+    peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/2"]) for i in range(2)]
+
+    if swarm.wait(active, 240) != -signal.SIGKILL:
+        skip_if_the_lease_ran_out_first(active)
+    assert active.process.returncode == -signal.SIGKILL, "".join(active.lines)[-3000:]
+    took_over = wait_line(standby, r"took over run \S+ with term (\d+) at round (\d+)", 60)
+    assert (int(took_over.group(1)), int(took_over.group(2))) == (1, 2)
+    wait_line(standby, r"round 2 continued: the manifest the previous active signed \(2 updates, \d+ owners' results followed\) "
+                       r"signed again in term 1", 10)
+    for child in (standby, *peers):
+        assert swarm.wait(child, 300) == 0, "".join(child.lines)[-3000:]
+
+    new = read_summary(swarm, "standby")
+    assert [h["round"] for h in new["history"]] == list(range(4)) and new["history"][2]["updates"] == 2
+    assert not any(p["banned_reason"] for p in new["peers"])
+    closed: dict[int, set[str]] = {}
+    for rounds in ({h["round"]: h["param_hash"] for h in new["history"]}, logged_rounds(logs["coordinator"]),
+                   logged_rounds(logs["standby"])):
+        for r, param_hash in rounds.items():
+            closed.setdefault(r, set()).add(param_hash)
+    assert all(len(hashes) == 1 for hashes in closed.values()), closed  # no round closed with two hashes
+    assert max(logged_rounds(logs["coordinator"])) <= 1  # the dead one recorded nothing past round 1 (its log may lag)
+    final = new["history"][-1]["param_hash"]
+    for i, peer in enumerate(peers):
+        summary = read_summary(swarm, f"peer{i}")
+        text = "".join(peer.lines)
+        assert "resynchronised" not in text, text[-3000:]  # nobody downloaded the state or trained round 2 again
+        assert [(h["round"], h["in_sync"]) for h in summary["history"]] == [(r, True) for r in range(4)], summary["history"]
+        assert summary["history"][2]["updates"] == 2 and summary["param_hash"] == final and summary["coordinator_term"] == 1
+
+
 def logged_rounds(path) -> dict[int, str]:
     """round -> param hash of every `round` event in a run log."""
     events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

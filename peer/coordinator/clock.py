@@ -23,7 +23,7 @@ from peer.coordinator.round_book import AdaptiveDeadline, RoundBook, RoundResult
 from peer.exchange.coordinator_side import CoordinatorExchange, RoundContext
 from peer.learn.model import param_hash
 from peer.run.faults import fail_point
-from protocol.envelope import ManifestEntry, sign_manifest, signed_to_json
+from protocol.envelope import ManifestEntry, RoundManifest, sign_manifest, signed_to_json
 from protocol.reasons import Reason
 from protocol.wire import swarm_pb2
 
@@ -111,6 +111,17 @@ class RoundClock:
         book.closed = True  # late commitments are refused from now on
         return self.exchange.commits_closed(book, manifest, signed, verified)
 
+    def continue_manifest(self, book: RoundBook, manifest: RoundManifest, *, continues: str, continues_term: int) -> None:
+        """Under the lock, after a takeover: the round in flight goes on under the manifest the
+        previous active signed for it (`book` holds its commitments), signed again in our term as a
+        continuation of that signed body (`continues`, its sha256, signed in `continues_term`): the
+        owners' results stay bound to it, and the exchange mode collects them from here."""
+        continued = dataclasses.replace(manifest, term=self.term(), continues=continues, continues_term=continues_term)
+        signed = self.manifests[book.round] = sign_manifest(self.ctx.identity, continued)
+        book.closed = book.continued = True
+        self.exchange.commits_closed(book, continued, signed, book.verified())
+        self.ctx.round_closed.notify_all()
+
     def _manifest_entries(self, book: RoundBook, verified: list[str]) -> list[ManifestEntry]:
         public = [c.endpoint for p, c in sorted(book.commitments.items()) if c.endpoint and p in verified]
         entries = []
@@ -137,7 +148,7 @@ class RoundClock:
         """θ_{r+1} is ctx.open.params: record the round, open the next."""
         now_open = self.ctx.open
         arrivals = [c.arrived for c in book.commitments.values()]
-        if len(arrivals) > 1:
+        if len(arrivals) > 1 and not book.continued:
             self.deadline.observe(max(arrivals) - min(arrivals))
         now_open.round += 1
         now_open.param_hash = param_hash(now_open.params)

@@ -40,6 +40,7 @@ class Follower:
     heard_at: float  # monotonic, the last heartbeat
     counted: bool = False
     counted_until: float = 0.0  # monotonic: no round is recorded without its ack before this
+    manifest_round: int = -1  # the round whose signed manifest it follows (a takeover continues that round)
 
 
 class Followers:
@@ -56,7 +57,8 @@ class Followers:
     def grace_s(self) -> float:
         return GRACE_LEASES * self.lease_s()
 
-    def heard(self, fingerprint: str, *, endpoint: str, holding_round: int, holding_hash: str, leaving: bool = False) -> bool:
+    def heard(self, fingerprint: str, *, endpoint: str, holding_round: int, holding_hash: str, leaving: bool = False,
+              manifest_round: int = -1) -> bool:
         """A standby's heartbeat: True when it is counted (its ack is awaited; it may take over).
         `leaving`: it saw the run finish and will never take over: nothing waits for it."""
         now = self.clock()
@@ -71,6 +73,7 @@ class Followers:
                     return False
                 f = self.by_key[fingerprint] = Follower(fingerprint, endpoint, holding_round, holding_hash, now)
             f.endpoint, f.holding_round, f.holding_hash, f.heard_at = endpoint, holding_round, holding_hash, now
+            f.manifest_round = manifest_round
             lagging = self.pending is not None and holding_round < self.pending[0] and \
                 now - self.pending[1] > ACK_WAIT_LEASES * self.lease_s()
             f.counted = holding_round >= self.recorded and not lagging
@@ -126,5 +129,5 @@ class Followers:
         now = self.clock()
         with self._changed:
             return [{"fingerprint": f.fingerprint, "endpoint": f.endpoint, "holding_round": f.holding_round,
-                     "counted": f.counted and f.counted_until > now, "seconds_since_heard": round(now - f.heard_at, 1)}
+                     "manifest_round": f.manifest_round, "counted": f.counted and f.counted_until > now, "seconds_since_heard": round(now - f.heard_at, 1)}
                     for f in sorted(self.by_key.values(), key=lambda f: f.fingerprint) if now - f.heard_at < self.grace_s()]

@@ -12,6 +12,7 @@ from pathlib import Path
 from peer.run.config import RunConfig
 from peer.coordinator.operations import OperationsOptions, start_operations
 from peer.coordinator import standby
+from peer.coordinator.continuation import TAKEOVER_GRACE_S, continue_round
 from peer.coordinator.lease import Demoted, Halted, Lease
 from peer.coordinator.state import Coordinator
 from peer.coordinator.server import build_coordinator_server
@@ -111,14 +112,14 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         if stop.is_set():  # stopped while the DHT started
             return {"role": "standby" if options.standby else "active", "stopped": True}
         following = dht is not None and (options.standby or _run_is_held(dht, cfg, options, stop))
-        term, lapsed_lease_s = 0, 0.0
+        term, lapsed_lease_s, in_flight = 0, 0.0, None
         while True:
             if following:
                 takeover = _follow(options, identity, dht, stop, fence)
                 if takeover is None:
                     break
-                cfg, term, lapsed_lease_s = takeover.cfg, takeover.term, takeover.lapsed_lease_s
-            led = _lead(options, identity, dht, cfg, term, counter, stop, lapsed_lease_s=lapsed_lease_s)
+                cfg, term, lapsed_lease_s, in_flight = takeover.cfg, takeover.term, takeover.lapsed_lease_s, takeover.in_flight
+            led = _lead(options, identity, dht, cfg, term, counter, stop, lapsed_lease_s=lapsed_lease_s, in_flight=in_flight)
             summary = led.summary
             if led.demoted is None:
                 break
@@ -139,14 +140,16 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
 
 
 def _lead(options: CoordinatorOptions, identity: Identity, dht, cfg: RunConfig, term: int, counter: ByteCounter,
-          stop: threading.Event, *, lapsed_lease_s: float = 0.0) -> Led:
+          stop: threading.Event, *, lapsed_lease_s: float = 0.0, in_flight: standby.InFlight | None = None) -> Led:
     """Run the rounds as the active coordinator until the run ends, the process stops, or a rival
     holds the run (then the summary says so and the caller follows it). `lapsed_lease_s`: after a
     takeover, the lease the previous active announced (its takeover line says it: a failover costs
-    at least that)."""
+    at least that); `in_flight`: the round in flight as the standby followed it (continued, not
+    reopened, when it can be: peer/coordinator/continuation.py)."""
     server = operations = lease = None
     demoted: Demoted | None = None
-    coordinator = Coordinator(cfg, identity, checkpoint_path=options.checkpoint_path, counter=counter, term=term)
+    coordinator = Coordinator(cfg, identity, checkpoint_path=options.checkpoint_path, counter=counter, term=term,
+                              restore_grace_s=TAKEOVER_GRACE_S if term else None)
     coordinator.halted = stop.is_set
     try:
         server = build_coordinator_server(
@@ -158,10 +161,21 @@ def _lead(options: CoordinatorOptions, identity: Identity, dht, cfg: RunConfig, 
             lease = coordinator.lease = _lease(coordinator, dht, identity)
             lease.start()  # one renewal before anything is signed under our name
         coordinator.sign_state()  # again, now that it names our endpoint
+        # Before serving: a peer that moves to us finds the round in flight's manifest here at once.
+        not_continued = continue_round(coordinator, in_flight.manifest, in_flight.results) if in_flight is not None else ""
         server.start()
         if term:
             print(f"coordinator {identity.peer_id[:8]} | took over run {cfg.run_id} with term {term} at round {coordinator.round} "
                   f"(param hash {coordinator.param_hash[:16]}; the lapsed lease was {lapsed_lease_s:.1f}s)", flush=True)
+            if in_flight is None:
+                print(f"coordinator {identity.peer_id[:8]} | round {coordinator.round} reopened: no manifest of it was followed", flush=True)
+            elif not_continued:
+                print(f"coordinator {identity.peer_id[:8]} | round {coordinator.round} reopened: the followed manifest cannot be "
+                      f"continued ({not_continued})", flush=True)
+            else:
+                print(f"coordinator {identity.peer_id[:8]} | round {coordinator.round} continued: the manifest the previous active "
+                      f"signed ({in_flight.updates} updates, {len(in_flight.results)} owners' results followed) signed again in "
+                      f"term {term}", flush=True)
         print(f"coordinator {identity.peer_id[:8]} | run {cfg.run_id} | {coordinator.numel:,} params | codec {cfg.compression.codec} | "
               f"outer {cfg.outer.name} | aggregator {cfg.aggregation.name} | round {coordinator.round}/{cfg.rounds.rounds} | "
               f"initial val loss {coordinator.initial_val_loss:.4f}", flush=True)

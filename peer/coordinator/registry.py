@@ -42,7 +42,8 @@ class PeerRecord:
     joined_round: int
     last_seen: float = field(default_factory=time.monotonic)
     last_round: int = -1  # last round whose update made it into a manifest
-    param_hash: str = ""
+    param_hash: str = ""  # of θ_hash_round, as its last heartbeat reported it
+    hash_round: int = -1  # the round whose open state that hash is (not last_round: a heartbeat lags the manifests)
     state: str = "joined"
     step: int = 0
     loss: float | None = None
@@ -93,6 +94,7 @@ class PeerRecord:
             "client_mode": self.client_mode,
             "last_round": self.last_round,
             "param_hash": self.param_hash,
+            "param_hash_round": self.hash_round,
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
             "last_round_bytes": self.round_bytes,
@@ -215,8 +217,10 @@ class PeerRegistry:
                 for p in sorted(self.peers.values(), key=lambda p: p.peer_id)
             ]
 
-    def restore(self, records: list[dict[str, Any]], joined_round: int) -> None:
-        """Peers from a checkpoint: awaited again (from now) in the restored round, bans intact."""
+    def restore(self, records: list[dict[str, Any]], joined_round: int, *, grace_s: float | None = None) -> None:
+        """Peers from a checkpoint: awaited again (from now) in the restored round, bans intact,
+        for `grace_s` (default two timeouts) unless heard from meanwhile."""
+        grace_s = 2 * self.peer_timeout_s if grace_s is None else grace_s
         with self.lock:
             for r in records:
                 record = PeerRecord(
@@ -224,9 +228,10 @@ class PeerRegistry:
                     client_mode=r["client_mode"], version=r["version"], joined_round=joined_round,
                     last_round=r["last_round"], banned_reason=r["banned_reason"], evidence=list(r["evidence"]),
                     state="restored", dialed=r["endpoint"],  # admitted with it before: a rejoin with it is not dialled again
-                    # A grace of one more timeout: the restarted coordinator still has to start
-                    # serving, and peers to notice and reconnect (with backoff).
-                    last_seen=time.monotonic() + self.peer_timeout_s,
+                    # A restarted coordinator still has to start serving, and peers to notice and
+                    # reconnect (with backoff): a grace of one more timeout. After a takeover, the
+                    # live peers are already looking for it: a shorter one (TAKEOVER_GRACE_S).
+                    last_seen=time.monotonic() + grace_s - self.peer_timeout_s,
                 )
                 self.peers[record.peer_id] = record
 

@@ -41,6 +41,7 @@ class RoundBook:
     # peer_id -> the first header a client-mode peer pushed this round (a second, different one is equivocation)
     pushed: dict[str, tuple[UpdateHeader, swarm_pb2.Signed]] = field(default_factory=dict)
     closed: bool = False  # sliced exchange: the manifest is out; owners are reducing
+    continued: bool = False  # a takeover continued it from the previous active's manifest (its arrivals are not ours)
 
     def verified(self) -> list[str]:
         return sorted(p for p, c in self.commitments.items() if c.status == "verified" and p not in self.excluded)

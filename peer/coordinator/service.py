@@ -28,6 +28,7 @@ import grpc
 from peer import VERSION
 from peer.coordinator.preflight_service import dial
 from peer.coordinator.state import Coordinator
+from peer.run.faults import fail_point
 from protocol.envelope import GATHERED_TAG, HEARTBEAT_TAG, JOIN_TAG
 from peer.coordinator.registry import PeerRecord, RegistryFull, unreachable_advice
 from protocol import streaming
@@ -275,6 +276,8 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
                 value = fields.get(name)
                 if isinstance(value, kind):
                     setattr(record, name, value[:80])
+            if type(fields.get("round")) is int and isinstance(fields.get("param_hash"), str):
+                record.hash_round = fields["round"]  # the round its reported hash opens (status pairs them)
             for name in ("step", "bytes_sent", "bytes_received"):
                 value = fields.get(name)
                 if isinstance(value, int) and 0 <= value < 1 << 62:
@@ -312,8 +315,12 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
             c.registry.reject(Reason.MALFORMED)
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "a standby heartbeat needs holding_round, holding_hash and endpoint",
                            swarm_pb2.MALFORMED)
+        manifest_round = fields.get("manifest_round", -1)  # absent from an older standby's heartbeat
+        manifest_round = manifest_round if type(manifest_round) is int else -1
         counted = c.followers.heard(peer_id, endpoint=endpoint, holding_round=holding, holding_hash=holding_hash[:80],
-                                    leaving=fields.get("leaving") is True)
+                                    leaving=fields.get("leaving") is True, manifest_round=manifest_round)
+        if counted and manifest_round >= 0:
+            fail_point("manifest-followed", manifest_round)  # tests and bench_failover: die once the standby could continue it
         with c.lock:
             return swarm_pb2.HeartbeatReply(
                 round=c.round, param_hash=c.param_hash, finished=c.finished,

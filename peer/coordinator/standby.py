@@ -2,14 +2,18 @@
 
 The active coordinator's DHT run record is its lease (peer/coordinator/lease.py). A standby, whose
 key the run lists in `[control] coordinators`, follows the active one round by round: it waits on
-the round in flight (a GetManifest long-poll), downloads each new round's checkpoint as soon as
-the active has written it (accepted only against the state the active signed), and heartbeats the
-active with the round it holds. The active records a round only once every standby it counts
+the round in flight (a GetManifest long-poll) and keeps its signed manifest, then (sliced exchange)
+the owners' signed result batches once the active says they are final, downloads each new round's
+checkpoint as soon as the active has written it (accepted only against the state the active
+signed), and heartbeats the active with the round it holds (and the manifest it follows). The active records a round only once every standby it counts
 holds its result (peer/coordinator/followers.py), so the state a standby holds is never older than
 the last round the active recorded. When no live active record is left, it takes over with term =
 the highest term seen + 1, from that state, keeping the run's history and initial loss (they are in
 the checkpoint): the swarm continues from the last recorded round, and peers move to it without a
-restart (peer/node/trust.py: highest term wins).
+restart (peer/node/trust.py: highest term wins). When it holds the signed manifest of the round in
+flight (based on the state it holds), it continues that round instead of reopening it: the same
+manifest signed again in its term (Coordinator.continue_round), so the peers' commitments and the
+owners' signed results stand, and nobody commits, trains or waits for a commit phase again.
 
 It takes over only while its *grant* holds: the active counted it in the reply to a heartbeat sent
 less than (GRACE_LEASES − MARGIN) leases ago. Past that, the active may have recorded rounds
@@ -26,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,7 @@ import grpc
 
 from peer.coordinator.followers import GRACE_LEASES, HEARTBEAT_S
 from peer.coordinator.lease import MARGIN
+from peer.exchange.modes import MODES
 from peer.learn.model import param_hash
 from peer.node.coordinator_client import CoordinatorClient, CoordinatorUnavailable
 from peer.node.errors import PeerExit
@@ -44,7 +49,7 @@ from peer.run.config import ConfigError, RunConfig
 from protocol import discovery
 from protocol.accounting import ByteCounter
 from protocol.channels import create_channel
-from protocol.envelope import EnvelopeError, HEARTBEAT_TAG
+from protocol.envelope import EnvelopeError, HEARTBEAT_TAG, open_manifest
 from protocol.identity import Identity
 from protocol.run_state import RunState, TermFence
 from protocol.signing import sign_body
@@ -68,11 +73,25 @@ class StandbyError(RuntimeError):
 
 
 @dataclass(slots=True)
+class InFlight:
+    """The round in flight as the standby followed it: the active's signed manifest (checked: a run
+    key, the active's term, based on the state the standby holds) and, once the active said they
+    were final, the owners' signed result batches."""
+
+    round: int
+    manifest: swarm_pb2.Signed
+    updates: int  # the manifest's entries
+    results: list[swarm_pb2.Signed] = field(default_factory=list)
+    final: bool = False  # the results are the active's final ones (or the round moved on without them)
+
+
+@dataclass(slots=True)
 class Takeover:
     cfg: RunConfig  # the run's config, as the active coordinator signed it
     term: int  # the term this coordinator takes over with
     round: int  # the recorded round's state it holds
     lapsed_lease_s: float = 0.0  # the lease the active's last record announced (the one that lapsed)
+    in_flight: InFlight | None = None  # round `round`'s manifest (and results), when followed: continued, not reopened
 
 
 @dataclass(slots=True)
@@ -141,6 +160,7 @@ class Following:
         self.linked = ""  # the endpoint the channel goes to
         self.download: _Download | None = None
         self.closed_round = -1  # the round whose manifest was seen signed
+        self.in_flight: InFlight | None = None  # the followed manifest of the round in flight
         self.beat_at = 0.0
         self.announced = 0.0
         self.printed = self.warned = False
@@ -165,7 +185,8 @@ class Following:
         `leaving`: the run is over and we go (the active's last record need not wait for us)."""
         held = self.held
         body = {"role": "standby", "run_id": self.run_id, "holding_round": held.round if held else -1,
-                "holding_hash": self.held_hash, "endpoint": self.endpoint, "timestamp": time.time(), "leaving": leaving}
+                "holding_hash": self.held_hash, "endpoint": self.endpoint, "timestamp": time.time(), "leaving": leaving,
+                "manifest_round": self.in_flight.round if self.in_flight is not None else -1}
         sent = time.monotonic()
         reply = stub.Heartbeat(sign_body(self.identity, HEARTBEAT_TAG, body), timeout=call_s(lease_s))
         self.beat_at = sent
@@ -194,6 +215,27 @@ class Following:
         log.info("standby: holding round %d (%s)", state.round, state.param_hash[:16])
         return True
 
+    def follow_manifest(self, signed: swarm_pb2.Signed, state: RunState, keys) -> bool:
+        """The active's signed manifest of the round in flight, kept when it is one to continue: a
+        run key's, in the active's term, based on the state we hold. True when kept."""
+        try:
+            manifest = open_manifest(signed, keys=keys, run_id=self.run_id, round_=state.round)
+        except EnvelopeError as exc:
+            log.info("standby: the manifest of round %d does not verify (%s): not following it", state.round, exc)
+            return False
+        if manifest.term != state.term or manifest.base_param_hash != self.held_hash:
+            log.info("standby: the manifest of round %d (term %d) is not based on the state we hold: not following it",
+                     state.round, manifest.term)
+            return False
+        self.in_flight = InFlight(round=state.round, manifest=signed, updates=len(manifest.entries))
+        log.info("standby: following round %d's manifest (%d updates)", state.round, len(manifest.entries))
+        return True
+
+    def in_flight_at(self, round_: int) -> InFlight | None:
+        """The followed round, when it is the one a takeover from the state we hold would open."""
+        held, flight = self.held, self.in_flight
+        return flight if held is not None and flight is not None and flight.round == held.round == round_ else None
+
 
 def follow(
     *, dht, identity: Identity, run_id: str, checkpoint_path: Path, endpoint: str, pinned: str | None,
@@ -220,7 +262,7 @@ def follow(
                 if f.held is not None:
                     if f.grant.valid(time.monotonic()):
                         return Takeover(cfg=f.held.cfg, term=max(f.top_term, f.fence.term) + 1, round=f.held.round,
-                                        lapsed_lease_s=f.lease_s)
+                                        lapsed_lease_s=f.lease_s, in_flight=f.in_flight_at(f.held.round))
                     if not f.warned:
                         age = f.grant.age(time.monotonic())
                         print(f"standby {identity.peer_id[:8]} | run {run_id} has no live active coordinator, but this standby "
@@ -293,11 +335,21 @@ def _follow_once(f: Following, active: discovery.RunRecord, lease_s: float, stop
             print(f"standby {f.identity.peer_id[:8]} | following run {f.run_id}'s active coordinator "
                   f"{active.coordinator_id[:8]} (term {state.term}) at {active.endpoint}; holding round {f.held.round}", flush=True)
             f.printed = True
+    flight = f.in_flight_at(state.round)
     if f.held is not None and f.held.round >= state.round and f.closed_round < state.round and f.download is None:
         # Caught up: wait for the round in flight to close (the manifest), instead of polling.
         reply = stub.GetManifest(swarm_pb2.ManifestRequest(round=state.round, wait_s=MANIFEST_WAIT_S), timeout=MANIFEST_WAIT_S + call_s(lease_s))
+        if reply.ready and f.follow_manifest(reply.manifest, state, trusted.keys):
+            f.beat(stub, lease_s)  # at once: the active knows we could continue this round
         if reply.ready or reply.current_round > state.round:
             f.closed_round = state.round
+    elif flight is not None and not flight.final and MODES[cfg.exchange.mode].coordinator.continues_in_flight:
+        # Then its owners' signed results, once final: a takeover after that point gathers at once.
+        reply = stub.GetSliceResults(swarm_pb2.SliceResultsRequest(round=state.round, wait_s=MANIFEST_WAIT_S),
+                                     timeout=MANIFEST_WAIT_S + call_s(lease_s))
+        if reply.ready:
+            flight.results = list(reply.results)
+        flight.final = reply.ready or reply.current_round > state.round or reply.finished
     elif f.download is not None:
         f.download.done.wait(POLL_S)  # collected (and acked) at once on the next step
     else:

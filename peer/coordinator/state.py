@@ -64,6 +64,7 @@ class Coordinator:
         checkpoint_path: str | Path | None = None,
         counter: ByteCounter | None = None,
         term: int = 0,
+        restore_grace_s: float | None = None,
     ) -> None:
         self.cfg = cfg = with_coordinator_key(cfg, identity.peer_id)
         self.identity = identity
@@ -106,8 +107,8 @@ class Coordinator:
         self.started_at = time.monotonic()
 
         self.initial_val_loss: float | None = None  # the run's, kept across restarts and takeovers (checkpoint)
-        if restoring:
-            self._restore(checkpoint.load(self.checkpoint_path))
+        if restoring:  # restore_grace_s: how long the checkpoint's peers are awaited unless heard from (registry.restore)
+            self._restore(checkpoint.load(self.checkpoint_path), restore_grace_s)
         self.param_hash = param_hash(self.params)
         if self.initial_val_loss is None:
             self.initial_val_loss = self.evaluate()
@@ -119,7 +120,7 @@ class Coordinator:
 
     # --- state ---------------------------------------------------------------------------
 
-    def _restore(self, ckpt: checkpoint.Checkpoint) -> None:
+    def _restore(self, ckpt: checkpoint.Checkpoint, grace_s: float | None = None) -> None:
         if ckpt.config_hash != self.cfg.config_hash():
             raise checkpoint.CheckpointError(checkpoint.config_mismatch(
                 self.checkpoint_path, ckpt.extra.get("config"), self.cfg.to_dict(), own_key=self.identity.peer_id))
@@ -131,7 +132,7 @@ class Coordinator:
         loss = ckpt.extra.get("initial_val_loss")
         self.initial_val_loss = float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
         self.term = max(self.term, int(ckpt.extra.get("term", 0)))  # a takeover's is higher still
-        self.registry.restore(ckpt.extra.get("peers", []), joined_round=self.round)
+        self.registry.restore(ckpt.extra.get("peers", []), joined_round=self.round, grace_s=grace_s)
         self.clock.start_wait_until = time.monotonic()  # peers that were in the run come back on their own
         log.info("restored round %d from %s", self.round, self.checkpoint_path)
 

@@ -110,6 +110,10 @@ class CoordinatorExchange(ABC):
     with ctx.lock held; aggregate() never is."""
 
     name: ClassVar[str]
+    # A takeover continues this mode's round in flight from its signed manifest and the owners'
+    # signed results (Coordinator.continue_round): its coordinator holds none of the round's work.
+    # A mode whose coordinator fetched and verified the updates itself reopens the round instead.
+    continues_in_flight: ClassVar[bool] = False
 
     def __init__(self, ctx: RoundContext) -> None:
         self.ctx = ctx

@@ -69,6 +69,7 @@ class SlicedCoordinator(CoordinatorExchange):
     aggregate(), which fetches and recomputes and must not hold it."""
 
     name = "sliced"
+    continues_in_flight = True
 
     def __init__(self, ctx: RoundContext) -> None:
         super().__init__(ctx)

@@ -43,7 +43,9 @@ it); round-recorded and the peer phases hold no lock.
 Phases, in the order a round reaches them:
   peer:        trained, committed, manifest, fetched, aggregated
                (sliced exchange: trained, committed, manifest, reduced, gathered)
-  coordinator: manifest-signed, round-recorded (the round's result is in the coordinator's history)
+  coordinator: manifest-signed, manifest-followed (a standby's heartbeat says it holds that round's
+               signed manifest: it can continue the round), round-recorded (the round's result is
+               in the coordinator's history)
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ from protocol.rpc_errors import RpcAbort
 
 ENV = "SWARMLOCO_FAIL_AT"
 PEER_PHASES = ("trained", "committed", "manifest", "fetched", "aggregated", "reduced", "gathered")
-COORDINATOR_PHASES = ("manifest-signed", "round-recorded")
+COORDINATOR_PHASES = ("manifest-signed", "manifest-followed", "round-recorded")
 PHASES = PEER_PHASES + COORDINATOR_PHASES
 ANY_ROUND = None  # FailAt.round for "*"
 MAX_DELAY_S = 3600.0

@@ -80,10 +80,12 @@ class SliceRound:
     @classmethod
     def of(cls, r: int, manifest: RoundManifest, signed_manifest: swarm_pb2.Signed,
            headers: dict[str, UpdateHeader]) -> "SliceRound":
-        """A signed manifest and its (verified) headers, in the manifest's order."""
+        """A signed manifest and its (verified) headers, in the manifest's order. Results are bound
+        to the manifest's signed body, or to the one it continues (a takeover's: the same round)."""
         holders = {e.peer_id: [h for h in e.holders if h] for e in manifest.entries}
         endpoints = {e.peer_id: e.holders[0] for e in manifest.entries if e.serves and e.holders}
-        return cls(r, manifest, hashlib.sha256(signed_manifest.body).hexdigest(), headers, holders, manifest.owners, endpoints)
+        bound = manifest.continues or hashlib.sha256(signed_manifest.body).hexdigest()
+        return cls(r, manifest, bound, headers, holders, manifest.owners, endpoints)
 
 
 class Lie(NamedTuple):
