@@ -20,10 +20,12 @@ from protocol._generated import swarm_pb2
 from protocol.envelope_error import EnvelopeError
 from protocol.identity import Identity
 from protocol.keys import CoordinatorKeys
+from protocol.reasons import Reason
 from protocol.signing import SignatureError, canonical_body, open_signed, sign_body
 
-UPDATE_TAG = "swarmloco/update-header/v3"  # v3: a Merkle root over the slice hashes (v2: every slice hash)
-OLD_UPDATE_TAGS = ("swarmloco/update-header/v2", "swarmloco/update-header/v1")
+UPDATE_TAG = "swarmloco/update-header/v4"  # v4: the work done (inner_steps, tokens); v3: a Merkle root over the slice hashes
+OLD_UPDATE_TAGS = ("swarmloco/update-header/v3", "swarmloco/update-header/v2", "swarmloco/update-header/v1")
+MAX_INNER_STEPS = 1 << 20  # no header claims more inner steps than this, whatever the run (a run bounds it lower)
 MANIFEST_TAG = "swarmloco/round-manifest/v3"  # v3: headers without the fields they share; v2: owners as indices
 JOIN_TAG = "swarmloco/join/v1"
 HEARTBEAT_TAG = "swarmloco/heartbeat/v1"
@@ -46,6 +48,11 @@ class UpdateHeader:
     # proof and verifies alone; the header stays the same size whatever the number of slices.
     slices_root: str = ""
     num_slices: int = 0
+    # The work behind this update (shared/DESIGN.md, "Heterogeneous peers"): the inner steps and
+    # tokens this round's phase trained on. A compute-window run weighs updates by them (capped:
+    # optim/work_weights.py); open_update bounds them by what the run allows.
+    inner_steps: int = 0
+    tokens: int = 0
 
     def root_bytes(self) -> bytes:
         return base64.b64decode(self.slices_root) if self.slices_root else b""
@@ -56,14 +63,16 @@ def sha256_hex(data: bytes) -> str:
 
 
 def build_update_header(*, run_id: str, round_: int, peer_id: str, codec: str, numel: int, layout_hash: str,
-                        base_param_hash: str, payload: bytes, slices: Iterable[str] = ()) -> UpdateHeader:
+                        base_param_hash: str, payload: bytes, slices: Iterable[str] = (), inner_steps: int = 0,
+                        tokens: int = 0) -> UpdateHeader:
     """The one way an update header is made: its payload's sha256 and size come from the bytes,
-    its slices' Merkle root from their sha256 hex digests (`slices`, in slice order; none: not sliced)."""
+    its slices' Merkle root from their sha256 hex digests (`slices`, in slice order; none: not sliced);
+    `inner_steps` and `tokens`: the work the update stands for."""
     digests = [bytes.fromhex(h) for h in slices]
     top = base64.b64encode(merkle.root(digests)).decode() if digests else ""
     return UpdateHeader(run_id=run_id, round=round_, peer_id=peer_id, codec=codec, numel=numel, layout_hash=layout_hash,
                         base_param_hash=base_param_hash, payload_sha256=sha256_hex(payload), payload_size=len(payload),
-                        slices_root=top, num_slices=len(digests))
+                        slices_root=top, num_slices=len(digests), inner_steps=inner_steps, tokens=tokens)
 
 
 def open_envelope(signed: swarm_pb2.Signed, tag: str, what: str) -> tuple[dict[str, Any], str]:
@@ -119,12 +128,16 @@ def open_update(
     layout_hash: str,
     max_payload_bytes: int,
     num_slices: int = 0,
+    max_inner_steps: int = MAX_INNER_STEPS,
+    tokens_per_step: int | None = None,
 ) -> UpdateHeader:
-    """Verify a signed update header against what this run expects; raise EnvelopeError."""
+    """Verify a signed update header against what this run expects; raise EnvelopeError.
+    The claimed work is bounded: at most `max_inner_steps` steps, and (`tokens_per_step`, a
+    step's batch x sequence length) no more tokens than those steps hold."""
     for old in OLD_UPDATE_TAGS:
         if signed.body.startswith(old.encode() + b"\n"):
-            raise EnvelopeError("wrong-tag", f"update header is in the old format {old!r} (a digest per slice); this "
-                                             f"swarm signs {UPDATE_TAG!r} (a Merkle root): upgrade swarmloco on that peer")
+            raise EnvelopeError("wrong-tag", f"update header is in the old format {old!r}; this swarm signs {UPDATE_TAG!r} "
+                                             f"(a Merkle root, the work done): upgrade swarmloco on that peer")
     fields, signer = open_envelope(signed, UPDATE_TAG, "update header")
     header = UpdateHeader(
         run_id=_field(fields, "run_id", str),
@@ -138,6 +151,8 @@ def open_update(
         payload_size=_field(fields, "payload_size", int),
         slices_root=_field(fields, "slices_root", str),
         num_slices=_field(fields, "num_slices", int),
+        inner_steps=_field(fields, "inner_steps", int),
+        tokens=_field(fields, "tokens", int),
     )
     if header.peer_id != signer:
         raise EnvelopeError("forged", f"header names peer {header.peer_id} but is signed by {signer}")
@@ -161,7 +176,19 @@ def open_update(
         raise EnvelopeError("malformed", "update header field 'slices_root' is empty: a sliced update commits to a Merkle root")
     if not num_slices and header.slices_root:
         raise EnvelopeError("malformed", "update header commits to a slices_root but no slices")
+    check_work(header, max_inner_steps=max_inner_steps, tokens_per_step=tokens_per_step)
     return header
+
+
+def check_work(header: UpdateHeader, *, max_inner_steps: int, tokens_per_step: int | None) -> None:
+    """The claimed work is a count a peer could have done this round (EnvelopeError "bad-work")."""
+    steps, tokens = header.inner_steps, header.tokens
+    if not 0 <= steps <= min(max_inner_steps, MAX_INNER_STEPS):
+        raise EnvelopeError(Reason.BAD_WORK, f"update claims {steps} inner steps; this run allows 0 to {min(max_inner_steps, MAX_INNER_STEPS)}")
+    bound = steps * tokens_per_step if tokens_per_step is not None else None
+    if tokens < 0 or (bound is not None and tokens > bound):
+        raise EnvelopeError(Reason.BAD_WORK, f"update claims {tokens} tokens for {steps} inner steps; "
+                                        f"at most {bound} fit (steps x batch x sequence length)")
 
 
 def _is_sha256(value: object) -> bool:
@@ -236,6 +263,10 @@ class RoundManifest:
     # owners' signed batches count in the continued round; open_manifest checks the claim.
     continues: str = ""
     continues_term: int = 0
+    # A compute-window run: peer_id -> the work (tokens, after the caps) the coordinator accepted
+    # for that author the round before, the history cap every owner applies (peer/run/work_math.py).
+    # Empty otherwise, and then not in the signed body.
+    work_history: dict[str, int] = field(default_factory=dict)
 
 
 CONTINUATION_FIELDS = ("continues", "continues_term")
@@ -255,6 +286,8 @@ def sign_manifest(identity: Identity, manifest: RoundManifest) -> swarm_pb2.Sign
     if not manifest.continues:  # a manifest that continues none has the fields it always had
         for name in CONTINUATION_FIELDS:
             del body[name]
+    if not manifest.work_history:
+        del body["work_history"]  # a fixed-H run's manifest stays as it was
     return sign_body(identity, MANIFEST_TAG, body)
 
 
@@ -340,6 +373,12 @@ def _indices(value: list, bound: int) -> list[int]:
     return value
 
 
+def _work_history(value: object) -> dict[str, int]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in value.items()):
+        raise TypeError
+    return dict(value)
+
+
 def _term(value: object) -> int:
     if type(value) is not int or value < 0:
         raise TypeError
@@ -366,6 +405,7 @@ def open_manifest(signed: swarm_pb2.Signed, *, keys: CoordinatorKeys, run_id: st
             term=_term(fields["term"]),
             continues=str(fields.get("continues", "")),
             continues_term=_term(fields.get("continues_term", 0)),
+            work_history=_work_history(fields.get("work_history", {})),
         )
     except SignatureError as exc:
         raise EnvelopeError(exc.reason, f"manifest refused: {exc}") from None

@@ -47,6 +47,7 @@ class Reason(enum.StrEnum):
     WRONG_LAYOUT = "wrong-layout"
     BAD_TRANSFER = "bad-transfer"
     MALFORMED = "malformed"
+    BAD_WORK = "bad-work"  # an update header claiming more work than the run allows
     OVERSIZED = "oversized"
     BAD_OFFSET = "bad-offset"
     # load

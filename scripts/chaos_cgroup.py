@@ -28,8 +28,11 @@ class CpuThrottle:
         self.root = V2_ROOT if self.kind == "v2" else V1_ROOT
         self.path = self.root / name
 
-    def limit(self, pids: list[int], fraction: float) -> None:
-        """Move `pids` into the group and cap it at `fraction` of one core (0 < fraction <= 1)."""
+    def limit(self, pids: list[int], fraction: float, *, shares: int | None = None) -> None:
+        """Move `pids` into the group and cap it at `fraction` of one core (0 < fraction <= 1).
+        `shares`: the group's CPU weight against the machine's other tasks (v1 cpu.shares, 1024 a
+        default task's; v2 cpu.weight scaled to it), so that on a busy machine the cap, not the
+        competition, sets its speed."""
         if not self.kind:
             raise RuntimeError("no cgroup cpu controller is mounted here (neither v2 cpu.max nor v1 cpu.cfs_quota_us): "
                                "the straggler cannot be throttled; mount one or run without the throttle")
@@ -42,6 +45,11 @@ class CpuThrottle:
         else:
             (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (self.path / "cpu.cfs_quota_us").write_text(str(quota))
+        if shares is not None:
+            if self.kind == "v2":
+                (self.path / "cpu.weight").write_text(str(max(1, min(10_000, shares * 100 // 1024))))
+            else:
+                (self.path / "cpu.shares").write_text(str(shares))
         for pid in pids:
             try:
                 (self.path / "cgroup.procs").write_text(str(pid))

@@ -2,7 +2,8 @@
 or a lying slice owner: `python -m tests.byzantine_peer --lie lone peer ...` / `--lie collude:ID,ID peer ...`.
 
 SPEC is an optim.attacks name, optionally with JSON options: `nan`, `sign-flip:{"scale": 4.0}`,
-`label-flip`. The rest of the command line is `swarmloco peer`'s. The attack lives here, in a
+`label-flip`. `--claim-work X` signs X times the inner steps and tokens the peer really did into
+its headers (a peer buying influence in a compute-window run). The rest of the command line is `swarmloco peer`'s. The attack lives here, in a
 subclass that overrides the node's public make_update phase (or poisons its sampler), so no
 production class carries test-only attack code.
 """
@@ -10,6 +11,7 @@ production class carries test-only attack code.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -43,10 +45,12 @@ class LyingOwner(SliceExchange):
 
 
 class ByzantinePeer(PeerNode):
-    def __init__(self, options: PeerOptions, attack: attacks.Attack | None, lie: str | None = None) -> None:
+    def __init__(self, options: PeerOptions, attack: attacks.Attack | None, lie: str | None = None,
+                 claim_work: float = 1.0) -> None:
         super().__init__(options)
         self.attack = attack
         self.lie = lie
+        self.claim_work = claim_work
 
     def make_exchange(self) -> PeerExchange:
         if self.lie is None:
@@ -61,11 +65,13 @@ class ByzantinePeer(PeerNode):
         if self.attack is not None and self.attack.data_poisoning:  # label flip: honest work on poisoned batches
             self.trainer.sampler = attacks.PoisonedSampler(self.trainer.sampler)
 
-    def make_update(self, r: int, delta: torch.Tensor) -> Update:
+    def make_update(self, r: int, delta: torch.Tensor, stats) -> Update:
         if self.attack is not None and not self.attack.data_poisoning:
             rng = torch.Generator().manual_seed(r)
             delta = self.attack(delta, delta[None, :], round=r, rng=rng, num_byzantine=1, history=None)
-        return super().make_update(r, delta)
+        if self.claim_work != 1.0:
+            stats = dataclasses.replace(stats, steps=round(stats.steps * self.claim_work), tokens=round(stats.tokens * self.claim_work))
+        return super().make_update(r, delta, stats)
 
 
 def parse_attack(spec: str) -> attacks.Attack:
@@ -78,14 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     front.add_argument("--attack", help='an optim.attacks name[:JSON options], e.g. sign-flip:{"scale": 4.0}')
     front.add_argument("--lie", help="as a slice owner, sign false results: `lone` (every owned slice) or "
                                      "`collude:ID,ID,...` (only slices whose owners are all in the list)")
+    front.add_argument("--claim-work", type=float, default=1.0, help="sign X times the work really done into each header")
     ours, rest = front.parse_known_args(argv)
-    if not ours.attack and not ours.lie:
-        front.error("give --attack and/or --lie")
+    if not ours.attack and not ours.lie and ours.claim_work == 1.0:
+        front.error("give --attack, --lie and/or --claim-work")
     attack = parse_attack(ours.attack) if ours.attack else None
     args = build_parser().parse_args(rest)
     if args.verb != "peer":
         front.error("the command after --attack must be `peer ...`")
-    return cmd_peer(args, make_node=lambda options: ByzantinePeer(options, attack, ours.lie))
+    return cmd_peer(args, make_node=lambda options: ByzantinePeer(options, attack, ours.lie, ours.claim_work))
 
 
 if __name__ == "__main__":

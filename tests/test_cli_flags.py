@@ -35,6 +35,7 @@ FLAG_VALUES: dict[str, tuple[str, list[str], object]] = {
     "--expected-peers": ("rounds.expected_peers", ["3"], 3),
     "--run-seed": ("seed", ["5"], 5),
     "--overlap": ("rounds.overlap_communication", [], True),
+    "--window-s": ("rounds.window_s", ["2.5"], 2.5),
     "--init-from": ("model.init_from", ["{init_dir}"], "{init_dir}"),  # a checkpoint folder the test writes
 }
 

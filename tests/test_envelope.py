@@ -223,7 +223,8 @@ def test_manifest_carries_shared_header_fields_once_and_every_header_rebuilds_to
     manifest = RoundManifest(run_id="run", round=3, base_param_hash="B", entries=entries, excluded={})
     signed_manifest = sign_manifest(coordinator, manifest)
     body = json.loads(signed_manifest.body.split(b"\n", 1)[1])
-    assert set(body["header_common"]) == {"run_id", "round", "codec", "numel", "layout_hash", "base_param_hash"}
+    assert set(body["header_common"]) == {"run_id", "round", "codec", "numel", "layout_hash", "base_param_hash", "inner_steps",
+                                          "tokens"}
     assert signed_manifest.body.count(b'layout_hash') == 1 + 1  # once shared, once in peer 3's whole header
     opened = open_manifest(signed_manifest, keys=keys, run_id="run", round_=3)
     for entry in opened.entries:

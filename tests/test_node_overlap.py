@@ -57,7 +57,7 @@ class ToyPeer:
                     break
         return InnerStats(steps=done, mean_loss=0.0, last_loss=0.0, tokens=0, seconds=0.0), 0.0
 
-    def make_update(self, r: int, delta: torch.Tensor) -> Update:
+    def make_update(self, r: int, delta: torch.Tensor, stats=None) -> Update:
         self.sent.append((r, delta.tolist()))
         return Update(signed=None, payload=b"", encode_s=0.0)
 

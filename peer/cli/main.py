@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--overlap-arrival", type=float, default=1.0, metavar="SHARE",
                    help="with --overlap: share of the next phase's inner steps run before the average in flight lands "
                         "(1.0: at the phase's end, an exchange as long as a phase; 0.5: half as long)")
+    s.add_argument("--peer-speeds", metavar="S,S,...", help="each virtual peer's speed (1 = full speed), e.g. 1,1,0.5,0.25: "
+                   "with a fixed H the round waits for the slowest (in simulated time); with --window-s each peer "
+                   "takes the steps its speed fits and counts by its work")
     s.add_argument("--json", metavar="PATH", help="write the results (losses, measured bytes, config) here")
     add_run_flags(s, "simulate")
 

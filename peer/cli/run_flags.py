@@ -59,6 +59,7 @@ RUN_FLAGS: tuple[RunFlag, ...] = (
     ),
     RunFlag("--run-seed", "seed"),
     RunFlag("--overlap", "rounds.overlap_communication"),  # simulate: the overlapped schedule's math, no time hidden
+    RunFlag("--window-s", "rounds.window_s"),  # simulate: a window in simulated seconds (--peer-speeds)
     RunFlag("--init-from", "model.init_from"),  # peers take θ_0 from the coordinator: only its machine needs DIR
 )
 

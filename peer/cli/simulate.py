@@ -23,6 +23,11 @@ honest peer's gather with recomputation and spot checks) and the JSON counts the
 caught. `--baseline ddp` runs synchronous data-parallel on the same peers instead
 (peer/cli/simulate_ddp.py), logging val loss every H steps so its curve lines up with the rounds.
 
+`--peer-speeds 1,1,0.5,0.25` gives each virtual peer a speed: with a fixed H every peer still
+takes H steps (the round waits for the slowest, in simulated time); with a compute window
+(rounds.window_s) each takes the steps its speed fits in the window and the aggregate weighs them
+by work (peer/cli/simulate_speeds.py, the swarm's work_math).
+
 The options are peer/cli/simulate_options.py; the per-round curve, log line and result dict
 peer/cli/simulate_result.py.
 """
@@ -51,6 +56,7 @@ from peer.cli.simulate_options import SimulationOptions
 from peer.cli.simulate_result import Curve, human_bytes, log_round, simulation_result
 from peer.cli.simulate_shared import SharedSupportRound, swarm_math_config
 from peer.cli.simulate_slices import LYING_OWNER, LocalSlicedRound
+from peer.cli.simulate_speeds import SpeedModel, parse_speeds
 from peer.run.round_math import RoundMath, UpdateRejected
 from protocol.reasons import count_for_cause
 from peer.learn.training import InnerTrainer, evaluate
@@ -119,16 +125,18 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
     curve = Curve(numel=numel, initial_val_loss=evaluate(global_model, val_batches))
     exchange = LocalSlicedRound(receiver, opts.peers, seed=cfg.seed) if lying else None
     shared = SharedSupportRound(shared_cfg, receiver, opts.peers) if shared_cfg is not None else None
+    speeds = SpeedModel.of(cfg, opts.peer_speeds, opts.peers, receiver)
     try:
         for r in range(cfg.rounds.rounds):
             t0 = time.perf_counter()
             deltas, losses = [], []
             before = _arrival_steps(opts, cfg) if r > 0 else cfg.inner.steps
+            steps = speeds.steps()  # each peer's inner steps this round (inner.steps, or what its speed fits in the window)
             for peer in peers:
                 start = params if peer.anchor is None else peer.anchor
                 load_flat_params(peer.model, start)
                 if peer.anchor is None or before == cfg.inner.steps:
-                    losses.append(peer.trainer.run(cfg.inner.steps).mean_loss)
+                    losses.append(peer.trainer.run(steps[peer.index]).mean_loss)
                 else:  # overlapped: θ_r lands `before` steps into the phase; the progress moves onto it
                     loss = peer.trainer.run(before).mean_loss * before if before else 0.0
                     load_flat_params(peer.model, flat_params(peer.model) - start + params)
@@ -155,18 +163,20 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
                 except ValueError as exc:  # a codec that refuses the input: nothing goes on the wire
                     payloads.append(None)
                     excluded[str(peer.index)] = f"unencodable: {exc}"
-            updates = []
+            updates, authors = [], []
             for peer, payload in zip(peers, payloads):  # peer order = the manifest's sorted order
                 if payload is None:
                     continue
                 try:
                     updates.append(receiver.decode(payload, r) if shared is None else shared.decode(payload))
+                    authors.append(peer.index)
                 except UpdateRejected as exc:
                     excluded[str(peer.index)] = exc.reason
+            work, history = speeds.work(authors, steps)  # what their headers would claim, capped as the owners do
             if shared is not None:  # aligned values on the round's shared support, the rule per coordinate
                 receiver.step_with_aggregate(params, shared.aggregate(updates, r, count_for_cause(excluded)), round_=r)
             elif exchange is None:
-                receiver.apply(params, updates, round_=r, excluded_for_cause=count_for_cause(excluded))  # θ_r -> θ_{r+1} in place (no-op when nothing survived)
+                receiver.apply(params, updates, round_=r, excluded_for_cause=count_for_cause(excluded), work=work)  # θ_r -> θ_{r+1} in place (no-op when nothing survived)
             else:  # the sliced exchange run for real, liars signing false results; an honest peer's gather
                 combined = exchange.run(payloads, r, liars=set(range(opts.byzantine)), spot_checks=cfg.exchange.spot_checks)
                 receiver.step_with_aggregate(params, combined, round_=r)
@@ -188,6 +198,7 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
             curve.val_loss.append(evaluate(global_model, val_batches))
             curve.train_loss.append(sum(losses) / len(losses))
             curve.excluded.append(excluded)
+            speeds.close(authors, steps, history, count_for_cause(excluded))
             lies = exchange.lies.rounds[-1] if exchange is not None else None
             log_round(opts, cfg, curve, r, time.perf_counter() - t0, lies)
     finally:
@@ -195,6 +206,7 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
             exchange.close()
     curve.final_params_sha256 = hashlib.sha256(params.numpy().tobytes()).hexdigest()
     curve.lies = None if exchange is None else exchange.lies.to_dict()
+    curve.work = speeds.summary()
     return curve
 
 
@@ -271,6 +283,7 @@ def options_from_args(args: argparse.Namespace) -> SimulationOptions:
         peers=args.peers, byzantine=config.aggregation.num_byzantine if args.attack else 0, attack=args.attack,
         attack_options=_parse_attack_options(args.attack_option), baseline=args.baseline,
         threads=args.threads, overlap_arrival=args.overlap_arrival, config=config, log=lambda line: print(line, flush=True),
+        peer_speeds=parse_speeds(args.peer_speeds) if args.peer_speeds else None,
     )
 
 
@@ -295,6 +308,12 @@ def main(args: argparse.Namespace) -> int:
         f"total {human_bytes(result['total_bytes'])} | ddp-equivalent {human_bytes(result['ddp_equivalent_bytes'])} "
         f"({result['ratio_vs_ddp'] or 0:.1f}x fewer)"
     )
+    work = result["work"]
+    if work and (opts.peer_speeds or cfg.rounds.window_s):
+        print(f"speeds {work['peer_speeds']}: {work['simulated_seconds']:.1f} simulated s | utilization "
+              + ", ".join(f"{u:.0%}" for u in work["utilization"]) + " | counted share "
+              + ", ".join(f"{c:.0%}" for c in work["counted_share"]) + " vs compute share "
+              + ", ".join(f"{c:.0%}" for c in work["compute_share"]))
     if result["lying_owner"]:
         lies = result["lying_owner"]
         print(f"lying owners: {lies['told']} false results signed, {lies['caught']} caught, {lies['uncaught']} uncaught "

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from optim import aggregate, attacks
 from peer.cli.run_flags import resolve_run_config
 from peer.cli.simulate_slices import LYING_OWNER
+from peer.cli.simulate_speeds import check_speeds
 from peer.run.config import RunConfig
 
 Baseline = Literal["diloco", "ddp"]
@@ -46,6 +47,8 @@ class SimulationOptions:
     # the inner step during which its exchange finished). 1.0: at the phase's end, the worst case,
     # an exchange as long as a whole phase; 0.5: an exchange half as long as the phase.
     overlap_arrival: float = 1.0
+    # Each virtual peer's speed (1 = full speed; peer/cli/simulate_speeds.py): None, all 1.
+    peer_speeds: tuple[float, ...] | None = None
     config: RunConfig = field(default_factory=RunConfig)
     log: Callable[[str], None] | None = None  # receives one dense line per round
 
@@ -73,6 +76,8 @@ class SimulationOptions:
             raise ValueError(f"--attack {LYING_OWNER} takes no options (each liar shifts its honest result by 0.01)")
         if self.attack is not None and self.attack != LYING_OWNER:
             attacks.build(self.attack, **self.attack_options)  # unknown name/option -> ValueError here
+        if self.peer_speeds is not None:
+            check_speeds(tuple(self.peer_speeds), self.peers)
 
     def run_config(self) -> RunConfig:
         """The run config with this simulation's overrides applied, validated like every verb's."""
@@ -90,6 +95,9 @@ class SimulationOptions:
                 f"--attack {LYING_OWNER} lies as a slice owner, which only the sliced exchange has; "
                 f"this run config has exchange.mode = {cfg.exchange.mode!r}: set it to \"sliced\""
             )
+        if cfg.rounds.window_s and (cfg.exchange.support or self.attack == LYING_OWNER or self.baseline == "ddp"):
+            raise ValueError("a compute window (--window-s) weighs the swarm's own aggregate by work; the agreed support, "
+                             "lying owners and --baseline ddp do not take weights: drop one or the other")
         if cfg.exchange.support and self.attack == LYING_OWNER:
             raise ValueError(f"--attack {LYING_OWNER} runs the real sliced engine, which has no shared support; "
                              "drop exchange.support or choose another attack")

@@ -26,6 +26,7 @@ class Curve:
     excluded: list[dict[str, str]] = field(default_factory=list)  # [round] {peer index: reason}
     final_params_sha256: str | None = None  # θ after the last round (diloco): bit-identity checks
     lies: dict[str, Any] | None = None  # lying-owner: lies told / caught (simulate_slices.LieCount)
+    work: dict[str, Any] | None = None  # diloco: speeds, steps, simulated time and weights (simulate_speeds.SpeedModel)
 
 
 def log_round(opts: SimulationOptions, cfg: RunConfig, curve: Curve, r: int, seconds: float, lies: dict | None = None) -> None:
@@ -85,6 +86,7 @@ def simulation_result(opts: SimulationOptions, cfg: RunConfig, curve: Curve, wal
         "excluded_per_round": curve.excluded,
         "final_params_sha256": curve.final_params_sha256,
         "lying_owner": curve.lies,
+        "work": curve.work,
         "bytes_note": (
             "measured len(payload): each peer uploads its own once and downloads the n-1 others"
             if opts.baseline == "diloco"

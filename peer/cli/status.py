@@ -91,6 +91,10 @@ def status_table(status: dict) -> str:
                 note = (note + " " if note else "") + f"weight {agg['weight']:.2f} dist {agg['distance_to_aggregate']:.3g}"
             else:  # sliced exchange: the share of slices its update took part in
                 note = (note + " " if note else "") + f"in {round(agg['weight'] * agg['slices'])}/{agg['slices']} slices"
+        work = p.get("work") or {}
+        if work:  # the work its last listed update signed, and that update's share of the round
+            capped = f" capped by {work['capped_by']}" if work.get("capped_by") else ""
+            note = (note + " " if note else "") + f"work {work['inner_steps']} steps/{work['tokens']} tok, share {work['weight']:.2f}{capped}"
         last = p.get("last_round_bytes") or {}
         per_round = f"{format_bytes(last['sent'])}/{format_bytes(last['received'])}" if "sent" in last else "-"
         lines.append(f"{p['peer_id'][:8]:10} {p['state']:11} {p['last_round'] + 1:>5} {in_sync:>7} "

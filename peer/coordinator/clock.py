@@ -21,10 +21,11 @@ from typing import Callable
 from peer.coordinator.lease import ALWAYS_HELD, ActGuard, Halted
 from peer.coordinator.round_book import AdaptiveDeadline, RoundBook, RoundResult, should_close
 from peer.exchange.coordinator_side import CoordinatorExchange, RoundContext
+from peer.run.work_math import WorkLedger
 from peer.learn.model import param_hash
 from peer.run.faults import fail_point
 from protocol.envelope import ManifestEntry, RoundManifest, sign_manifest, signed_to_json
-from protocol.reasons import Reason
+from protocol.reasons import Reason, count_for_cause
 from protocol.wire import swarm_pb2
 
 KEEP_MANIFESTS = 4  # rounds back
@@ -48,6 +49,7 @@ class RoundClock:
         self.lease: ActGuard = ALWAYS_HELD  # the active's lease (main.py sets the DHT one)
         self.deadline = AdaptiveDeadline(ctx.cfg.rounds)
         self.manifests: dict[int, swarm_pb2.Signed] = {}
+        self.work = WorkLedger(ctx.math)  # each peer's claimed and accepted work (status, the history cap)
 
     def tick(self) -> RoundResult | None:
         """Close the open round if it is time, apply it once it is ready; returns what happened when it was applied."""
@@ -103,8 +105,13 @@ class RoundClock:
                 c.status, c.reason = "excluded", str(Reason.LATE)
                 book.excluded[peer_id] = str(Reason.LATE)
         manifest = self.exchange.manifest(book, self._manifest_entries(book, verified), base)
-        manifest = dataclasses.replace(manifest, last=book.round + 1 >= self.ctx.cfg.rounds.rounds, term=self.term())
+        history = self.work.history([e.peer_id for e in manifest.entries])  # the owners' history cap (window runs)
+        manifest = dataclasses.replace(manifest, last=book.round + 1 >= self.ctx.cfg.rounds.rounds, term=self.term(),
+                                       work_history=history)
         signed = self.manifests[book.round] = sign_manifest(self.ctx.identity, manifest)
+        claims = {e.peer_id: (book.commitments[e.peer_id].header.inner_steps, book.commitments[e.peer_id].header.tokens)
+                  for e in manifest.entries}
+        self.ctx.registry.record_work(book.round, self.work.close(claims, history, count_for_cause(book.excluded)))
         fail_point("manifest-signed", book.round)
         for old in [r for r in self.manifests if r < book.round - KEEP_MANIFESTS]:
             del self.manifests[old]

@@ -137,6 +137,9 @@ def _peer_metrics(s: dict[str, Any]) -> Iterator[Any]:
     loss = _gauge("peer_train_loss", "the peer's last inner-step loss", labels=["peer"])
     weight = _gauge("peer_aggregation_weight", "the peer's weight in the last aggregation (sliced: share of slices)", labels=["peer"])
     clip = _gauge("peer_clip_scale", "centered-clip scale applied to the peer's last update", labels=["peer"])
+    steps = _gauge("peer_round_inner_steps", "inner steps the peer's last listed update signed", labels=["peer"])
+    tokens = _gauge("peer_round_tokens", "tokens the peer's last listed update signed", labels=["peer"])
+    share = _gauge("peer_work_share_ratio", "the peer's share of its last round's capped work (its weight)", labels=["peer"])
     for p in peers:
         peer = short(p["peer_id"])
         state.add_metric([peer, p["state"]], 1.0)
@@ -156,4 +159,9 @@ def _peer_metrics(s: dict[str, Any]) -> Iterator[Any]:
             weight.add_metric([peer], agg["weight"])
         if "clip_scale" in agg:
             clip.add_metric([peer], agg["clip_scale"])
-    yield from (state, last_round, sent, received, round_bytes, utilization, loss, weight, clip)
+        work = p.get("work") or {}
+        if work:
+            steps.add_metric([peer], work["inner_steps"])
+            tokens.add_metric([peer], work["tokens"])
+            share.add_metric([peer], work["weight"])
+    yield from (state, last_round, sent, received, round_bytes, utilization, loss, weight, clip, steps, tokens, share)

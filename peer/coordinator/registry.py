@@ -55,6 +55,7 @@ class PeerRecord:
     banned_reason: str = ""
     evidence: list[dict[str, Any]] = field(default_factory=list)
     aggregation: dict[str, float] = field(default_factory=dict)  # last round: weight, distance, clip
+    work: dict[str, Any] = field(default_factory=dict)  # last listed round: inner_steps, tokens, weight, capped_by
     left_out: list[int] = field(default_factory=list)  # rounds whose manifest left the peer's valid commitment out without a reason (peer's word)
     session: str = ""  # the live process's session (its Join and heartbeats name it); "" when unknown (restored, older peer)
     dialed: str = ""  # the endpoint a Join's dial-back reached (a rejoin with it is not dialled again)
@@ -107,6 +108,7 @@ class PeerRecord:
             "banned_reason": self.banned_reason,
             "evidence": self.evidence,
             "aggregation": self.aggregation,
+            "work": self.work,
             "left_out_without_reason": self.left_out,
         }
 
@@ -149,6 +151,13 @@ class PeerRegistry:
                 "distance_to_aggregate": float(report.distance_to_aggregate[i]),
                 "clip_scale": float(report.clip_scale[i]),
             }
+
+    def record_work(self, round_: int, work: dict[str, dict[str, Any]]) -> None:
+        """Each listed author's signed work and its weight in round_ (peer/coordinator/work_ledger.py)."""
+        for peer_id, entry in work.items():
+            record = self.get(peer_id)
+            if record is not None:
+                record.work = {"round": round_, **entry}
 
     def record_slices(self, round_: int, verified: list[str], excluded: dict[int, dict[str, str]], slices: int) -> None:
         """Sliced: a peer's share is the slices its update took part in (an owner leaves an input

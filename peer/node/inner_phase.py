@@ -1,5 +1,9 @@
-"""A peer's inner phase: H AdamW steps on its shard, with the progress the swarm sees (steps, loss,
-seconds computing, utilization) and one progress line every --log-every steps."""
+"""A peer's inner phase: H AdamW steps on its shard (or, in a compute-window run, as many as fit in
+rounds.window_s), with the progress the swarm sees (steps, loss, seconds computing, utilization)
+and one progress line every --log-every steps.
+
+The inner learning rate follows the steps this peer took (InnerTrainer.lr_at(trainer.step): the
+warm-up counts steps, not rounds), so a slow peer warms up over its own steps, not the swarm's rounds."""
 
 from __future__ import annotations
 
@@ -31,16 +35,22 @@ class InnerPhase:
 
         Overlapped rounds split a phase in two: `stop` ends the first call early (after the step
         during which the exchange in flight finished; stats.steps says how many ran), and the
-        second call runs the `steps` left. Only a call that ran all it was asked ends the phase."""
+        second call runs the `steps` left. Only a call that ran all it was asked ends the phase.
+
+        A compute window (rounds.window_s > 0): the phase runs until window_s seconds have passed
+        since it began, at least rounds.min_steps and at most rounds.max_steps steps."""
         cfg = self.cfg
         if self.training_started is None:
             self.training_started = time.monotonic()
         self.counter.round = r
-        asked = cfg.inner.steps if steps is None else steps
+        window = cfg.rounds.window_s if steps is None else 0.0
+        asked = (cfg.rounds.max_steps if window else cfg.inner.steps) if steps is None else steps
         if steps is None:
             self.phase_first_step = trainer.step
         first_step, call_first_step = self.phase_first_step, trainer.step
         t0 = time.monotonic()
+        if window:
+            stop = window_stop(trainer, closes=t0 + window, min_steps=cfg.rounds.min_steps, also=stop)
 
         def on_step(step: int, loss: float) -> None:
             self.step, self.last_loss = step, loss
@@ -55,6 +65,17 @@ class InnerPhase:
         compute = time.monotonic() - t0
         self.compute_s += compute
         self.on_progress()
-        if stats.steps == asked:
+        if stats.steps == asked or window:
             fail_point("trained", r)
         return stats, compute
+
+
+def window_stop(trainer: Any, *, closes: float, min_steps: int, also: Callable[[], bool] | None = None) -> Callable[[], bool]:
+    """The stop hook of a compute window: true once the window has closed (time.monotonic() >=
+    `closes`) and at least `min_steps` steps ran in this phase, or when `also` says so."""
+    first = trainer.step
+
+    def stop() -> bool:
+        return (time.monotonic() >= closes and trainer.step - first >= min_steps) or (also is not None and also())
+
+    return stop

@@ -310,7 +310,7 @@ class PeerNode:
         """Train, commit, wait for the manifest, exchange: one synchronous round."""
         rnd = self.open_round(self.round)
         rnd.stats, rnd.compute_s = self.train(rnd.r)
-        rnd.update = self.make_update(rnd.r, rnd.base - flat_params(self.model).cpu())  # Δ = θ_r − θ_local
+        rnd.update = self.make_update(rnd.r, rnd.base - flat_params(self.model).cpu(), rnd.stats)  # Δ = θ_r − θ_local
         if self.commit(rnd.update, rnd.r):
             self.finish_round(rnd, self.exchange(rnd))
 
@@ -320,17 +320,21 @@ class PeerNode:
     def train(self, r: int, *, steps: int | None = None, stop: Callable[[], bool] | None = None) -> tuple[Any, float]:
         """Round r's inner steps (peer/node/inner_phase.py) from the model as it is: (stats, seconds)."""
         self.phase = RoundPhase.TRAINING
+        if self.cfg.rounds.window_s and ranks.world_size() > 1:
+            raise PeerExit("this run sizes rounds by a compute window (rounds.window_s), which multi-rank peers do not "
+                           "run yet: start this peer with one rank")
         ranks.start_round(self, self.cfg.inner.steps if steps is None else steps)  # every rank from this θ
         # Followers run the steps they are told in lockstep: with several ranks a phase is not cut.
         return self.inner.run(self.trainer, r, steps=steps, stop=stop if ranks.world_size() == 1 else None)
 
-    def make_update(self, r: int, delta: torch.Tensor) -> Update:
-        """Encode and sign this peer's pseudo-gradient Δ (d,) for round r; serve it from our store."""
+    def make_update(self, r: int, delta: torch.Tensor, stats: Any) -> Update:
+        """Encode and sign this peer's pseudo-gradient Δ (d,) for round r, with the work behind it
+        (`stats`: the inner phase's steps and tokens); serve it from our store."""
         t0 = time.monotonic()
         payload = self.math.encode(delta, r)
         header = build_update_header(run_id=self.cfg.run_id, round_=r, peer_id=self.identity.peer_id, codec=self.cfg.compression.codec,
                                      numel=self.numel, layout_hash=self.layout_hash, base_param_hash=self._hash, payload=payload,
-                                     slices=self.exchange_side.slice_hashes(payload))
+                                     slices=self.exchange_side.slice_hashes(payload), inner_steps=stats.steps, tokens=stats.tokens)
         signed = sign_update(self.identity, header)
         self.store.put(StoredPayload(header, signed, payload), verified=True)  # we just hashed it
         self.exchange_side.serve(header, payload)

@@ -14,6 +14,7 @@ import torch
 from optim import codecs, slicing
 from peer.run.config import ConfigError, RunConfig
 from peer.run.slice_plan import expected_traffic
+from peer.run.work_math import row_weights
 
 # Rules whose per-row decisions need whole-vector distances: run slice by slice, each owner would
 # score rows on its slice alone, so different slices could keep different rows (and a row could
@@ -37,9 +38,10 @@ class ModeMath(ABC):
 
     @abstractmethod
     def apply(self, math: Any, params: torch.Tensor, updates: list[torch.Tensor], *, round_: int | None,
-              excluded_for_cause: int) -> Any:
+              excluded_for_cause: int, work: Any = None) -> Any:
         """Aggregate the (peer_id-sorted) updates and step params (d,) in place, as the mode's
-        nodes would: the AggregationReport when the rule makes one, else None."""
+        nodes would (`work`: a work_math.RowWork, the rows' claims): the AggregationReport when
+        the rule makes one, else None."""
 
     @abstractmethod
     def traffic(self, math: Any, sizes: list[int]) -> tuple[list[int], list[int]]:
@@ -52,12 +54,12 @@ class AllToAllMath(ModeMath):
     def wire_codec(self, codec, sliced):
         return codec
 
-    def apply(self, math, params, updates, *, round_, excluded_for_cause):
+    def apply(self, math, params, updates, *, round_, excluded_for_cause, work=None):
         seed = None if round_ is None else math.seed(round_)
         rule, f = math.rule_for(len(updates), excluded_for_cause)
         with math.single_thread():
             stacked = torch.stack([u.float() for u in updates])  # (n, d)
-            combined = rule(stacked, seed=seed, num_byzantine=f)  # (d,)
+            combined = rule(stacked, seed=seed, num_byzantine=f, weights=row_weights(math.cfg, work, f))  # (d,)
             math.outer_step(params, combined, round_)
         return rule.last_report
 
@@ -85,7 +87,7 @@ class SlicedMath(ModeMath):
     def header_slices(self, layout):
         return layout.num_slices
 
-    def apply(self, math, params, updates, *, round_, excluded_for_cause):
+    def apply(self, math, params, updates, *, round_, excluded_for_cause, work=None):
         """Every slice reduced as an owner would, through the result format, then one outer step
         on the gathered vector."""
         layout, round_ = math.layout, round_ or 0
@@ -96,7 +98,7 @@ class SlicedMath(ModeMath):
             view = rows[:, : layout.size(j)]
             for i, update in enumerate(updates):
                 view[i] = update[part]
-            data = math.reduce_slice(view, j, round_=round_, excluded_for_cause=excluded_for_cause)
+            data = math.reduce_slice(view, j, round_=round_, excluded_for_cause=excluded_for_cause, work=work)
             combined[part] = math.decode_result(data, j)
         math.step_with_aggregate(params, combined, round_=round_)
         return None

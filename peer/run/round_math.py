@@ -19,6 +19,7 @@ import torch
 from optim import aggregate, codecs, outer, slicing, sparse_mean
 from peer.run.config import ConfigError, OuterConfig, RunConfig
 from peer.run.mode_math import mode_math
+from peer.run.work_math import RowWork, check_weighted_rule, claim_bounds, row_weights
 from protocol.wire import swarm_pb2
 from protocol.envelope import UpdateHeader, open_update
 from protocol.reasons import Reason
@@ -91,6 +92,7 @@ class RoundMath:
         self.result_format = cfg.exchange.result_codec or slicing.result_format(cfg.compression.codec)
         self.outer = outer.build(cfg.outer.name, **outer_options(cfg.outer))
         self.aggregator = build_aggregator(cfg)
+        check_weighted_rule(cfg, self.aggregator.name)  # a window run's rule must weigh rows by work
         self._small_round = aggregate.build("median")
         use_feedback = cfg.compression.error_feedback and not self.codec.lossless
         decay = cfg.compression.error_feedback_decay
@@ -116,7 +118,9 @@ class RoundMath:
     # --- receiver ------------------------------------------------------------------------
 
     def open_update(self, signed: swarm_pb2.Signed, *, round_: int | None, layout_hash: str) -> UpdateHeader:
-        """Verify a signed update header against this run (signature, run, round, codec, layout, size)."""
+        """Verify a signed update header against this run (signature, run, round, codec, layout, size,
+        the work it claims)."""
+        max_inner_steps, tokens_per_step = claim_bounds(self.cfg)
         return open_update(
             signed,
             run_id=self.cfg.run_id,
@@ -126,6 +130,8 @@ class RoundMath:
             layout_hash=layout_hash,
             max_payload_bytes=min(self.cfg.max_payload_bytes, self.codec.max_encoded_size(self.numel)),
             num_slices=self.mode.header_slices(self.layout),
+            max_inner_steps=max_inner_steps,
+            tokens_per_step=tokens_per_step,
         )
 
     def decode(self, payload: bytes, round_: int) -> torch.Tensor:
@@ -150,9 +156,11 @@ class RoundMath:
             raise UpdateRejected(Reason.NON_FINITE, f"slice {j} holds NaN or Inf values")
         return values
 
-    def reduce_slice(self, rows: torch.Tensor, j: int, *, round_: int, excluded_for_cause: int = 0) -> bytes:
+    def reduce_slice(self, rows: torch.Tensor, j: int, *, round_: int, excluded_for_cause: int = 0,
+                     work: RowWork | None = None) -> bytes:
         """(n, s_j) decoded slice j of the listed updates (peer_id order) -> the aggregated slice's
         bytes in the run's result format. Deterministic: every honest owner signs the same bytes.
+        `work`: what the rows' headers claim (a compute-window run weighs them by it, capped).
 
         The rule runs on the slice alone (per-slice robust aggregation); centered-clip starts from
         the matching part of the swarm's previous aggregate."""
@@ -165,7 +173,8 @@ class RoundMath:
             previous = self.aggregator.previous
             center = None if previous is None else previous[self.layout.range(j)]
             with single_thread():
-                combined = rule.aggregate_part(rows, seed=seed, num_byzantine=f, center=center, report=False)  # (s_j,)
+                combined = rule.aggregate_part(rows, seed=seed, num_byzantine=f, center=center, report=False,
+                                               weights=row_weights(self.cfg, work, f))  # (s_j,)
         result = slicing.encode_result(combined, self.result_format)
         self.result_bytes[j] = len(result)  # a compressed result's length varies (simulate counts the real one)
         return result
@@ -259,16 +268,18 @@ class RoundMath:
     # --- receiver: aggregate + step -------------------------------------------------------
 
     def apply(
-        self, params: torch.Tensor, updates: list[torch.Tensor], *, round_: int | None = None, excluded_for_cause: int = 0
+        self, params: torch.Tensor, updates: list[torch.Tensor], *, round_: int | None = None, excluded_for_cause: int = 0,
+        work: RowWork | None = None,
     ) -> aggregate.AggregationReport | None:
-        """Aggregate `updates` (already sorted by peer_id) and step `params` (d,) in place.
+        """Aggregate `updates` (already sorted by peer_id; `work`: what their headers claim, in that
+        order) and step `params` (d,) in place.
 
         `round_` seeds the aggregator's randomness (bucketing's shuffle) with the value every
         node derives for that round, so the shuffle changes each round and agrees everywhere.
         """
         if not updates:
             return None
-        return self.mode.apply(self, params, updates, round_=round_, excluded_for_cause=excluded_for_cause)
+        return self.mode.apply(self, params, updates, round_=round_, excluded_for_cause=excluded_for_cause, work=work)
 
     # --- what a mode's math uses ------------------------------------------------------------
 

@@ -26,6 +26,7 @@ import torch
 
 from peer.run import slice_plan
 from peer.run.round_math import RoundMath, UpdateRejected
+from peer.run.work_math import RowWork
 from protocol.reasons import FOR_CAUSE
 from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, check_entry, signed_from_json
 from protocol import merkle
@@ -213,7 +214,8 @@ class SliceExchange:
                 continue
             used.append(peer_id)
         for_cause = sum(reason in FOR_CAUSE for reason in [*rnd.manifest.excluded.values(), *excluded.values()])
-        result = self.math.reduce_slice(rows[: len(used)], j, round_=rnd.round, excluded_for_cause=for_cause)
+        work = RowWork.of([rnd.headers[p].tokens for p in used], rnd.manifest.work_history, used)  # their signed claims
+        result = self.math.reduce_slice(rows[: len(used)], j, round_=rnd.round, excluded_for_cause=for_cause, work=work)
         sha = hashlib.sha256(result).hexdigest()
         self.store.put_blob(sha, rnd.round, result)
         owner = self.identity.peer_id if self.identity is not None else ""

@@ -1,0 +1,176 @@
+"""Heterogeneous volunteers (issue 23; shared/DESIGN.md "Heterogeneous peers"): real local swarms of
+4 peers with speeds {1, 1, 0.5, 0.25}, each peer held to speed x --base-core of one core by a
+cgroup, under a fixed H against a compute window, and a homogeneous swarm (every peer at speed 1)
+for the loss at equal tokens.
+
+    .venv/bin/python scripts/bench_heterogeneous.py --json benchmarks/heterogeneous.json --md benchmarks/heterogeneous.md
+    .venv/bin/python scripts/bench_heterogeneous.py --report-only --json benchmarks/heterogeneous.json --md benchmarks/heterogeneous.md
+
+Each row is one swarm: a coordinator and 4 peers of a small byte-level GPT on loopback (sliced
+exchange, the default median rule, fp16 codec, Nesterov outer), one thread each. A peer is moved,
+with its DHT processes, into a cgroup of its own once it has joined (round 0 trains partly
+unthrottled: figures count rounds 1 on, as the issue's measurement did); its CPU quota is its
+speed x base-core, its cpu.shares high enough that the quota, not the other jobs on this shared
+machine, sets its speed (the measured speed ratio is in the JSON). The coordinator gets a cgroup
+of its own too (--coordinator-core).
+
+Figures, all from the processes' own --summary-json records:
+- utilization of a peer: its inner-step seconds over its rounds' wall seconds, rounds 1 on;
+- counted share: each peer's share of the work the aggregate counted, the capped weights the
+  owners used recomputed from the signed claims with the same math (peer/run/work_math.WorkLedger;
+  a fixed-H run counts every update the same); compute share: its share of the CPU quota;
+- val loss at equal wall time: the coordinator's val loss after the last round closed by the
+  shorter run's end (time from round 1's start);
+- loss at equal tokens: the heterogeneous window run's final val loss against the homogeneous
+  run's val loss interpolated (linear in tokens) at the same tokens trained.
+The md is rendered from the JSON (scripts/heterogeneous_report.py), a pure function of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+for extra in (str(ROOT), str(ROOT / "scripts")):
+    if extra not in sys.path:
+        sys.path.insert(0, extra)
+
+from chaos_cgroup import CpuThrottle  # noqa: E402
+from heterogeneous_report import render  # noqa: E402
+from machine_info import command_line, load_average, machine_facts, write_keeping_notes  # noqa: E402
+
+SPEEDS = (1.0, 1.0, 0.5, 0.25)
+MODEL = {"d_model": 64, "n_layer": 2, "n_head": 2, "seq_len": 64}
+DATA = {"batch_size": 8, "val_batches": 8, "max_corpus_bytes": 2_000_000}
+SHARES = 16384  # cpu.shares of each swarm cgroup: 16x a default task's, so the quota binds, not the load
+
+
+def run_config(*, rounds: int, steps: int, window_s: float, seed: int) -> dict[str, Any]:
+    from peer.run.config import RunConfig
+
+    data = RunConfig().to_dict()
+    data["seed"] = seed
+    data["model"].update(MODEL)
+    data["data"].update(DATA)
+    data["inner"].update({"steps": steps, "warmup_steps": 10})
+    data["compression"]["codec"] = "fp16"
+    data["rounds"].update({"rounds": rounds, "expected_peers": len(SPEEDS), "min_deadline_s": 10.0, "deadline_s": 120.0,
+                           "peer_timeout_s": 60.0, "window_s": window_s, "min_steps": 1, "max_steps": 1000})
+    return RunConfig.from_dict(data).to_dict()
+
+
+def descendants(root: int) -> list[int]:
+    """root and every process below it (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    tree, frontier = [root], [root]
+    while frontier:
+        frontier = [p for p, parent in parents.items() if parent in frontier]
+        tree += frontier
+    return tree
+
+
+def run_row(name: str, speeds: tuple[float, ...], *, steps: int, window_s: float, rounds: int, base_core: float,
+            coordinator_core: float, seed: int, workdir: Path) -> dict[str, Any]:
+    from peer.cli.launcher import Swarm
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = run_config(rounds=rounds, steps=steps, window_s=window_s, seed=seed)
+    (workdir / "run.json").write_text(json.dumps(config))
+    groups: list[CpuThrottle] = []
+    started = time.monotonic()
+    try:
+        with Swarm(workdir) as swarm:
+            coordinator = swarm.start_coordinator(["--config", str(workdir / "run.json")], timeout_s=300)
+            group = CpuThrottle(f"swlH{name}coord")
+            groups.append(group)
+            group.limit(descendants(coordinator.process.pid), coordinator_core, shares=SHARES)
+            peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/{len(speeds)}", "--log-every", "100000"], via_dht=False)
+                     for i in range(len(speeds))]
+            throttled: set[int] = set()
+            while len(throttled) < len(peers):  # each peer into its cgroup once it has joined (its DHT is up)
+                for i, peer in enumerate(peers):
+                    if i not in throttled and peer.joined:
+                        group = CpuThrottle(f"swlH{name}{i}")
+                        groups.append(group)
+                        group.limit(descendants(peer.process.pid), speeds[i] * base_core, shares=SHARES)
+                        throttled.add(i)
+                    if not peer.alive():
+                        raise RuntimeError(f"{peer.name} exited before joining: {peer.last_words()}")
+                time.sleep(0.2)
+            if swarm.wait(coordinator, 1800) != 0:
+                raise RuntimeError(f"coordinator failed: {coordinator.last_words()}")
+            for peer in peers:
+                swarm.wait(peer, 120)
+            swarm.check(peers)
+            summaries = {c.name: json.loads((workdir / f"{c.name}.json").read_text()) for c in [coordinator, *peers]}
+    finally:
+        for group in groups:
+            group.close()
+    return {"name": name, "speeds": list(speeds), "inner_steps": steps, "window_s": window_s, "rounds": rounds,
+            "base_core": base_core, "coordinator_core": coordinator_core, "seed": seed, "config": config,
+            "wall_s": time.monotonic() - started, "coordinator": _coordinator_record(summaries["coordinator"]),
+            "peers": [_peer_record(summaries[f"peer{i}"]) for i in range(len(speeds))]}
+
+
+def _coordinator_record(summary: dict[str, Any]) -> dict[str, Any]:
+    return {"initial_val_loss": summary["initial_val_loss"], "param_hash": summary["param_hash"],
+            "history": [{k: r[k] for k in ("round", "updates", "seconds", "val_loss", "param_hash", "close_reason")}
+                        for r in summary["history"]]}
+
+
+def _peer_record(summary: dict[str, Any]) -> dict[str, Any]:
+    keep = ("round", "inner_steps", "tokens", "compute_s", "round_s", "in_sync", "wait_s", "train_loss")
+    return {"peer_id": summary["peer_id"], "param_hash": summary["param_hash"],
+            "history": [{k: r[k] for k in keep} for r in summary["history"]]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", default=str(ROOT / "benchmarks" / "heterogeneous.json"))
+    parser.add_argument("--md", default=str(ROOT / "benchmarks" / "heterogeneous.md"))
+    parser.add_argument("--report-only", action="store_true", help="render the md from the JSON, run nothing")
+    parser.add_argument("--rows", default="fixed-h,window,homogeneous", help="which rows to run (comma-separated)")
+    parser.add_argument("--steps", type=int, default=20, help="H of the fixed-H rows")
+    parser.add_argument("--window-s", type=float, default=32.0, help="the compute window of the window rows")
+    parser.add_argument("--fixed-rounds", type=int, default=22)
+    parser.add_argument("--window-rounds", type=int, default=5)
+    parser.add_argument("--homogeneous-rounds", type=int, default=5)
+    parser.add_argument("--base-core", type=float, default=0.35, help="share of one core a speed-1 peer gets")
+    parser.add_argument("--coordinator-core", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", default="/tmp/swarmloco-heterogeneous")
+    args = parser.parse_args(argv)
+    path = Path(args.json)
+    if not args.report_only:
+        record = json.loads(path.read_text()) if path.exists() else {"rows": {}}
+        record.update({"machine": machine_facts(), "command": command_line()})
+        plans = {"fixed-h": (SPEEDS, 0.0, args.fixed_rounds), "window": (SPEEDS, args.window_s, args.window_rounds),
+                 "homogeneous": ((1.0,) * len(SPEEDS), args.window_s, args.homogeneous_rounds)}
+        for name in args.rows.split(","):
+            speeds, window_s, rounds = plans[name]
+            load_before = load_average()
+            print(f"row {name}: speeds {speeds}, window {window_s or 'off'} s, H {args.steps}, {rounds} rounds (load {load_before})", flush=True)
+            row = run_row(name, speeds, steps=args.steps, window_s=window_s, rounds=rounds, base_core=args.base_core,
+                          coordinator_core=args.coordinator_core, seed=args.seed, workdir=Path(args.workdir) / name)
+            row.update({"load_before": load_before, "load_after": load_average()})
+            record["rows"][name] = row
+            path.write_text(json.dumps(record, indent=1) + "\n")  # after every row: a later failure keeps it
+            print(f"row {name}: done in {row['wall_s']:.0f} s", flush=True)
+    write_keeping_notes(args.md, render(json.loads(path.read_text())))
+    print(f"wrote {args.md}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""simulate --peer-speeds: the steps a speed fits in a window, the simulated clock, and the swarm's
+work weights (peer/cli/simulate_speeds.py over peer/run/work_math.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from peer.cli.simulate_options import SimulationOptions
+from peer.cli.simulate_speeds import parse_speeds, round_steps
+from peer.run.config import RunConfig
+from tests.helpers import simulate, tiny_simulation_config
+
+H = 4
+
+
+def config(**sections) -> RunConfig:
+    data = tiny_simulation_config().to_dict()
+    for section, values in sections.items():
+        data[section].update(values)
+    return RunConfig.from_dict(data)
+
+
+def test_a_window_gives_each_peer_the_steps_its_speed_fits():
+    fixed = config(inner={"steps": H})
+    assert round_steps(fixed, (1.0, 0.5, 0.25)) == [H, H, H]
+    window = config(rounds={"window_s": 10.0, "min_steps": 2, "max_steps": 8})
+    # ceil(10 x s), at least 2, at most 8
+    assert round_steps(window, (1.0, 0.5, 0.3, 0.1)) == [8, 5, 3, 2]
+
+
+def test_bad_speeds_are_refused_with_what_to_give():
+    with pytest.raises(ValueError, match="one number per peer"):
+        parse_speeds("1,fast")
+    with pytest.raises(ValueError, match="3 speeds for --peers 4"):
+        SimulationOptions(peers=4, peer_speeds=(1.0, 1.0, 0.5))
+    with pytest.raises(ValueError, match="positive number"):
+        SimulationOptions(peers=2, peer_speeds=(1.0, 0.0))
+    with pytest.raises(ValueError, match="do not take weights"):
+        SimulationOptions(peers=2, baseline="ddp", config=config(rounds={"window_s": 2.0})).run_config()
+
+
+def test_fixed_h_waits_for_the_slowest_and_the_window_counts_each_peers_work():
+    speeds = (1.0, 1.0, 0.5)
+    fixed = simulate(peers=3, rounds=2, peer_speeds=speeds, config=config(inner={"steps": H}))
+    work = fixed["work"]
+    assert work["simulated_seconds"] == 2 * H / 0.5 and work["utilization"] == [0.5, 0.5, 1.0]
+    assert work["counted_share"] == pytest.approx([1 / 3] * 3)  # every update counts the same
+    window = simulate(peers=3, rounds=2, peer_speeds=speeds, config=config(rounds={"window_s": float(H)}))
+    work = window["work"]
+    assert [r["steps"] for r in work["rounds"]] == [[H, H, H // 2]] * 2
+    assert work["simulated_seconds"] == 2 * H and work["utilization"] == [1.0, 1.0, 1.0]
+    assert work["counted_share"] == pytest.approx([0.4, 0.4, 0.2]) == work["compute_share"]
+    assert window["final_params_sha256"] != fixed["final_params_sha256"]
+
+
+def test_a_window_where_every_peer_does_the_same_work_is_the_fixed_h_run_bit_for_bit():
+    fixed = simulate(peers=3, rounds=2, config=config(inner={"steps": H}))
+    window = simulate(peers=3, rounds=2, config=config(inner={"steps": H}, rounds={"window_s": float(H)}))
+    assert [r["steps"] for r in window["work"]["rounds"]] == [[H] * 3] * 2
+    assert window["final_params_sha256"] == fixed["final_params_sha256"]  # equal weights: the unweighted rule
