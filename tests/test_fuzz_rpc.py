@@ -340,41 +340,37 @@ def test_sliced_round_rpcs_survive_hostile_messages():
                                                                       for j in range(1, slices)])
 
         signed_ok = batch()
-        body = json.loads(signed_ok.body.split(b"\n", 1)[1])
 
-        def crafted(**fields) -> swarm_pb2.Signed:
-            return sign_body(owner, SLICE_RESULTS_TAG, {**body, **fields})
+        def resigned(body: bytes) -> swarm_pb2.Signed:
+            return swarm_pb2.Signed(body=body, signature=owner.sign(body), public_key=owner.public_key)
 
-        padded = signed_ok.body.replace(b",", b"," + b" " * 2000)
         rng = random.Random(7)
+        tag = SLICE_RESULTS_TAG.encode() + b"\n"
         hostile_results = [
             swarm_pb2.Signed(body=rng.randbytes(200), signature=rng.randbytes(64), public_key=rng.randbytes(32)),
             batch(stranger, owner=stranger.peer_id),  # not an owner
-            batch(slice=slices),  # no such slice
-            batch(slice=-1),
+            # (a batch names no slice: its rows are the signer's slices of the manifest, in order)
             batch(round=r + 7),
             batch(manifest_sha256="cd" * 32),  # another manifest
             batch(result_size=1 << 40),
             batch(result_size=0),
-            crafted(results=[[0, "not-hex", 8], *body["results"][1:]]),
-            crafted(results=[[0, "ab" * 32, 8], *body["results"][1:]]),  # hex: the old form
-            crafted(manifest_sha256=manifest_sha),  # hex: the old form
-            sign_body(owner, "swarmloco/slice-results/v2", body),  # the old batch tag
             batch(excluded={"e" * 32: "unreachable"}),  # a peer the manifest does not list
             sign_slice_results(owner, [result()]),  # leaves out slices it owns
-            crafted(results=[body["results"][0], *body["results"]]),  # a slice twice
-            crafted(results=list(reversed(body["results"]))),  # out of order
-            crafted(results=[[0, "ab" * 32, True], *body["results"][1:]]),
-            crafted(excluded={owner.peer_id: {"unreachable": [slices + 3]}}),
-            crafted(round=float("nan")),
-            crafted(inputs=[owner.peer_id]),  # a field the batch does not have
+            resigned(signed_ok.body[:-5]),  # truncated
+            resigned(signed_ok.body + b"\x00"),  # a byte after the last field
+            resigned(tag + rng.randbytes(300)),  # garbage after the tag
+            resigned(tag + b"\xff" * 12),  # a varint longer than 10 bytes
+            swarm_pb2.Signed(body=b"\x01\xff\xff\x7f", signature=owner.sign(b"x")),  # packed, no such owner index
+            swarm_pb2.Signed(body=b"\x01\x00" + b"\x00" * slices, signature=owner.sign(b"x")),  # packed copies of nothing
+            sign_body(owner, "swarmloco/slice-results/v3", {"run_id": c.cfg.run_id, "round": r}),  # the old JSON batch
+            sign_body(owner, "swarmloco/slice-results/v2", {"run_id": c.cfg.run_id, "round": r}),  # the old hex batch
             sign_body(owner, "swarmloco/slice-result/v1", {"run_id": c.cfg.run_id, "round": r}),  # the old per-slice tag
-            swarm_pb2.Signed(body=padded, signature=owner.sign(padded), public_key=owner.public_key),  # oversized
+            resigned(signed_ok.body + bytes(100_000)),  # oversized
             swarm_pb2.Signed(body=signed_ok.body, signature=bytes(64), public_key=signed_ok.public_key),  # forged
         ]
         for hostile in hostile_results:
             reply = served.stub.SubmitSliceResult(hostile, timeout=10)
-            assert not reply.accepted and reply.refusal != swarm_pb2.REFUSAL_UNSPECIFIED, reply
+            assert not reply.accepted and reply.refusal != swarm_pb2.REFUSAL_UNSPECIFIED, (hostile_results.index(hostile), reply)
         assert not sliced_batches(c, r)
         for request in (swarm_pb2.SliceResultsRequest(round=-1, wait_s=float("nan")),
                         swarm_pb2.SliceResultsRequest(round=(1 << 63) - 1, wait_s=float("inf")),

@@ -71,6 +71,5 @@ def continue_round(c: Coordinator, signed: swarm_pb2.Signed, results: Sequence[s
         book.excluded.update(manifest.excluded)
         book.first_arrival = time.monotonic()
         c.clock.continue_manifest(book, manifest, continues=continues, continues_term=continues_term)
-    for batch in results:
-        c.exchange.submit_result(batch)  # checked against the manifest like any owner's
+    c.exchange.submit_followed(results)  # checked against the manifest like any owner's
     return ""

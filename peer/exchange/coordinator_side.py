@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
@@ -164,6 +165,12 @@ class CoordinatorExchange(ABC):
     def submit_result(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
         """SubmitSliceResult: an owner's signed slice result (takes the lock)."""
         raise self._no_slice_results()
+
+    def submit_followed(self, batches: Sequence[swarm_pb2.Signed]) -> None:
+        """A takeover: the owners' batches of the round in flight as the previous active's
+        GetSliceResults gave them (in its order: packed ones may refer to earlier ones)."""
+        for signed in batches:
+            self.submit_result(signed)
 
     def wait_results(self, r: int, wait_s: float, until_applied: bool) -> swarm_pb2.SliceResultsReply:
         """GetSliceResults: a long-poll, and a read only (takes the lock)."""

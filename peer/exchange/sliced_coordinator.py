@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,7 @@ class SlicedRoundState:
     gathered: set[str] = field(default_factory=set)  # peers that gathered (they wait for the applied round)
     reports: Reports = field(default_factory=list)
     applied_hash: str = ""
+    packed: list[swarm_pb2.Signed] | None = None  # the final batches as GetSliceResults sends them (made once)
 
     def owners_missing(self) -> int:
         """Owners (of at least one slice) whose batch has not come."""
@@ -62,6 +64,12 @@ class SlicedRoundState:
 
     def signed_batches(self) -> list[swarm_pb2.Signed]:
         return [signed for _, signed in self.batches.values()]
+
+    def packed_batches(self) -> list[swarm_pb2.Signed]:
+        """The final batches packed to travel (protocol/slice_result_wire.py); they no longer change."""
+        if self.packed is None:
+            self.packed = self.slice_round.pack(self.signed_batches())
+        return self.packed
 
 
 class SlicedCoordinator(CoordinatorExchange):
@@ -114,6 +122,22 @@ class SlicedCoordinator(CoordinatorExchange):
         with self.ctx.lock:
             return self._submit_result(signed)
 
+    def submit_followed(self, batches: Sequence[swarm_pb2.Signed]) -> None:
+        """The batches a standby followed, as the previous active packed them (one list: a row may
+        copy an earlier batch's), rebuilt in order and submitted whole."""
+        with self.ctx.lock:
+            state = self.rounds.get(self.ctx.open.book.round)
+            if state is None:
+                return
+            unpacker = state.slice_round.unpacker(self.ctx.cfg.run_id)
+            for packed in batches:
+                try:
+                    full = unpacker.full(packed)
+                except EnvelopeError as exc:
+                    log.info("a followed slice-result batch does not rebuild: %s", exc)
+                    continue
+                self._submit_result(full)
+
     def _submit_result(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
         ctx = self.ctx
         state = self.rounds.get(ctx.open.book.round)
@@ -121,7 +145,7 @@ class SlicedCoordinator(CoordinatorExchange):
             return ctx.refuse(Reason.STALE_ROUND, "stale-round: no sliced round is collecting results now")
         rnd = state.slice_round
         try:
-            results = self.slices.open_batch(rnd, signed)
+            results, signed = self.slices.open_batch(rnd, signed)  # kept whole: the evidence
         except EnvelopeError as exc:
             return ctx.refuse(exc.reason, f"{exc.reason}: {exc}")
         owner = results[0].owner
@@ -282,7 +306,7 @@ class SlicedCoordinator(CoordinatorExchange):
             return swarm_pb2.SliceResultsReply(
                 # the results once, with the final answer; an until_applied poll comes from a peer
                 # that already gathered them (one signed batch per owner: the largest control reply)
-                ready=state.final, results=state.signed_batches() if state.final and not until_applied else [],
+                ready=state.final, results=state.packed_batches() if state.final and not until_applied else [],
                 applied=bool(state.applied_hash), param_hash=state.applied_hash, current_round=ctx.open.round,
                 finished=ctx.open.finished,
             )

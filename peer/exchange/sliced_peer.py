@@ -53,7 +53,7 @@ class SlicedPeer(PeerExchange):
             log.warning("round %d: the manifest does not hold (%s): resynchronising", r, exc)
             return Resync("could not verify the manifest", wait_s=wait_s)
 
-        for signed in self.engine.reduce_owned(rnd):  # reduce-scatter: our slices, one signed batch
+        for signed in rnd.pack(self.engine.reduce_owned(rnd)):  # reduce-scatter: our slices, one signed batch
             reply = ctx.client.submit_slice_results(signed)
             if not reply.accepted:
                 log.warning("round %d: our slice results were refused: %s", r, reply.reason)

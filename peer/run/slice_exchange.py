@@ -33,6 +33,7 @@ from protocol import merkle
 from protocol.payload_fetch import ChannelPool, FetchError, fetch_blob, fetch_slice
 from protocol.payload_service import PayloadStore, StoredSlice
 from protocol.slice_result import SliceResult, open_slice_results, sign_slice_results
+from protocol.slice_result_wire import BatchUnpacker, pack_batches
 from protocol.wire import swarm_pb2
 
 log = logging.getLogger("swarmloco.exchange")
@@ -68,6 +69,7 @@ class SliceRound:
     # peer_id -> the tree nodes its slices' proofs have proven so far: later fetches of that
     # update's slices ask for the siblings below them only (protocol/merkle.ProvenNodes)
     proven: dict[str, merkle.ProvenNodes] = field(default_factory=dict)
+    public_keys: dict[str, bytes] = field(default_factory=dict)  # peer_id -> the key its signed header names
 
     def __post_init__(self) -> None:
         for peer_id, header in self.headers.items():
@@ -86,7 +88,17 @@ class SliceRound:
         holders = {e.peer_id: [h for h in e.holders if h] for e in manifest.entries}
         endpoints = {e.peer_id: e.holders[0] for e in manifest.entries if e.serves and e.holders}
         bound = manifest.continues or hashlib.sha256(signed_manifest.body).hexdigest()
-        return cls(r, manifest, bound, headers, holders, manifest.owners, endpoints)
+        keys = {e.peer_id: signed_from_json(e.header).public_key for e in manifest.entries}
+        return cls(r, manifest, bound, headers, holders, manifest.owners, endpoints, public_keys=keys)
+
+    def unpacker(self, run_id: str) -> BatchUnpacker:
+        """Rebuilds this round's packed slice-result batches (protocol/slice_result_wire.py)."""
+        return BatchUnpacker(run_id=run_id, round_=self.round, manifest_sha256=self.manifest_sha256, peer_ids=self.peer_ids,
+                             owners=self.owners, public_keys=self.public_keys)
+
+    def pack(self, batches: list[swarm_pb2.Signed]) -> list[swarm_pb2.Signed]:
+        """Verified full batches of this round, packed to travel (in this order)."""
+        return pack_batches(batches, peer_ids=self.peer_ids, owners=self.owners)
 
 
 class Lie(NamedTuple):
@@ -253,9 +265,10 @@ class SliceExchange:
         for this manifest; one batch per owner (the first), an invalid batch ignored."""
         by_slice: dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]] = {}
         seen: set[str] = set()
-        for signed in batches:
+        unpacker = rnd.unpacker(self.math.cfg.run_id)  # one for the list: a packed row may copy an earlier batch's
+        for packed in batches:
             try:
-                results = self.open_batch(rnd, signed)
+                results, signed = self.open_batch(rnd, packed, unpacker)
             except EnvelopeError as exc:
                 log.info("ignoring slice results: %s", exc)
                 continue
@@ -267,12 +280,15 @@ class SliceExchange:
                 by_slice.setdefault(result.slice, []).append((result, signed))
         return by_slice
 
-    def open_batch(self, rnd: SliceRound, signed: swarm_pb2.Signed) -> tuple[SliceResult, ...]:
-        """An owner's signed batch for this round's manifest, by slice; EnvelopeError otherwise."""
+    def open_batch(self, rnd: SliceRound, signed: swarm_pb2.Signed,
+                   unpacker: BatchUnpacker | None = None) -> tuple[tuple[SliceResult, ...], swarm_pb2.Signed]:
+        """An owner's signed batch (packed or full) for this round's manifest -> (its results by
+        slice, the full signed batch: the evidence); EnvelopeError otherwise."""
+        full = (unpacker or rnd.unpacker(self.math.cfg.run_id)).full(signed)
         return open_slice_results(
-            signed, run_id=self.math.cfg.run_id, round_=rnd.round, manifest_sha256=rnd.manifest_sha256, owners=rnd.owners,
+            full, run_id=self.math.cfg.run_id, round_=rnd.round, manifest_sha256=rnd.manifest_sha256, owners=rnd.owners,
             max_result_bytes=self.math.max_result_bytes(), peer_ids=rnd.peer_ids,
-        )
+        ), full
 
     def gather(self, rnd: SliceRound, batches: list[swarm_pb2.Signed], *, spot_checks: int = 0,
                coverage: float | None = None, rng: random.Random | None = None) -> GatherOutcome:

@@ -139,7 +139,7 @@ class CoordinatorServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SubmitSliceResult(self, request, context):
-        """an owner's signed slice result
+        """an owner's signed batch of slice results (packed)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
