@@ -114,3 +114,21 @@ def test_the_loop_beats_at_once_when_told_and_stops():
     beat.stop.set()
     beat.join(timeout=10)
     assert not beat.thread.is_alive()
+
+
+def test_a_peer_with_no_news_beats_only_to_keep_alive():
+    """Every 2 s tick beats while there is news (a step, a phase, a round); with none, only every
+    keepalive_s (the node passes peer_timeout_s / 4), or at once when told (a round ended)."""
+    beat = Heartbeat(client=FakeCoordinator(), identity=Identity.generate(), counter=ByteCounter(), snapshot=NodeSnapshot,
+                     announce=lambda: None, rejoin=lambda: None, stop=threading.Event(), keepalive_s=7.5)
+    waiting = NodeSnapshot(round=4, state="waiting", step=30)
+    assert beat.due(waiting.news(), forced=False, now=100.0)  # never told
+    beat.told, beat.beaten = waiting.news(), 100.0
+    assert not beat.due(waiting.news(), forced=False, now=102.0)
+    assert not beat.due(NodeSnapshot(round=4, state="waiting", step=30, compute_s=9.0).news(), forced=False, now=104.0)
+    assert beat.due(waiting.news(), forced=False, now=107.5)  # keep-alive
+    assert beat.due(waiting.news(), forced=True, now=102.0)  # a round ended
+    assert beat.due(NodeSnapshot(round=4, state="training", step=31).news(), forced=False, now=102.0)  # news
+    # never slower than peer_timeout_s allows, never faster than the 2 s tick
+    assert Heartbeat(client=FakeCoordinator(), identity=Identity.generate(), counter=ByteCounter(), snapshot=NodeSnapshot,
+                     announce=lambda: None, rejoin=lambda: None, stop=threading.Event(), keepalive_s=1.5).keepalive_s == 2.0

@@ -157,7 +157,7 @@ class PeerNode:
         self.announce()
         self.heartbeat = Heartbeat(client=self.client, identity=self.identity, counter=self.counter,
                                    snapshot=lambda: self.snapshot, announce=self.announce, rejoin=self.send_join, stop=self.stop,
-                                   session=self.held.session)
+                                   session=self.held.session, keepalive_s=self.cfg.rounds.peer_timeout_s / 4)
         self.heartbeat.start()
 
     def _build(self, round_: int) -> None:
