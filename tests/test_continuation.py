@@ -77,17 +77,20 @@ def test_the_successor_continues_the_round_with_the_peers_commitments_and_the_ow
         first = active.manifests[0]
         sha = hashlib.sha256(first.body).hexdigest()
         shutil.copy(tmp_path / "a.ckpt", tmp_path / "b.ckpt")
-    keys = CoordinatorKeys.of(cfg.control.coordinators)
-    old = open_manifest(first, keys=keys, run_id=cfg.run_id, round_=0)
-    owner = peers[0] if any(peers[0].peer_id in o for o in old.owners) else peers[1]
-    owned = slice_plan.owned_by(old.owners, owner.peer_id)
-    batch = sign_slice_results(owner, [SliceResult(run_id=cfg.run_id, round=0, slice=j, owner=owner.peer_id, manifest_sha256=sha,
-                                                   result_sha256=hashlib.sha256(bytes([j])).hexdigest(), result_size=8, inputs=())
-                                       for j in owned])
+        keys = CoordinatorKeys.of(cfg.control.coordinators)
+        old = open_manifest(first, keys=keys, run_id=cfg.run_id, round_=0)
+        owning = [p for p in peers if slice_plan.owned_by(old.owners, p.peer_id)]
+        batches = [sign_slice_results(p, [SliceResult(run_id=cfg.run_id, round=0, slice=j, owner=p.peer_id, manifest_sha256=sha,
+                                                      result_sha256=hashlib.sha256(bytes([j])).hexdigest(), result_size=8, inputs=())
+                                          for j in slice_plan.owned_by(old.owners, p.peer_id)]) for p in owning]
+        # followed as the active's GetSliceResults sends them: packed, the agreeing owners' rows copied
+        followed = active.exchange.rounds[0].slice_round.pack(batches)
+    owner, batch = owning[0], batches[0]
+    assert sum(len(f.body) for f in followed) < sum(len(f.body) for f in batches) - 32 * len(old.owners)
 
     successor = Coordinator(cfg, b, checkpoint_path=tmp_path / "b.ckpt", term=1)
     assert successor.round == 0 and successor.param_hash == old.base_param_hash
-    assert continue_round(successor, first, [batch]) == ""
+    assert continue_round(successor, first, followed) == ""
     again = open_manifest(successor.manifests[0], keys=keys, run_id=cfg.run_id, round_=0)
     assert (again.term, again.continues, again.continues_term) == (1, sha, 0)
     assert again.entries == old.entries and again.owners == old.owners  # the peers' own signed headers, the same draw
@@ -100,7 +103,7 @@ def test_the_successor_continues_the_round_with_the_peers_commitments_and_the_ow
         assert successor.submit(signed, ENDPOINT).reason == "already committed"
     # The owner's batch, signed over the earlier manifest, counts (its second submission is the same batch) ...
     state = successor.exchange.rounds[0]
-    assert owner.peer_id in state.batches
+    assert sorted(state.batches) == sorted(p.peer_id for p in owning)  # every followed batch rebuilt and counted
     assert successor.exchange.submit_result(batch).reason == "already submitted"
     # ... because every node binds the continued round's results to the body it continues.
     assert SliceRound.of(0, again, successor.manifests[0], {}).manifest_sha256 == sha
