@@ -22,7 +22,9 @@ from tests.helpers import ROOT, cmdline, free_port, kill_tree, process_tree, sti
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process trees from /proc (Linux)")]
-EXIT_WITHIN_S = 10.0
+# A hang guard, not a speed figure: the bug this catches (Ctrl-C ignored) never exits at all; a clean
+# stop (DHT shutdown grace, gRPC drain) took > 10 s on 2 cores at load 35-117 from other jobs.
+EXIT_WITHIN_S = 45.0
 GONE_WITHIN_S = 5.0  # after the process exits: p2pd ends on its parent's death signal, at once
 
 
