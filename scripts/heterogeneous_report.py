@@ -147,6 +147,14 @@ def _targets(rows: dict[str, Any]) -> list[str]:
                    + ", ".join(f"speed {window['speeds'][i]:g}: {counted[i]:.1%} vs {compute[i]:.1%} ({off[i]:+.0%})" for i in slow)
                    + f": **{verdict(all(abs(off[i]) <= SHARE_TOLERANCE for i in slow))}**"
                    + (f" (fixed H: {_pcts(counted_shares(fixed))})" if fixed else ""))
+        # A cgroup's quota also pays for what a peer does besides training (heartbeats, serving,
+        # the exchange), a larger part of a small quota: against the training rate each peer
+        # reached (measured speed), the counted shares compare as follows.
+        rates = measured_speeds(window)
+        rate_share = [r / sum(rates) for r in rates]
+        out.append("  - against each peer's measured training rate instead of its quota: "
+                   + ", ".join(f"speed {window['speeds'][i]:g}: {counted[i]:.1%} vs {rate_share[i]:.1%} "
+                               f"({(counted[i] - rate_share[i]) / rate_share[i]:+.0%})" for i in slow))
     if window and fixed:
         budget = min(timeline(window)[-1][0], timeline(fixed)[-1][0])
         w_loss, w_rounds = loss_at_time(window, budget)
