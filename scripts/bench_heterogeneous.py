@@ -146,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fixed-rounds", type=int, default=22)
     parser.add_argument("--window-rounds", type=int, default=5)
     parser.add_argument("--homogeneous-rounds", type=int, default=5)
+    parser.add_argument("--homogeneous-window-s", type=float, default=19.0,
+                        help="the homogeneous row's window: sized so its 4 full-speed peers train about the tokens a round "
+                             "of the mixed window row trains (2.75 of 4 peers' speed: 32 s x 2.75 / 4 = 22 s nominal; "
+                             "19 s matched the measured rates), so equal tokens come at an equal number of outer steps")
     parser.add_argument("--base-core", type=float, default=0.35, help="share of one core a speed-1 peer gets")
     parser.add_argument("--coordinator-core", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
@@ -154,16 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.json)
     if not args.report_only:
         record = json.loads(path.read_text()) if path.exists() else {"rows": {}}
-        record.update({"machine": machine_facts(), "command": command_line()})
+        record["machine"] = machine_facts()
         plans = {"fixed-h": (SPEEDS, 0.0, args.fixed_rounds), "window": (SPEEDS, args.window_s, args.window_rounds),
-                 "homogeneous": ((1.0,) * len(SPEEDS), args.window_s, args.homogeneous_rounds)}
+                 "homogeneous": ((1.0,) * len(SPEEDS), args.homogeneous_window_s, args.homogeneous_rounds)}
         for name in args.rows.split(","):
             speeds, window_s, rounds = plans[name]
             load_before = load_average()
             print(f"row {name}: speeds {speeds}, window {window_s or 'off'} s, H {args.steps}, {rounds} rounds (load {load_before})", flush=True)
             row = run_row(name, speeds, steps=args.steps, window_s=window_s, rounds=rounds, base_core=args.base_core,
                           coordinator_core=args.coordinator_core, seed=args.seed, workdir=Path(args.workdir) / name)
-            row.update({"load_before": load_before, "load_after": load_average()})
+            row.update({"load_before": load_before, "load_after": load_average(), "command": command_line()})
             record["rows"][name] = row
             path.write_text(json.dumps(record, indent=1) + "\n")  # after every row: a later failure keeps it
             print(f"row {name}: done in {row['wall_s']:.0f} s", flush=True)
