@@ -38,6 +38,7 @@ class ByteCounter:
         self._lock = threading.Lock()
         self._traffic: dict[tuple[int, str], Traffic] = defaultdict(Traffic)
         self._methods: dict[tuple[int, str], Traffic] = defaultdict(Traffic)
+        self._calls: dict[tuple[str, str], int] = defaultdict(int)  # (rpc method, remote) -> calls, all rounds
 
     def add(self, remote: str, *, sent: int = 0, received: int = 0, call: bool = False, method: str = "") -> None:
         """Count traffic with `remote` in the current round; `method` (the RPC's short name, for
@@ -50,6 +51,8 @@ class ByteCounter:
                 entry.sent += sent
                 entry.received += received
                 entry.calls += int(call)
+            if call and method:
+                self._calls[(method, remote)] += 1
 
     def total(self) -> Traffic:
         with self._lock:
@@ -76,6 +79,12 @@ class ByteCounter:
             for (r, remote), t in sorted(self._traffic.items()):
                 out[str(r)][remote] = t.as_dict()
             return dict(out)
+
+    def calls_to(self, method: str) -> dict[str, int]:
+        """{remote: calls of `method` made to it (or served to it: "served:X")} over all rounds: how
+        many round trips a phase took per counterpart, counted where they happen."""
+        with self._lock:
+            return {remote: n for (m, remote), n in self._calls.items() if m == method}
 
     def by_method(self) -> dict[str, dict[str, dict[str, int]]]:
         """{round: {rpc method: {bytes_sent, bytes_received, calls}}}: the same bytes as

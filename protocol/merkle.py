@@ -171,6 +171,23 @@ class ProvenNodes:
         with self._lock:
             return known_level(index, self.count, self._known)
 
+    def plan(self, indices: Sequence[int]) -> list[int]:
+        """levels_for each of these leaves fetched in this order in one stream, each counting on
+        what the earlier ones will prove once they arrive (a batched fetch asks for all at once)."""
+        with self._lock:
+            positions: set[tuple[int, int]] = set(self._known)
+        out = []
+        for index in indices:
+            out.append(known_level(index, self.count, positions))  # type: ignore[arg-type]  # only `in` is used
+            i, width, level = index, self.count, 0
+            positions.add((0, index))
+            while width > 1:  # the proof proves its siblings and every node on the path up
+                if (i ^ 1) < width:
+                    positions.add((level, i ^ 1))
+                i, width, level = i // 2, (width + 1) // 2, level + 1
+                positions.add((level, i))
+        return out
+
     def accept(self, digest: bytes, index: int, path: Sequence[bytes]) -> bool:
         """Whether `path` proves `digest` as leaf `index` (whole, or down from a proven node); what
         it proves is kept."""

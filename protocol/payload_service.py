@@ -19,6 +19,8 @@ from protocol.ratelimit import CallerLimits
 from protocol.rpc_errors import RpcAbort, guarded, refusal_for
 from protocol.streaming import TransferError, iter_chunks, receive_chunks
 
+MAX_ITEMS = 4096  # objects in one batched fetch (exchange.slices' bound): a request names at most that many
+
 
 @dataclass(frozen=True, slots=True)
 class StoredPayload:
@@ -142,25 +144,55 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
 
     @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), streaming=True, max_stream_s=lambda s: s.max_stream_s)
     def FetchPayload(self, request: swarm_pb2.FetchRequest, context: grpc.ServicerContext):
-        proof: tuple[bytes, ...] = ()
+        if request.items:
+            yield from self._serve_items(request)
+            return
         if request.HasField("slice"):  # slice `slice` of the update under `slices_root`, with its proof
-            item = self.store.get_slice(request.slices_root, request.slice)
-            if item is None:
+            found = self._slice(request.slices_root, request.slice, request.proof_levels)
+            if found is None:
                 raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no slice {request.slice} of update root {request.slices_root.hex()[:16]}… "
                                                           "here; try another holder", swarm_pb2.NOT_HELD)
-            proof = tuple(merkle.truncate(item.proof, request.slice, item.count, request.proof_levels))
-            data, sha = item.payload, None  # no digest declared: the receiver hashes the bytes
+            (data, proof), sha = found, None  # no digest declared: the receiver hashes the bytes
         else:
             address = request.digest.hex() if request.digest else request.sha256
-            found = self.store.lookup(address)
-            if found is None:
+            held = self.store.lookup(address)
+            if held is None:
                 raise RpcAbort(grpc.StatusCode.NOT_FOUND, f"no payload {address[:16]}… here; try another holder", swarm_pb2.NOT_HELD)
-            data, sha = found.payload, None if request.omit_sha256 else address
+            data, sha, proof = held.payload, None if request.omit_sha256 else address, ()
         if not 0 <= request.offset <= len(data):
             self.on_reject("bad-offset")
             raise RpcAbort(grpc.StatusCode.OUT_OF_RANGE, f"offset {request.offset} outside 0..{len(data)}", swarm_pb2.MALFORMED)
         # no round in the chunks: a fetcher asks for an object it already placed (only checkpoints need one)
         yield from iter_chunks(data, offset=request.offset, sha256=sha, proof=proof)
+
+    def _slice(self, root: bytes, index: int, levels: int) -> tuple[bytes, tuple[bytes, ...]] | None:
+        """Slice `index` under `root` and its proof cut below `levels`, or None when not held."""
+        item = self.store.get_slice(root, index)
+        if item is None:
+            return None
+        return item.payload, tuple(merkle.truncate(item.proof, index, item.count, levels))
+
+    def _serve_items(self, request: swarm_pb2.FetchRequest):
+        """A batched request: every item in its order, each whole (chunks naming it) or marked missing.
+        Neither the digest nor the item's size is repeated: the receiver checks the bytes itself."""
+        if len(request.items) > MAX_ITEMS:
+            self.on_reject("malformed")
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.items)} items in one fetch; at most {MAX_ITEMS}",
+                           swarm_pb2.MALFORMED)
+        root = b""
+        for k, item in enumerate(request.items):
+            root = item.slices_root or root
+            if item.HasField("slice"):
+                found = self._slice(root, item.slice, item.proof_levels)
+            else:
+                held = self.store.lookup(item.digest.hex())
+                found = None if held is None else (held.payload, ())
+            if found is None:
+                yield swarm_pb2.Chunk(item=k, missing=True)
+                continue
+            for chunk in iter_chunks(found[0], sha256=None, proof=found[1]):
+                chunk.item = k
+                yield chunk
 
     @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), cost=5.0, max_stream_s=lambda s: s.max_stream_s)
     def PushPayload(self, request_iterator, context: grpc.ServicerContext):

@@ -198,3 +198,61 @@ def test_a_vanished_owner_is_covered_and_a_slice_nobody_reduced_is_recomputed(sl
 
 def _owner(signed) -> str:
     return peer_id_of(signed.public_key)  # a batch's owner is its signing key
+
+
+def test_one_fetch_stream_per_counterpart_per_phase(slice_nodes):
+    """Reduce-scatter: an owner asks each author for every slice it wants of its update in ONE
+    FetchPayload stream; all-gather: a peer asks each owner it picked for every aggregated slice
+    it wants from it in ONE stream (issue 24). Counted by each node's transport ledger; the bytes
+    of those streams are the slices, their proofs and a few bytes an item."""
+    cfg, nodes = slice_nodes
+    rounds, _ = make_round(cfg, nodes)
+    endpoints = {node.endpoint for node in nodes}
+    batches = []
+    for node, rnd in zip(nodes, rounds):
+        before = node.counter.total()
+        batches += node.exchange.reduce_owned(rnd)
+        calls = node.counter.calls_to("FetchPayload")
+        assert calls == {e: 1 for e in endpoints - {node.endpoint}}  # every other author: one stream each
+        received = node.counter.total().received - before.received
+        owned = [j for j, o in enumerate(rnd.owners) if node.identity.peer_id in o]
+        data = sum(len(node.store.get_slice(rnd.headers[p].root_bytes(), j).payload) for j in owned for p in rnd.peer_ids)
+        own = sum(len(node.store.get_slice(rnd.headers[node.identity.peer_id].root_bytes(), j).payload) for j in owned)
+        # Per author: one whole proof (log2 8 = 3 siblings of 34 B framed), at most 2 siblings for each
+        # later slice, and ~12 B of chunk framing an item; the requests: its root once, ~6 B an item.
+        authors, per_author = len(rnd.peer_ids) - 1, len(owned)
+        assert received - (data - own) <= authors * (3 * 34 + (per_author - 1) * 2 * 34 + per_author * 12)
+        assert node.counter.total().sent - before.sent <= authors * (34 + 10 + per_author * 6)
+    for node, rnd in zip(nodes, rounds):
+        node.counter.round = 1  # the gather's calls, apart
+        before = node.counter.calls_to("FetchPayload")
+        outcome = node.exchange.gather(rnd, batches, spot_checks=0)
+        assert not outcome.recomputed and not outcome.liars
+        after = node.counter.calls_to("FetchPayload")
+        gathered = {e: after[e] - before.get(e, 0) for e in after if after[e] - before.get(e, 0)}
+        assert gathered and set(gathered.values()) == {1} and set(gathered) <= endpoints - {node.endpoint}
+    combined = [node.exchange.gather(rnd, batches, spot_checks=0).combined for node, rnd in zip(nodes, rounds)]
+    assert all(torch.equal(c, combined[0]) for c in combined)  # in sync
+
+
+def test_a_batched_fetch_keeps_what_checks_and_leaves_the_rest_to_the_fallback(slice_nodes):
+    """One stream, several items: an item the holder lacks comes back marked missing, an item whose
+    bytes do not check (a wrong digest asked for) is refused, and the others still arrive, checked."""
+    from protocol import merkle
+    from protocol.payload_fetch import Wanted, fetch_items
+
+    cfg, nodes = slice_nodes
+    rounds, _ = make_round(cfg, nodes)
+    asker, holder = nodes[0], nodes[1]
+    header = rounds[0].headers[holder.identity.peer_id]
+    proven = merkle.ProvenNodes(header.root_bytes(), header.num_slices)
+    stranger = merkle.ProvenNodes(bytes(32), header.num_slices)  # a root nobody serves
+    size = asker.math.sliced_codec.max_slice_payload_size(0)
+    got = fetch_items(asker.pool, holder.endpoint, [
+        Wanted(max_size=size, slice=1, proven=proven), Wanted(max_size=size, slice=2, proven=stranger),
+        Wanted(max_size=size, slice=3, proven=proven), Wanted(max_size=size, sha256="ab" * 32),
+        Wanted(max_size=size, slice=5, proven=proven)])
+    assert got[1] is None and got[3] is None
+    for k, j in ((0, 1), (2, 3), (4, 5)):
+        assert got[k] is not None and got[k].data == holder.store.get_slice(header.root_bytes(), j).payload
+    assert asker.counter.calls_to("FetchPayload") == {holder.endpoint: 1}

@@ -30,7 +30,8 @@ from peer.run.work_math import RowWork
 from protocol.reasons import FOR_CAUSE
 from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, check_entry, signed_from_json
 from protocol import merkle
-from protocol.payload_fetch import ChannelPool, FetchError, fetch_blob, fetch_slice
+from peer.run.slice_fetch import MAX_STREAMS, SliceFetching
+from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadStore, StoredSlice
 from protocol.slice_result import SliceResult, open_slice_results, sign_slice_results
 from protocol.slice_result_wire import BatchUnpacker, pack_batches
@@ -127,7 +128,7 @@ class GatherOutcome:
         return merged
 
 
-class SliceExchange:
+class SliceExchange(SliceFetching):
     def __init__(
         self,
         math: RoundMath,
@@ -147,9 +148,12 @@ class SliceExchange:
         # Slices are gathered a few at a time; each may fetch its inputs through `workers`, so the
         # two levels use two pools (one pool for both could fill with slices waiting on fetches).
         self.slice_workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="swarmloco-slice")
+        # One batched stream per counterpart, all in flight at once (a phase's streams wait on the network, not the CPU).
+        self.streams = ThreadPoolExecutor(max_workers=MAX_STREAMS, thread_name_prefix="swarmloco-stream")
 
     def close(self) -> None:
         self.slice_workers.shutdown(wait=False, cancel_futures=True)
+        self.streams.shutdown(wait=False, cancel_futures=True)
 
     # --- the sender's side ---------------------------------------------------------------
 
@@ -188,22 +192,6 @@ class SliceExchange:
 
     # --- reduce-scatter ------------------------------------------------------------------
 
-    def fetch_input(self, rnd: SliceRound, peer_id: str, j: int) -> bytes:
-        """Slice j of peer_id's update: from our store (verified when it was put) or fetched with its
-        Merkle proof against the signed root (a holder whose proof fails is skipped, as one whose
-        bytes missed a signed digest was)."""
-        header = rnd.headers[peer_id]
-        root = header.root_bytes()
-        held = self.store.get_slice(root, j)
-        if held is not None:
-            return held.payload
-        others = [rnd.endpoints[o] for o in rnd.owners[j] if o in rnd.endpoints]
-        holders = [h for h in rnd.holders[peer_id] + others if h and h != self.own_endpoint]
-        got = fetch_slice(self.pool, holders, header, j, max_size=self.math.sliced_codec.max_slice_payload_size(j),
-                          proven=rnd.proven[peer_id])
-        self.store.put_slice(root, j, StoredSlice(rnd.round, got.digest, got.proof, header.num_slices, got.data))  # re-served
-        return got.data
-
     def reduce(self, rnd: SliceRound, j: int, inputs: list[str] | None = None,
                fetched: list[tuple[bytes | None, str]] | None = None) -> tuple[bytes, SliceResult]:
         """Aggregate slice j over `inputs` (default: every listed update we can get and use);
@@ -236,22 +224,16 @@ class SliceExchange:
             result_sha256=sha, result_size=len(result), inputs=tuple(used), excluded=excluded,
         )
 
-    def _try_fetch(self, rnd: SliceRound, peer_id: str, j: int) -> tuple[bytes | None, str]:
-        try:
-            return self.fetch_input(rnd, peer_id, j), ""
-        except (FetchError, OSError) as exc:
-            log.info("slice %d of %s unavailable: %s", j, peer_id[:8], exc)
-            return None, "unreachable"
-
     def reduce_owned_slices(self, rnd: SliceRound) -> list[tuple[bytes, SliceResult]]:
         """Every slice this node owns, reduced: (result bytes, its result), by slice."""
         assert self.identity is not None
         owned = slice_plan.owned_by(rnd.owners, self.identity.peer_id)
-        # Every input of every owned slice fetched at once (one pass of parallel streams), then
-        # the slices reduced one after another (the rule runs on one thread).
+        # Every input of every owned slice fetched at once: ONE stream per holder carrying all the
+        # slices wanted from it, every holder in flight at once (issue 24), then what did not come
+        # fetched alone from the next holders; the slices are then reduced one after another.
         peers = rnd.peer_ids
-        fetched = list(self.workers.map(lambda job: self._try_fetch(rnd, *job), [(p, j) for j in owned for p in peers]))
-        return [self.reduce(rnd, j, fetched=fetched[k * len(peers):(k + 1) * len(peers)]) for k, j in enumerate(owned)]
+        fetched = self._fetch_inputs(rnd, [(p, j) for j in owned for p in peers])
+        return [self.reduce(rnd, j, fetched=[fetched[(p, j)] for p in peers]) for j in owned]
 
     def reduce_owned(self, rnd: SliceRound) -> list[swarm_pb2.Signed]:
         """What this node submits: its owned slices reduced and signed as one batch (none when it owns none)."""
@@ -305,6 +287,7 @@ class SliceExchange:
             spot_checks = 0
         spot = sorted(rng.sample(not_mine, min(spot_checks, len(not_mine))))
         outcome = GatherOutcome(combined=torch.empty(layout.numel), spot_checked=spot)
+        self._prefetch_results(rnd, by_slice, [j for j in range(layout.num_slices) if j not in spot])
 
         def one(j: int) -> tuple[int, bytes, torch.Tensor, list[Lie], bool, dict[str, str]]:
             results = by_slice.get(j, [])
@@ -355,18 +338,3 @@ class SliceExchange:
                 return data, liars, dict(excluded)
         data, mine = self.reduce(rnd, j)  # nothing to believe (or nobody answered): as an owner would
         return data, liars, dict(mine.excluded)
-
-    def _fetch_result(self, rnd: SliceRound, j: int, sha: str, signers: list[SliceResult]) -> bytes | None:
-        data = self.store.get_blob(sha)
-        if data is not None:
-            return data
-        holders = [rnd.endpoints[s.owner] for s in signers if s.owner in rnd.endpoints]
-        random.shuffle(holders)  # spread the all-gather over the slice's owners
-        try:
-            data = fetch_blob(self.pool, holders, sha, signers[0].result_size)
-        except (FetchError, OSError) as exc:
-            log.info("aggregated slice %d unavailable from its owners: %s", j, exc)
-            return None
-        self.store.put_blob(sha, rnd.round, data)
-        return data
-

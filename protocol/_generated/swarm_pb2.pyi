@@ -185,20 +185,24 @@ class CheckpointRequest(_message.Message):
     def __init__(self, offset: _Optional[int] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("data", "offset", "total_size", "sha256", "round", "proof")
+    __slots__ = ("data", "offset", "total_size", "sha256", "round", "proof", "item", "missing")
     DATA_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
+    ITEM_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     offset: int
     total_size: int
     sha256: str
     round: int
     proof: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., total_size: _Optional[int] = ..., sha256: _Optional[str] = ..., round: _Optional[int] = ..., proof: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    item: int
+    missing: bool
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., total_size: _Optional[int] = ..., sha256: _Optional[str] = ..., round: _Optional[int] = ..., proof: _Optional[_Iterable[bytes]] = ..., item: _Optional[int] = ..., missing: _Optional[bool] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
@@ -211,7 +215,7 @@ class StatusReply(_message.Message):
     def __init__(self, json: _Optional[str] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("sha256", "offset", "slice", "slices_root", "proof_levels", "omit_sha256", "digest")
+    __slots__ = ("sha256", "offset", "slice", "slices_root", "proof_levels", "omit_sha256", "digest", "items")
     SHA256_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     SLICE_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +223,7 @@ class FetchRequest(_message.Message):
     PROOF_LEVELS_FIELD_NUMBER: _ClassVar[int]
     OMIT_SHA256_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
     sha256: str
     offset: int
     slice: int
@@ -226,7 +231,20 @@ class FetchRequest(_message.Message):
     proof_levels: int
     omit_sha256: bool
     digest: bytes
-    def __init__(self, sha256: _Optional[str] = ..., offset: _Optional[int] = ..., slice: _Optional[int] = ..., slices_root: _Optional[bytes] = ..., proof_levels: _Optional[int] = ..., omit_sha256: _Optional[bool] = ..., digest: _Optional[bytes] = ...) -> None: ...
+    items: _containers.RepeatedCompositeFieldContainer[FetchItem]
+    def __init__(self, sha256: _Optional[str] = ..., offset: _Optional[int] = ..., slice: _Optional[int] = ..., slices_root: _Optional[bytes] = ..., proof_levels: _Optional[int] = ..., omit_sha256: _Optional[bool] = ..., digest: _Optional[bytes] = ..., items: _Optional[_Iterable[_Union[FetchItem, _Mapping]]] = ...) -> None: ...
+
+class FetchItem(_message.Message):
+    __slots__ = ("slice", "slices_root", "proof_levels", "digest")
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    SLICES_ROOT_FIELD_NUMBER: _ClassVar[int]
+    PROOF_LEVELS_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    slice: int
+    slices_root: bytes
+    proof_levels: int
+    digest: bytes
+    def __init__(self, slice: _Optional[int] = ..., slices_root: _Optional[bytes] = ..., proof_levels: _Optional[int] = ..., digest: _Optional[bytes] = ...) -> None: ...
 
 class PushChunk(_message.Message):
     __slots__ = ("header", "data")

@@ -1,0 +1,147 @@
+"""The sliced exchange's fetches (SliceExchange's base): few round trips per phase (issue 24).
+
+  reduce-scatter   an owner wants slice j of every listed update for each slice j it owns: ONE
+                   FetchPayload stream per holder carries every slice wanted from it (the author,
+                   or the coordinator for pushed payloads), all holders in flight at once; what
+                   did not come (a missing item, a failed proof, a broken stream) is fetched alone
+                   from the next holders (the author, the slice's other owners)
+  all-gather       each agreed aggregated slice from one of its signers at random: ONE stream per
+                   owner carries every slice wanted from it, all owners at once; what did not come,
+                   from its other signers
+  recomputation    (disputes, spot checks) slice j's n inputs: one call per author, all at once
+
+Every object is checked as it completes (a slice against the Merkle root its author signed, an
+aggregated slice against the sha256 its owners signed) and stored to be served on.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from protocol import merkle
+from protocol.envelope import UpdateHeader
+from peer.run import slice_plan
+from protocol.payload_fetch import ChannelPool, FetchError, Wanted, fetch_blob, fetch_items, fetch_slice
+from protocol.payload_service import PayloadStore, StoredSlice
+from protocol.slice_result import SliceResult
+from protocol.wire import swarm_pb2
+
+log = logging.getLogger("swarmloco.exchange")
+MAX_STREAMS = 64  # counterparts fetched from at once in one phase (a larger swarm's phase takes more waves)
+
+
+class SliceRound(Protocol):
+    """What fetching needs of a round (peer/run/slice_exchange.SliceRound)."""
+
+    round: int
+    headers: dict[str, UpdateHeader]  # peer_id -> its verified header
+    holders: dict[str, list[str]]  # peer_id -> endpoints holding its update's slices
+    endpoints: dict[str, str]  # owner peer_id -> its serving endpoint
+    owners: list[list[str]]  # slice -> owner peer_ids
+    proven: dict[str, merkle.ProvenNodes]
+
+
+class SliceFetching:
+    """What a SliceExchange fetches, and from whom; it sets these attributes."""
+
+    math: Any
+    pool: ChannelPool
+    store: PayloadStore
+    workers: ThreadPoolExecutor  # one object per call (fallbacks, recomputation inputs)
+    streams: ThreadPoolExecutor  # one batched stream per counterpart, all in flight at once
+    own_endpoint: str
+
+    def fetch_input(self, rnd: SliceRound, peer_id: str, j: int) -> bytes:
+        """Slice j of peer_id's update: from our store (verified when it was put) or fetched with its
+        Merkle proof against the signed root (a holder whose proof fails is skipped, as one whose
+        bytes missed a signed digest was)."""
+        header = rnd.headers[peer_id]
+        root = header.root_bytes()
+        held = self.store.get_slice(root, j)
+        if held is not None:
+            return held.payload
+        others = [rnd.endpoints[o] for o in rnd.owners[j] if o in rnd.endpoints]
+        holders = [h for h in rnd.holders[peer_id] + others if h and h != self.own_endpoint]
+        got = fetch_slice(self.pool, holders, header, j, max_size=self.math.sliced_codec.max_slice_payload_size(j),
+                          proven=rnd.proven[peer_id])
+        self.store.put_slice(root, j, StoredSlice(rnd.round, got.digest, got.proof, header.num_slices, got.data))  # re-served
+        return got.data
+
+    def _try_fetch(self, rnd: SliceRound, peer_id: str, j: int) -> tuple[bytes | None, str]:
+        try:
+            return self.fetch_input(rnd, peer_id, j), ""
+        except (FetchError, OSError) as exc:
+            log.info("slice %d of %s unavailable: %s", j, peer_id[:8], exc)
+            return None, "unreachable"
+
+    def _fetch_inputs(self, rnd: SliceRound, wanted: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[bytes | None, str]]:
+        """(author, slice) -> (its bytes or None, why not): what we hold, then one batched stream
+        per first holder, then each missing one alone (store, author, the slice's other owners)."""
+        got: dict[tuple[str, int], tuple[bytes | None, str]] = {}
+        groups: dict[str, list[tuple[str, int]]] = {}
+        for p, j in wanted:
+            held = self.store.get_slice(rnd.headers[p].root_bytes(), j)
+            if held is not None:
+                got[(p, j)] = (held.payload, "")
+                continue
+            holder = next((h for h in rnd.holders[p] if h and h != self.own_endpoint), "")
+            if holder:
+                groups.setdefault(holder, []).append((p, j))
+
+        def one_stream(holder: str) -> None:
+            pairs = groups[holder]
+            results = fetch_items(self.pool, holder, [
+                Wanted(max_size=self.math.sliced_codec.max_slice_payload_size(j), slice=j, proven=rnd.proven[p]) for p, j in pairs])
+            for (p, j), item in zip(pairs, results):
+                if item is not None:
+                    header = rnd.headers[p]
+                    self.store.put_slice(header.root_bytes(), j, StoredSlice(rnd.round, item.digest, item.proof, header.num_slices,
+                                                                            item.data))  # re-served
+                    got[(p, j)] = (item.data, "")
+
+        list(self.streams.map(one_stream, groups))
+        missing = [pair for pair in wanted if pair not in got]
+        for pair, outcome in zip(missing, self.workers.map(lambda pair: self._try_fetch(rnd, *pair), missing)):
+            got[pair] = outcome
+        return got
+
+    def _prefetch_results(self, rnd: SliceRound, by_slice: dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]],
+                          slices: list[int]) -> None:
+        """The agreed aggregated slices we lack, into the store: each from one of its signers at
+        random, ONE stream per owner carrying every slice wanted from it, all owners at once
+        (issue 24). What does not come is fetched alone from its other signers by _fetch_result."""
+        groups: dict[str, list[tuple[str, int]]] = {}
+        for j in slices:
+            claims = slice_plan.distinct_claims((res.result_sha256, res.inputs) for res, _ in by_slice.get(j, []))
+            if len(claims) != 1:
+                continue  # disputed or missing: settled by recomputation
+            sha = claims[0][0]
+            signers = [res for res, _ in by_slice[j] if res.result_sha256 == sha]
+            holders = [rnd.endpoints[s.owner] for s in signers if s.owner in rnd.endpoints and rnd.endpoints[s.owner] != self.own_endpoint]
+            if holders and self.store.get_blob(sha) is None:
+                groups.setdefault(random.choice(holders), []).append((sha, signers[0].result_size))
+
+        def one_stream(holder: str) -> None:
+            wanted = groups[holder]
+            for (sha, _), item in zip(wanted, fetch_items(self.pool, holder, [Wanted(max_size=size, sha256=sha) for sha, size in wanted])):
+                if item is not None:
+                    self.store.put_blob(sha, rnd.round, item.data)
+
+        list(self.streams.map(one_stream, groups))
+
+    def _fetch_result(self, rnd: SliceRound, j: int, sha: str, signers: list[SliceResult]) -> bytes | None:
+        data = self.store.get_blob(sha)
+        if data is not None:
+            return data
+        holders = [rnd.endpoints[s.owner] for s in signers if s.owner in rnd.endpoints]
+        random.shuffle(holders)  # spread the all-gather over the slice's owners
+        try:
+            data = fetch_blob(self.pool, holders, sha, signers[0].result_size)
+        except (FetchError, OSError) as exc:
+            log.info("aggregated slice %d unavailable from its owners: %s", j, exc)
+            return None
+        self.store.put_blob(sha, rnd.round, data)
+        return data
