@@ -160,6 +160,12 @@ class Wanted:
     proven: merkle.ProvenNodes | None = None
     sha256: str = ""
 
+    def __post_init__(self) -> None:
+        a_slice = self.slice is not None and self.proven is not None and not self.sha256
+        an_object = self.slice is None and self.proven is None and len(self.sha256) == 64
+        if not (a_slice or an_object):
+            raise ValueError("a wanted object is a slice with its ProvenNodes, or an object by its sha256 hex")
+
 
 def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *,
                 deadline: timedelta = TRANSFER_DEADLINE) -> list[FetchedSlice | None]:
