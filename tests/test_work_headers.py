@@ -114,8 +114,11 @@ def test_window_config_is_checked_and_a_rule_that_cannot_weigh_is_refused_at_sta
     with pytest.raises(ConfigError, match="overlap_communication is not supported yet"):
         window_config(overlap_communication=True)
     data = window_config().to_dict()
-    data["exchange"]["mode"], data["aggregation"]["name"] = "all-to-all", "krum"
-    with pytest.raises(ConfigError, match="aggregation krum does not take weights: use one of mean, median"):
+    data["exchange"]["mode"] = "all-to-all"
+    with pytest.raises(ConfigError, match="exchange.mode = 'all-to-all' does not pass the claims to its rule yet"):
+        RoundMath(RunConfig.from_dict(data), 1000)
+    data["exchange"]["mode"], data["aggregation"]["name"] = "sliced", "dnc"
+    with pytest.raises(ConfigError, match="aggregation dnc does not take weights: use one of mean, median"):
         RoundMath(RunConfig.from_dict(data), 1000)
     data["aggregation"]["name"], data["aggregation"]["options"] = "trimmed-mean", {"bucket_size": 2}
     with pytest.raises(ConfigError, match="trimmed-mean with nnm or bucketing does not take weights"):

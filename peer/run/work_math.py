@@ -50,6 +50,10 @@ def check_weighted_rule(cfg: RunConfig, rule_name: str) -> None:
     """A window run whose rule cannot weigh rows is refused at start, saying what to change."""
     if not weighted(cfg):
         return
+    if cfg.exchange.mode != "sliced":
+        raise ConfigError(f"rounds.window_s={cfg.rounds.window_s} weighs updates by work in the sliced exchange's owners; "
+                          f"exchange.mode = {cfg.exchange.mode!r} does not pass the claims to its rule yet: set "
+                          "exchange.mode = \"sliced\" or rounds.window_s = 0")
     options = cfg.aggregation.options
     if rule_name not in WEIGHTED_RULES or options.get("nnm") or options.get("bucket_size") is not None:
         what = rule_name if rule_name not in WEIGHTED_RULES else f"{rule_name} with nnm or bucketing"
