@@ -321,6 +321,9 @@ def render(data: dict) -> str:
             ref = statistics.median(lapsed) + round_s
             lines.append(f"With the lease the active actually held (median {statistics.median(lapsed):.2f} s): {ref:.2f} s; "
                          f"the median time to the next close is {statistics.median(nxt) / ref:.2f}x that.")
+            own_ref = [x["next_close_s"] / (x["lapsed_lease_s"] + round_s) for x in trials if x.get("lapsed_lease_s")]
+            lines.append(f"Per trial, kill → next close over (its own lapsed lease + {round_s:.2f} s): "
+                         f"{', '.join(f'{v:.2f}x' for v in own_ref)}; within it in {sum(v <= 1.0 for v in own_ref)} of {len(own_ref)}.")
     locks = data.get("lock", [])
     if locks:
         lines += ["", "## RPC latency while a round closes", "",
@@ -352,7 +355,8 @@ def render(data: dict) -> str:
 def run_report(args) -> None:
     parts = [json.loads(Path(path).read_text()) for path in args.parts]
     # the machine of the first part's run as that part recorded it (not the machine writing the report)
-    data: dict = {"machine": machine_lines(parts[0].get("machine"), parts[0]["load_before"], parts[-1]["load_after"]), "lock": [],
+    measured = [p for p in parts if p.get("machine")] or parts  # the parts this report's machine line is about
+    data: dict = {"machine": machine_lines(measured[0].get("machine"), measured[0]["load_before"], measured[-1]["load_after"]), "lock": [],
                   "takeovers": []}
     for part in parts:
         if part["part"] == "takeover":

@@ -11,8 +11,10 @@ identity, the swarm's live DHT addresses); the `straggler` is CPU-throttled by a
 window of rounds; the `partitioned` peer lives in a network namespace (scripts/netns_testbed.py
 HostLink) whose link is taken down for a window of rounds; an `attacker` sign-flips its update
 from round 0 (tests/byzantine_peer.py --attack); a `liar` signs false slice results
-(tests/byzantine_peer.py --lie lone); the active coordinator SIGKILLs itself after signing one
-round's manifest (manifest-signed:R) and is never restarted. Then the same run (same seed, same
+(tests/byzantine_peer.py --lie lone); the active coordinator SIGKILLs itself in one round and is
+never restarted: once the standby holds that round's signed manifest (manifest-followed:R, the
+default: the standby continues the round) or, with --coordinator-fault manifest-signed, while
+signing it (nobody saw it: the standby reopens the round). Then the same run (same seed, same
 topology, every peer honest, no schedule) gives the fault-free loss.
 
 The run is watched through the coordinators' run logs (round closes, wall-clock) and their Status
@@ -62,7 +64,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from scripts.chaos_cgroup import CpuThrottle  # noqa: E402
-from scripts.chaos_plan import PEERS, ChaosConfig, Schedule, draw_schedule  # noqa: E402,F401 (re-exported)
+from scripts.chaos_plan import COORDINATOR_PHASES, PEERS, ChaosConfig, Schedule, draw_schedule  # noqa: E402,F401 (re-exported)
 from scripts.chaos_report import render, verdicts  # noqa: E402
 from scripts.machine_info import command_line, load_average, machine_facts, write_keeping_notes  # noqa: E402
 
@@ -152,7 +154,8 @@ class ChaosRun:
         if self.link:
             self.link.up()
         keys = [Identity.load_or_create(self.workdir / "standby.pem").peer_id] if self.config.standby else []
-        fail = {"SWARMLOCO_FAIL_AT": f"manifest-signed:{self.schedule.coordinator_kill}"} if self.schedule.coordinator_kill is not None else {}
+        kill = self.schedule.coordinator_kill
+        fail = {"SWARMLOCO_FAIL_AT": f"{self.schedule.coordinator_phase}:{kill}"} if kill is not None else {}
         with environment(**fail):
             self.coordinator = self.swarm.start_coordinator(["--config", str(self.run_config), *(["--coordinators", *keys] if keys else []),
                                                              "--run-log", str(self.workdir / "coordinator.jsonl"), *host_flags(self.host_ip)])
@@ -450,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=ChaosConfig.seed)
     parser.add_argument("--inner-steps", type=int, default=ChaosConfig.inner_steps)
     parser.add_argument("--lease-s", type=float, default=ChaosConfig.lease_s)
+    parser.add_argument("--coordinator-fault", choices=COORDINATOR_PHASES, default=COORDINATOR_PHASES[0],
+                        help="where the active coordinator dies: once the standby holds the round's manifest (continued), "
+                             "or while signing it (reopened)")
     parser.add_argument("--no-netns", action="store_true", help="no partition (no root): every node on loopback")
     parser.add_argument("--no-baseline", action="store_true", help="skip the fault-free run (no loss verdict)")
     parser.add_argument("--workdir", default="/tmp/swarmloco-chaos", help="logs, keys, summaries of both runs")
@@ -464,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds like Ctrl-C: the finally blocks clean up
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C too, also where a shell started us with SIGINT ignored
         try:
-            result = run_chaos(config, Path(args.workdir), netns=not args.no_netns, baseline=not args.no_baseline)
+            result = run_chaos(config, Path(args.workdir), netns=not args.no_netns, baseline=not args.no_baseline,
+                               schedule=draw_schedule(config.rounds, config.seed, args.coordinator_fault))
         except KeyboardInterrupt:  # the runs' finally blocks have stopped every process, the namespace and the cgroup
             print(f"scripts/chaos.py: interrupted; every process it started is stopped (logs in {args.workdir})", file=sys.stderr)
             return 130

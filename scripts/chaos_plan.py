@@ -17,7 +17,10 @@ class Schedule:
     churn_kills: tuple[int, ...] = ()  # the churner SIGKILLs itself after training these rounds
     throttle: tuple[int, int] | None = None  # the straggler's CPU quota is cut in these rounds
     partition: tuple[int, int] | None = None  # the partitioned peer's link is down in these rounds
-    coordinator_kill: int | None = None  # the active coordinator SIGKILLs itself after signing this manifest
+    coordinator_kill: int | None = None  # the active coordinator SIGKILLs itself in this round, at coordinator_phase
+    # manifest-followed: once the standby holds the round's signed manifest (it continues the round);
+    # manifest-signed: while signing it, before anyone saw it (the successor reopens the round)
+    coordinator_phase: str = "manifest-followed"
     attacker: bool = False  # the attacker sign-flips (else it is honest)
     liar: bool = False  # the liar signs false slice results (else it is honest)
 
@@ -28,7 +31,9 @@ class Schedule:
         if self.partition:
             out.append((self.partition[0], f"partitioned peer's link down in rounds {self.partition[0]}-{self.partition[1]}"))
         if self.coordinator_kill is not None:
-            out.append((self.coordinator_kill, f"active coordinator SIGKILLed after signing round {self.coordinator_kill}'s manifest"))
+            when = {"manifest-followed": "once the standby held", "manifest-signed": "while signing"}[self.coordinator_phase]
+            out.append((self.coordinator_kill, f"active coordinator SIGKILLed {when} round {self.coordinator_kill}'s manifest "
+                                               f"({self.coordinator_phase})"))
         if self.attacker:
             out.append((0, "attacker sign-flips its update every round"))
         if self.liar:
@@ -36,10 +41,15 @@ class Schedule:
         return sorted(out)
 
 
-def draw_schedule(rounds: int, seed: int) -> Schedule:
+COORDINATOR_PHASES = ("manifest-followed", "manifest-signed")
+
+
+def draw_schedule(rounds: int, seed: int, coordinator_phase: str = "manifest-followed") -> Schedule:
     """The full schedule for `rounds` rounds from `seed`: about one churn kill per 20 rounds (at least
     one, 6+ rounds apart, none in the last quarter), a throttle and a partition window of max(3, rounds/10) rounds, the
     coordinator kill in the run's middle fifth; the last 3 rounds are left quiet to settle."""
+    if coordinator_phase not in COORDINATOR_PHASES:
+        raise ValueError(f"coordinator phase {coordinator_phase!r}: choose one of {', '.join(COORDINATOR_PHASES)}")
     if rounds < 10:
         raise ValueError(f"--rounds {rounds}: the full schedule needs at least 10 rounds (use 20 or more)")
     rng = random.Random(seed)
@@ -54,7 +64,8 @@ def draw_schedule(rounds: int, seed: int) -> Schedule:
     partition_start = rng.randint(rounds // 2 + 1, max(rounds // 2 + 1, rounds - 4 - width))
     return Schedule(churn_kills=tuple(sorted(kills)), throttle=(throttle_start, throttle_start + width - 1),
                     partition=(partition_start, min(rounds - 4, partition_start + width - 1)),
-                    coordinator_kill=rng.randint(int(rounds * 0.35), int(rounds * 0.55)), attacker=True, liar=True)
+                    coordinator_kill=rng.randint(int(rounds * 0.35), int(rounds * 0.55)), coordinator_phase=coordinator_phase,
+                    attacker=True, liar=True)
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,13 @@ def test_the_schedule_is_drawn_from_the_seed():
     assert a.partition[1] <= 96 and a.throttle[1] - a.throttle[0] == 9
     with pytest.raises(ValueError, match="at least 10 rounds"):
         draw_schedule(5, 0)
+    # Where the coordinator dies changes nothing else of the draw; the default is where a standby can continue the round.
+    signed = draw_schedule(100, 0, "manifest-signed")
+    assert a.coordinator_phase == "manifest-followed" and signed.coordinator_phase == "manifest-signed"
+    assert (signed.churn_kills, signed.coordinator_kill, signed.partition) == (a.churn_kills, a.coordinator_kill, a.partition)
+    assert "(manifest-signed)" in dict(signed.events())[a.coordinator_kill]
+    with pytest.raises(ValueError, match="coordinator phase"):
+        draw_schedule(100, 0, "round-recorded")
 
 
 @pytest.mark.integration

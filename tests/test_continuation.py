@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import time
 
 import pytest
 
@@ -112,6 +113,14 @@ def test_the_successor_continues_the_round_with_the_peers_commitments_and_the_ow
     assert continue_round(third, successor.manifests[0], [batch]) == ""
     assert open_manifest(third.manifests[0], keys=keys, run_id=cfg.run_id, round_=0).continues == sha
     assert owner.peer_id in third.exchange.rounds[0].batches
+    with third.lock:  # results not final yet: it waits for the other owners (or its result timeout)
+        assert third.exchange.ready_to_apply(time.monotonic()) == (False, "")
+    # Results the previous active had made final: its peers gathered them there (they may be in the
+    # next round already), so the successor applies as soon as it has gathered, awaiting nobody.
+    fourth = Coordinator(cfg, b, checkpoint_path=tmp_path / "b.ckpt", term=3)
+    assert continue_round(fourth, third.manifests[0], [batch], final=True) == ""
+    with fourth.lock:
+        assert fourth.exchange.ready_to_apply(time.monotonic()) == (True, "every live peer gathered")
 
 
 def test_a_round_that_cannot_be_continued_is_reopened(sliced_cfg_and_keys, tmp_path):

@@ -39,9 +39,13 @@ if TYPE_CHECKING:
 TAKEOVER_GRACE_S = 4.0
 
 
-def continue_round(c: Coordinator, signed: swarm_pb2.Signed, results: Sequence[swarm_pb2.Signed] = ()) -> str:
+def continue_round(c: Coordinator, signed: swarm_pb2.Signed, results: Sequence[swarm_pb2.Signed] = (), *,
+                   final: bool = False) -> str:
     """Continue the open round under `signed`, the previous active's manifest of it, with the result
-    batches followed so far. '' when continued; else why not (the round stays open: reopened)."""
+    batches followed so far (`final`: the previous active had made them final: the round's peers
+    gathered them there, so it is applied as soon as we have, without waiting for their reports
+    again; they may be in the next round already). '' when continued; else why not (the round
+    stays open: reopened)."""
     cfg, r = c.cfg, c.round
     if not c.exchange.continues_in_flight:
         return f"the {c.exchange.name} exchange's coordinator holds the updates itself"
@@ -72,4 +76,7 @@ def continue_round(c: Coordinator, signed: swarm_pb2.Signed, results: Sequence[s
         book.first_arrival = time.monotonic()
         c.clock.continue_manifest(book, manifest, continues=continues, continues_term=continues_term)
     c.exchange.submit_followed(results)  # checked against the manifest like any owner's
+    if final and results:
+        with c.lock:
+            c.exchange.gathered_elsewhere()
     return ""

@@ -162,7 +162,8 @@ def _lead(options: CoordinatorOptions, identity: Identity, dht, cfg: RunConfig, 
             lease.start()  # one renewal before anything is signed under our name
         coordinator.sign_state()  # again, now that it names our endpoint
         # Before serving: a peer that moves to us finds the round in flight's manifest here at once.
-        not_continued = continue_round(coordinator, in_flight.manifest, in_flight.results) if in_flight is not None else ""
+        not_continued = continue_round(coordinator, in_flight.manifest, in_flight.results, final=in_flight.final) \
+            if in_flight is not None else ""
         server.start()
         if term:
             print(f"coordinator {identity.peer_id[:8]} | took over run {cfg.run_id} with term {term} at round {coordinator.round} "
@@ -174,8 +175,8 @@ def _lead(options: CoordinatorOptions, identity: Identity, dht, cfg: RunConfig, 
                       f"continued ({not_continued})", flush=True)
             else:
                 print(f"coordinator {identity.peer_id[:8]} | round {coordinator.round} continued: the manifest the previous active "
-                      f"signed ({in_flight.updates} updates, {len(in_flight.results)} owners' results followed) signed again in "
-                      f"term {term}", flush=True)
+                      f"signed ({in_flight.updates} updates, {len(in_flight.results)} owners' results followed"
+                      f"{', final' if in_flight.final and in_flight.results else ''}) signed again in term {term}", flush=True)
         print(f"coordinator {identity.peer_id[:8]} | run {cfg.run_id} | {coordinator.numel:,} params | codec {cfg.compression.codec} | "
               f"outer {cfg.outer.name} | aggregator {cfg.aggregation.name} | round {coordinator.round}/{cfg.rounds.rounds} | "
               f"initial val loss {coordinator.initial_val_loss:.4f}", flush=True)

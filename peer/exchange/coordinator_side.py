@@ -183,3 +183,9 @@ class CoordinatorExchange(ABC):
     def report_gathered(self, fields: dict[str, Any], signer: str) -> swarm_pb2.CommitReply:
         """ReportGathered: a verified signed body (protocol.envelope.GATHERED_TAG) and its signer (takes the lock)."""
         raise self._no_slice_results()
+
+    def gathered_elsewhere(self) -> None:
+        """Under the lock, after a takeover that continued the open round with the results the
+        previous active had made final (peer/coordinator/continuation.py): its peers gathered them
+        and reported there, so the round is final and applied once we have gathered, unawaited."""
+        raise self._no_slice_results()

@@ -205,6 +205,11 @@ class SlicedCoordinator(CoordinatorExchange):
             return True, "every live peer gathered"
         return True, f"{len(waiting)} peer(s) did not gather within {timeout_s:.0f}s"
 
+    def gathered_elsewhere(self) -> None:
+        state = self.rounds[self.ctx.open.book.round]
+        self.finalize()
+        state.gathered = set(state.slice_round.peer_ids)
+
     def report_gathered(self, fields: dict[str, Any], signer: str) -> swarm_pb2.CommitReply:
         """A peer (the verified signer of {run_id, round, peer_id, timestamp}) has gathered the
         round and reported what it found false: ready_to_apply waits for the live listed peers."""
