@@ -73,3 +73,28 @@ def test_a_long_poll_without_a_switch_waits_as_asked():
     finally:
         client.close()
     assert successor.waits == [0.6] and took >= 0.6 and client.generation == 0
+
+
+def test_a_join_whose_coordinator_died_meanwhile_connects_where_the_runs_record_is_now():
+    """A peer found the run's active coordinator in the DHT, which then died (a standby took over)
+    before the peer's first connection: each later attempt asks where the run's active record is
+    now, instead of dialling the dead address until --connect-timeout runs out (chaos seed 1: a
+    churner restarted 24 s before the takeover gave up after 113 s)."""
+    from datetime import timedelta
+
+    from peer.node.trust import JoinSteps, _connect
+    from peer.run.timeouts import JoinTimeouts
+    from tests.coordinator_harness import serve_coordinator, tiny_config
+    from tests.helpers import free_port
+
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    asked: list[str] = []
+    with serve_coordinator(tiny_config()) as successor:
+        steps = JoinSteps(JoinTimeouts(window=timedelta(seconds=30), attempt=timedelta(seconds=1), max_sleep=timedelta(seconds=0.2)),
+                          time.monotonic() + 30, lambda line: None)
+        client = _connect(dead, ByteCounter("p"), steps, lambda: asked.append("locate") or successor.endpoint)
+        try:
+            assert client.endpoint == successor.endpoint and asked  # the first attempt dials the address found
+            assert client.run_info().run_id == successor.coordinator.cfg.run_id
+        finally:
+            client.close()

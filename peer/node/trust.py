@@ -217,10 +217,19 @@ class JoinSteps:
                      say=self.say)
 
 
-def _connect(endpoint: str, counter: ByteCounter, steps: JoinSteps) -> CoordinatorClient:
+def _connect(endpoint: str, counter: ByteCounter, steps: JoinSteps, locate: Callable[[], str | None] = lambda: None) -> CoordinatorClient:
     """A client whose channel is up: a fresh channel per attempt (gRPC's own reconnect backoff
-    grows to minutes, while a coordinator that is starting is up within seconds)."""
+    grows to minutes, while a coordinator that is starting is up within seconds). Before each
+    attempt after the first, `locate` may name where the run's active coordinator is now (the DHT's
+    record: the one we found may have died, and a standby taken over, while we started)."""
+    tries = 0
+
     def attempt(left: float) -> CoordinatorClient:
+        nonlocal endpoint, tries
+        tries += 1
+        if tries > 1 and (found := locate()) and found != endpoint:
+            log.warning("the run's active coordinator is now %s (was %s): connecting there", found, endpoint)
+            endpoint = found
         client = CoordinatorClient(endpoint, counter, retry_for=timedelta(seconds=max(1.0, left)))
         try:
             client.wait_ready(timedelta(seconds=steps.attempt_s(left)))
@@ -229,8 +238,17 @@ def _connect(endpoint: str, counter: ByteCounter, steps: JoinSteps) -> Coordinat
             raise
         return client
 
-    return steps.retry(f"the coordinator at {endpoint} to accept a connection", attempt, (EndpointUnreachable,),
+    return steps.retry(f"the run's coordinator ({endpoint} first) to accept a connection", attempt, (EndpointUnreachable,),
                        advice="is the coordinator running, and is its port open to this machine?")
+
+
+def active_record(dht, run_id: str | None, pinned: str | None) -> discovery.RunRecord | None:
+    """The run's live active coordinator record in the DHT now, or None (none live, a DHT hiccup)."""
+    try:
+        return discovery.find_run(dht, run_id, timeout_s=0.0, pinned=pinned)
+    except Exception as exc:  # no live record for a moment: keep the endpoint we have
+        log.info("DHT lookup of the run's active coordinator failed: %s", exc)
+        return None
 
 
 def join_run(options: Any, identity: Any, counter: ByteCounter) -> JoinedRun:
@@ -250,9 +268,24 @@ def join_run(options: Any, identity: Any, counter: ByteCounter) -> JoinedRun:
     try:
         endpoint, pinned, pinned_by = find_coordinator(dht, coordinator=o.coordinator, pinned=o.coordinator_key,
                                                        run_id=o.run_id, steps=steps)
-        client = _connect(endpoint, counter, steps)
+        # Dialled directly (--coordinator): that address only. Found in the DHT: wherever the run's
+        # active record is now (a standby may have taken over while we started); a key pinned from
+        # the DHT's record is then the one a fresh join would pin now, a --coordinator-key stays.
+        from_dht = dht is not None and not o.coordinator
+        dht_pin = pinned_by != "--coordinator-key"
+        found: dict[str, discovery.RunRecord] = {}
+
+        def locate() -> str | None:
+            record = active_record(dht, o.run_id, None if dht_pin else pinned) if from_dht else None
+            if record is not None:
+                found[record.endpoint] = record
+            return record.endpoint if record is not None else None
+
+        client = _connect(endpoint, counter, steps, locate)
+        if client.endpoint != endpoint and dht_pin and client.endpoint in found:
+            pinned = found[client.endpoint].coordinator_id
         info = client.run_info()
-        trusted = trust_run(info, pinned=pinned, pinned_by=pinned_by, endpoint=endpoint, run_id=o.run_id)
+        trusted = trust_run(info, pinned=pinned, pinned_by=pinned_by, endpoint=client.endpoint, run_id=o.run_id)
     except BaseException:
         # Nothing is left running on the way out: the DHT's child process would keep this one alive.
         if client is not None:
