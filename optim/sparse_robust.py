@@ -26,6 +26,12 @@ coordinate"; f = num_byzantine.
      shrink a value, not flip or inflate it; it did better than the median of those few senders
      against 4 of the 5 strongest attacks at no cost without one: docs/compressed-exchange.md).
 
+  d) screening (option `screen`, on by default): before a) to c), the rows that fewer than f
+     other rows vouch for in sign are set aside (optim/sparse_screen.py), at most f of them, and
+     a) to c) run on the rest with f lowered by as many: attackers no honest row agrees with
+     (index poisoning, sign flips) cost only their missing work, and when all f are set aside the
+     rest is aggregated as with f = 0 (docs/robust-compressed.md).
+
 With f = 0 and no row clipped this is sparse-mean (the mean over the senders), up to rounding
 order: the senders' values are summed in float64 in sorted-value order.
 
@@ -42,7 +48,7 @@ from typing import Any
 
 import torch
 
-from optim import aggregate
+from optim import aggregate, sparse_screen
 from optim.aggregate_rules import RuleResult, _in_content_order
 
 NAME = "sparse-trimmed-mean"
@@ -53,7 +59,7 @@ VOTES_FROM_ROWS = 8
 DEFAULT_VALUE_CLIP = 2.0  # a sent value's magnitude, in units of the median sender's RMS in its chunk (see a)
 DEFAULT_CHUNK = 4096  # the chunk value clipping works in: the sparse codec's (chunk-topk:4096:K)
 _OPTIONS: dict[str, Any] = {"clip_ratio": DEFAULT_CLIP_RATIO, "value_clip": DEFAULT_VALUE_CLIP, "chunk": DEFAULT_CHUNK,
-                            "min_votes": None, "bucket_size": None, "seed": 0, "nnm": False}
+                            "min_votes": None, "screen": True, "bucket_size": None, "seed": 0, "nnm": False}
 
 
 def row_norms(rows: torch.Tensor) -> torch.Tensor:
@@ -102,12 +108,34 @@ def clip_scales(norms: torch.Tensor, clip_ratio: float | None) -> torch.Tensor:
 
 def sparse_trimmed_mean(
     rows: torch.Tensor, num_byzantine: int, *, clip_ratio: float | None = DEFAULT_CLIP_RATIO, min_votes: int | None = None,
-    value_clip: float | None = DEFAULT_VALUE_CLIP, chunk: int = DEFAULT_CHUNK,
+    value_clip: float | None = DEFAULT_VALUE_CLIP, chunk: int = DEFAULT_CHUNK, screen: bool = True,
 ) -> RuleResult:
     """(n, d) float32 -> RuleResult: output (d,) float32 as in the module docstring. weights: each
     row's share averaged over the aggregated coordinates (sum 1 when any is); selected: the row is
-    kept in at least one coordinate and was not clipped; clip_scale: each row's clip factor."""
-    return _in_content_order(rows, lambda r: _vote_gated(clip_values(r, value_clip, chunk), num_byzantine, clip_ratio, min_votes))
+    kept in at least one coordinate and was not clipped; clip_scale: each row's clip factor (0 for a
+    row the screen set aside). screen: first set aside the rows no other row vouches for
+    (optim/sparse_screen.py), each one of the f, and run on the rest with f lowered by as many."""
+    def rule(r: torch.Tensor) -> RuleResult:
+        kept = sparse_screen.screen(r, num_byzantine) if screen else None
+        if kept is None or bool(kept.all()):
+            return _vote_gated(clip_values(r, value_clip, chunk), num_byzantine, clip_ratio, min_votes)
+        f = num_byzantine - int((~kept).sum())
+        part = _vote_gated(clip_values(r[kept], value_clip, chunk), f, clip_ratio, min_votes)
+        return _scattered(part, kept)
+    return _in_content_order(rows, rule)
+
+
+def _scattered(part: RuleResult, kept: torch.Tensor) -> RuleResult:
+    """A result over rows[kept] as a result over all rows: a row set aside has weight 0, is not
+    selected, and its clip factor is 0."""
+    n = kept.numel()
+    weights = torch.zeros(n, dtype=part.weights.dtype)
+    weights[kept] = part.weights
+    selected = torch.zeros(n, dtype=torch.bool)
+    selected[kept] = part.selected
+    clip_scale = torch.zeros(n, dtype=part.clip_scale.dtype)
+    clip_scale[kept] = part.clip_scale
+    return RuleResult(output=part.output, weights=weights, selected=selected, clip_scale=clip_scale)
 
 
 def _vote_gated(rows: torch.Tensor, f: int, clip_ratio: float | None, min_votes: int | None) -> RuleResult:
@@ -158,7 +186,7 @@ def _vote_gated(rows: torch.Tensor, f: int, clip_ratio: float | None, min_votes:
 class SparseTrimmedMean(aggregate.Aggregator):
     """optim.aggregate.Aggregator running sparse_trimmed_mean; needs 2f+1 rows like trimmed-mean.
     Options: clip_ratio (2.0; None: no clipping), value_clip (2.0; None: off) and chunk (4096),
-    min_votes (None: default_min_votes), and bucket_size, seed,
+    min_votes (None: default_min_votes), screen (True; False: no row screening), and bucket_size, seed,
     nnm as for any rule."""
 
     def __init__(self, num_byzantine: int = 0, **options: Any) -> None:
@@ -180,6 +208,8 @@ class SparseTrimmedMean(aggregate.Aggregator):
         votes = options.get("min_votes")
         if votes is not None and (isinstance(votes, bool) or not isinstance(votes, int) or votes < 1):
             raise ValueError(f"{NAME}: option min_votes must be an integer >= 1 (or None: default_min_votes), got {votes!r}")
+        if not isinstance(options.get("screen", True), bool):
+            raise ValueError(f"{NAME}: option screen must be true or false, got {options['screen']!r}")
         for key in ("bucket_size", "seed", "nnm"):
             if key in options:
                 aggregate._check_option(NAME, key, options[key])
@@ -188,4 +218,4 @@ class SparseTrimmedMean(aggregate.Aggregator):
     def _rule(self, rows: torch.Tensor, f: int, center: torch.Tensor | None, seed: int) -> RuleResult:
         o = self.options
         return sparse_trimmed_mean(rows, f, clip_ratio=o["clip_ratio"], min_votes=o["min_votes"], value_clip=o["value_clip"],
-                                   chunk=o["chunk"])
+                                   chunk=o["chunk"], screen=o["screen"])

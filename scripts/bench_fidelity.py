@@ -11,7 +11,7 @@ scripts/fidelity_report.py, benchmarks/fidelity.md and benchmarks/fidelity.png.
     .venv/bin/python scripts/bench_fidelity.py --rounds 1 --inner-steps 2 --rows "DiLoCo fp32" --out /tmp/f  # smoke
 
 A stored (row, seed) run is kept by --resume-style default when its stored run config and
-schedule equal what the row would run now; otherwise it runs again.
+schedule equal what the row would run now; otherwise it runs again (--rerun: always).
 """
 
 from __future__ import annotations
@@ -174,7 +174,8 @@ def _key(record: dict[str, Any]) -> tuple[str, int]:
     return record["label"], record["seed"]
 
 
-def run_rows(rows: list[Row], out: Path, rounds: int | None, inner_steps: int | None, command: str) -> None:
+def run_rows(rows: list[Row], out: Path, rounds: int | None, inner_steps: int | None, command: str,
+             rerun: bool = False) -> None:
     path = out / "fidelity.json"
     data = json.loads(path.read_text()) if path.exists() else {"runs": []}
     data["commands"] = [*data.get("commands", []), command]
@@ -184,7 +185,7 @@ def run_rows(rows: list[Row], out: Path, rounds: int | None, inner_steps: int | 
             opts = row_options(row, seed, rounds, inner_steps)
             cfg = opts.run_config().to_dict()
             old = stored.get((row.label, seed))
-            if (old is not None and _same(old["config"], cfg) and old.get("overlap_arrival") in (None, opts.overlap_arrival)
+            if (not rerun and old is not None and _same(old["config"], cfg) and old.get("overlap_arrival") in (None, opts.overlap_arrival)
                     and not _stale_wire(old)):
                 continue
             started = time.time()
@@ -222,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--seeds", help="comma-separated seeds: run only these of each row's seeds (parallel invocations)")
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--rerun", action="store_true", help="run the chosen rows' seeds again even where a stored run has "
+                   "the same config (a change in code the config does not name, e.g. a rule's default)")
     p.add_argument("--merge", type=Path, nargs="*", default=[],
                    help="fidelity.json files of runs made in parallel (--out elsewhere) to add to --out's JSON")
     args = p.parse_args(argv)
@@ -237,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [ROW_BY_LABEL[x] for x in labels]
         if only is not None:
             chosen = [dataclasses.replace(r, seeds=tuple(s for s in r.seeds if s in only)) for r in chosen]
-        run_rows(chosen, args.out, args.rounds, args.inner_steps, command)
+        run_rows(chosen, args.out, args.rounds, args.inner_steps, command, args.rerun)
     write_report(args.out, ROWS, FINDINGS)
     return 0
 

@@ -49,6 +49,7 @@ RULES: dict[str, tuple[str, dict[str, Any]]] = {
     "median+bucket2": ("median", {"bucket_size": 2}),
 }
 CLEAN = "none"  # the attack label of runs without attackers
+HONEST_ONLY = "honest-only"  # no attacker and only the n - f honest peers (the f declared): the missing work's reference
 EXCHANGES = ("all-to-all", "sliced")
 A2A = "all-to-all"  # the original grid's exchange: records without an `exchange` field ran it
 
@@ -176,7 +177,7 @@ def gap(results: dict[str, dict], agg: str, f: int, attack: str, codec: str = DE
 
 def attack_label(r: dict) -> str:
     """The attack's name, plus its resolved options where they differ from the grid's."""
-    if r["attack"] in (CLEAN, LYING_OWNER):
+    if r["attack"] in (CLEAN, LYING_OWNER, HONEST_ONLY):
         return r["attack"]
     ran = attacks.build(r["attack"], **r["attack_options"]).options
     grid = attacks.build(r["attack"], **ATTACK_OPTIONS.get(r["attack"], {})).options

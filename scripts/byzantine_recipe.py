@@ -40,7 +40,7 @@ from optim import attacks  # noqa: E402
 from peer.run.config import RunConfig  # noqa: E402
 from peer.run.recipes import recipe_overrides  # noqa: E402
 from scripts.byzantine_cases import (  # noqa: E402
-    ATTACK_OPTIONS, CLEAN, DENSE, OUT, PEERS, PROFILES as BENCH_PROFILES, Case, Profile, attack_label, gap, load, loss_of, save,
+    ATTACK_OPTIONS, CLEAN, DENSE, HONEST_ONLY, OUT, PEERS, PROFILES as BENCH_PROFILES, Case, Profile, attack_label, gap, load, loss_of, save,
     worst_case,
 )
 from scripts.byzantine_runs import run_all, run_case  # noqa: E402
@@ -55,6 +55,7 @@ STEM = "byzantine_recipe"
 _ROOT = Path(__file__).resolve().parents[1]
 # Code that decides a run's numbers beyond its config: the rule, and the attacks made for it.
 _CODE = {"optim/sparse_robust.py": lambda case: case.aggregator.startswith("sparse-trimmed-mean"),
+         "optim/sparse_screen.py": lambda case: case.aggregator.startswith("sparse-trimmed-mean"),
          "optim/shared_support.py": lambda case: case.aggregator in ("trimmed-mean", "median"),
          "peer/cli/simulate_shared.py": lambda case: case.aggregator in ("trimmed-mean", "median"),
          "optim/attacks_sparse.py": lambda case: case.attack in ("index-poison", "slow-accumulate", "vote-tailored")}
@@ -67,6 +68,7 @@ class RecipeProfile(Profile):
 
     recipe: str = RECIPE
     variant: str = ""  # a prototype's overrides on top of the recipe (peer/cli/simulate_shared.py VARIANTS)
+    extra: tuple[tuple[str, str], ...] = ()  # --set PATH=JSON overrides on top of recipe and variant (screening)
 
     def config(self, seed: int, aggregator: str, f: int | None, codec: str, exchange: str = SLICED) -> RunConfig:
         from peer.cli.run_flags import resolve_run_config
@@ -74,7 +76,8 @@ class RecipeProfile(Profile):
         base = super().config(seed, "mean", 0, DENSE, exchange)
         from peer.cli.simulate_shared import variant_overrides
 
-        overrides = {**recipe_overrides(self.recipe), **variant_overrides(self.variant), "rounds.rounds": self.rounds}
+        overrides = {**recipe_overrides(self.recipe), **variant_overrides(self.variant), **extra_overrides(self.extra),
+                     "rounds.rounds": self.rounds}
         if f is not None:  # None: the recipe's own declared f
             overrides["aggregation.num_byzantine"] = f
         cfg = resolve_run_config(base, overrides)
@@ -85,6 +88,23 @@ class RecipeProfile(Profile):
 
 
 PROFILES = {name: RecipeProfile(**asdict(p)) for name, p in BENCH_PROFILES.items()}
+
+
+def extra_overrides(extra: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """--set's (PATH, JSON text) pairs -> RunConfig overrides."""
+    return {path: json.loads(text) for path, text in extra}
+
+
+def parse_set(item: str) -> tuple[str, str]:
+    """'aggregation.options={"gate": "soft"}' -> (path, canonical JSON text); ValueError saying what to write."""
+    path, sep, text = item.partition("=")
+    try:
+        if not sep or not path.strip():
+            raise ValueError("no '='")
+        return path.strip(), json.dumps(json.loads(text), sort_keys=True)
+    except ValueError as exc:
+        raise ValueError(f"--set {item!r}: write PATH=JSON, e.g. aggregation.num_byzantine=2 or "
+                         f"'aggregation.options={{\"min_votes\": 1}}' ({exc})") from None
 
 
 def resolved(profile: RecipeProfile) -> dict[str, Any]:
@@ -104,6 +124,7 @@ def resolved(profile: RecipeProfile) -> dict[str, Any]:
         # only when set, so the shipped recipe's records stay matched
         **({"variant": profile.variant, "variant_overrides": variant_overrides(profile.variant)} if profile.variant else {}),
         **({"support": x["support"]} if x.get("support") else {}),
+        **({"set": extra_overrides(profile.extra)} if profile.extra else {}),
     }
 
 
@@ -120,11 +141,14 @@ def attack_options(name: str, codec: str) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(options.items()))
 
 
-def plan(settings: dict[str, Any], seeds: list[int], names: list[str], fs: tuple[int, ...] = FS) -> list[Case]:
+def plan(settings: dict[str, Any], seeds: list[int], names: list[str], fs: tuple[int, ...] = FS,
+         false_positives: bool = True) -> list[Case]:
     rule, codec, declared = settings["rule"], settings["codec"], settings["declared_f"]
     cases = [Case(PHASE, rule, declared, CLEAN, s, codec, exchange=SLICED) for s in seeds]  # every gap's reference
     for s in seeds:
-        cases += [Case(PHASE, rule, f, CLEAN, s, codec, exchange=SLICED) for f in (0, *fs)]  # false positives
+        if false_positives:
+            cases += [Case(PHASE, rule, f, CLEAN, s, codec, exchange=SLICED) for f in (0, *fs)]
+        cases += [Case(PHASE, rule, f, HONEST_ONLY, s, codec, exchange=SLICED) for f in fs]  # the missing work's floor
         cases += [Case(PHASE, rule, f, a, s, codec, attack_options(a, codec), SLICED) for f in fs for a in names]
     return list({c.key: c for c in cases}.values())
 
@@ -158,6 +182,18 @@ def _library(code: dict[str, Any]) -> tuple:
     return code.get("trees"), code["uncommitted"]
 
 
+def case_of(record: dict[str, Any]) -> Case:
+    return Case(record["phase"], record["aggregator"], record["f"], record["attack"], record["seed"], record["codec"],
+                tuple(sorted(record["attack_options"].items())), record["exchange"])
+
+
+def merge_runs(results: dict[str, dict], runs: list[dict[str, Any]], profile: RecipeProfile) -> int:
+    """Add the `runs` whose fingerprint is this code's and config's; returns how many."""
+    current = [r for r in runs if r.get("fingerprint") == fingerprint(case_of(r), profile)]
+    results.update({r["key"]: r for r in current})
+    return len(current)
+
+
 def run(case: Case, profile: RecipeProfile) -> dict[str, Any]:
     return {**run_case(case, profile), "recipe": resolved(profile), "fingerprint": fingerprint(case, profile)}
 
@@ -165,8 +201,12 @@ def run(case: Case, profile: RecipeProfile) -> dict[str, Any]:
 # --- the report (a pure function of the JSON) --------------------------------------------------
 
 
-def _reference(settings: dict[str, Any]):
+def _reference(settings: dict[str, Any], f: int | None = None):
+    """The key of a gap's reference run per seed: the recipe's clean run (f None), or the n - f honest
+    peers alone with f declared (HONEST_ONLY)."""
     def key(seed: int) -> str:
+        if f is not None:
+            return Case(PHASE, settings["rule"], f, HONEST_ONLY, seed, settings["codec"], exchange=SLICED).key
         return Case(PHASE, settings["rule"], settings["declared_f"], CLEAN, seed, settings["codec"], exchange=SLICED).key
     return key
 
@@ -187,9 +227,10 @@ def _seeds_of(runs: dict[str, dict], f: int, attack: str) -> str:
     return ",".join(str(s) for s in sorted({r["seed"] for r in runs.values() if r["f"] == f and r["attack"] == attack}))
 
 
-def summary(runs: dict[str, dict], s: dict[str, Any], names: list[str], f: int) -> dict[str, Any]:
+def summary(runs: dict[str, dict], s: dict[str, Any], names: list[str], f: int, honest_only: bool = False) -> dict[str, Any]:
+    """The worst case at f vs the recipe's clean run (honest_only: vs the n - f honest peers alone)."""
     names = [attack_label({"attack": a, "attack_options": dict(attack_options(a, s["codec"]))}) for a in names]
-    w, attack, bad = worst_case(runs, s["rule"], f, names, s["codec"], SLICED, _reference(s))
+    w, attack, bad = worst_case(runs, s["rule"], f, names, s["codec"], SLICED, _reference(s, f if honest_only else None))
     missing = [a for a in names if gap(runs, s["rule"], f, a, s["codec"], SLICED, _reference(s))[1] == "missing"]
     reached = w is not None and w <= TARGETS[f] and not bad and not missing
     return {"worst": w, "attack": attack, "bad": bad, "missing": missing, "reached": reached}
@@ -253,6 +294,14 @@ def report(results: dict[str, dict], meta: dict[str, Any]) -> str:
     md.append("- no attacker, false-positive cost of declaring f: "
               + ", ".join(f"f = {f}: {_pct(g)}" for f, g in fp.items() if f != s["declared_f"]) + " (vs the recipe's f = "
               f"{s['declared_f']})")
+    for f in FS:  # the second reference: what the n - f honest peers reach without the attackers' peers at all
+        alone = gap(runs, s["rule"], f, HONEST_ONLY, s["codec"], SLICED, _reference(s))[0]
+        w = summary(runs, s, names, f, honest_only=True)
+        if alone is not None and w["worst"] is not None:
+            md.append(f"- the {PEERS - f} honest peers alone (f = {f} declared, no attacker's peer at all) end "
+                      f"{_pct(alone)} vs the recipe's clean run ({loss_of(runs, s['rule'], f, HONEST_ONLY, s['codec'], SLICED):.3f});"
+                      f" against that run of the same seed the worst attack at f = {f} is {_pct(w['worst'])} ({w['attack']}): "
+                      "what the rule loses beyond the attackers' missing work (the issue's target stays vs the recipe's clean run)")
     floor = {f: gap(runs, s["rule"], f, "free-rider", s["codec"], SLICED, _reference(s))[0] for f in FS}
     if all(g is not None for g in floor.values()):  # zero rows: the attackers add nothing, the rule still sees n rows
         md.append("- for scale: `free-rider` (the attackers send zero updates: no work, no harm, still n rows) costs "
@@ -297,6 +346,15 @@ def main(argv: list[str] | None = None) -> int:
                         "support of docs/robust-compressed.md); '' = the recipe as shipped")
     parser.add_argument("--stem", default=STEM, help="file name of the JSON and md (e.g. byzantine_shared_support "
                         "for --variant vote; keep byzantine_recipe's for the shipped recipe)")
+    parser.add_argument("--set", action="append", default=[], metavar="PATH=JSON",
+                        help="a RunConfig override over recipe and variant, e.g. 'aggregation.options={\"min_votes\": 1}' "
+                        "(screening a candidate; use its own --out or --stem)")
+    parser.add_argument("--fs", default=",".join(map(str, FS)), help="the f values whose attacks run (screening)")
+    parser.add_argument("--no-false-positives", action="store_true", help="skip the clean runs declaring f = 0 and the "
+                        "cells' f (screening)")
+    parser.add_argument("--merge", nargs="*", default=[], metavar="JSON",
+                        help="byzantine_recipe.json files of invocations run in parallel (--out elsewhere): their runs of "
+                        "this code and config join this JSON (with --limit 0: merge only)")
     parser.add_argument("--report-only", action="store_true", help="only rewrite the md from the JSON")
     args = parser.parse_args(argv)
     from scripts.machine_info import command_line, load_average, machine_facts
@@ -306,8 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     path = out / f"{args.stem}.json"
     if not args.report_only:
         profile = PROFILES[args.profile]
-        profile = RecipeProfile(**{**asdict(profile), "recipe": args.recipe, "variant": args.variant,
+        try:
+            extra = tuple(parse_set(item) for item in args.set)
+        except ValueError as exc:
+            parser.error(str(exc))
+        profile = RecipeProfile(**{**asdict(profile), "recipe": args.recipe, "variant": args.variant, "extra": extra,
                                    "rounds": args.rounds if args.rounds is not None else profile.rounds})
+        fs = tuple(int(f) for f in args.fs.split(","))
         seeds = [int(s) for s in args.seeds.split(",")]
         names = list(attacks.NAMES) if args.attacks is None else [a.strip() for a in args.attacks.split(",")]
         if set(names) - set(attacks.NAMES):
@@ -316,9 +379,15 @@ def main(argv: list[str] | None = None) -> int:
         previous = json.loads(path.read_text())["meta"] if path.exists() else {}
         settings = resolved(profile)
         meta = {**previous, "profile": asdict(profile), "seeds": seeds, "workers": args.workers, "attacks": names,
-                "fs": list(FS), "recipe": settings, **({"stem": args.stem} if args.stem != STEM else {})}
+                "fs": list(fs), "recipe": settings, **({"stem": args.stem} if args.stem != STEM else {})}
         load_before, started, code = load_average(), time.perf_counter(), code_state()
-        todo = [c for c in plan(settings, seeds, names) if results.get(c.key, {}).get("fingerprint") != fingerprint(c, profile)]
+        for other in args.merge:  # runs made in parallel elsewhere (--out), kept only when they ran this code and config
+            taken = merge_runs(results, json.loads(Path(other).read_text())["runs"], profile)
+            meta["merged"] = [*previous.get("merged", []), f"{taken} runs from {other}"]
+            print(f"merged {taken} current runs from {other}", flush=True)
+        todo = [c for c in plan(settings, seeds, names, fs, not args.no_false_positives) if results.get(c.key, {}).get("fingerprint") != fingerprint(c, profile)]
+        for case in todo:  # a stale record (another rule or config under the same key) never stays beside current ones
+            results.pop(case.key, None)
         todo = todo[: args.limit] if args.limit is not None else todo
         if previous.get("command"):
             meta["invocations"] = [*previous.get("invocations", []), f"`{previous['command']}` ({previous.get('wall_min', 0):.1f} min)"]

@@ -16,7 +16,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from peer.cli.simulate import SimulationOptions, run_simulation  # noqa: E402
-from scripts.byzantine_cases import CLEAN, PEERS, Case, Profile, refusal  # noqa: E402
+from optim import aggregate  # noqa: E402
+from scripts.byzantine_cases import CLEAN, HONEST_ONLY, PEERS, RULES, Case, Profile, refusal  # noqa: E402
+
+
+def aggregate_name(case: Case) -> str:
+    return RULES.get(case.aggregator, (case.aggregator, {}))[0]
 
 
 def run_case(case: Case, profile: Profile) -> dict[str, Any]:
@@ -24,11 +29,16 @@ def run_case(case: Case, profile: Profile) -> dict[str, Any]:
     why = refusal(case.aggregator, case.f, exchange=case.exchange)
     if why:
         return {**record, "status": "refused", "error": why}
-    attacked = case.attack != CLEAN
+    attacked = case.attack not in (CLEAN, HONEST_ONLY)
+    peers, f = PEERS, case.f
+    if case.attack == HONEST_ONLY:  # the f attackers' peers absent, not replaced; f as the swarm lowers it for n - f rows
+        peers = PEERS - case.f
+        while f > 0 and aggregate.minimum_rows(aggregate_name(case), f) > peers:
+            f -= 1
     opts = SimulationOptions(
-        peers=PEERS, rounds=profile.rounds, byzantine=case.f if attacked else 0,
+        peers=peers, rounds=profile.rounds, byzantine=case.f if attacked else 0,
         attack=case.attack if attacked else None, attack_options=dict(case.attack_options),
-        seed=case.seed, threads=1, config=profile.config(case.seed, case.aggregator, case.f, case.codec, case.exchange),
+        seed=case.seed, threads=1, config=profile.config(case.seed, case.aggregator, f, case.codec, case.exchange),
     )
     started = time.perf_counter()
     try:

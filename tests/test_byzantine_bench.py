@@ -3,6 +3,7 @@ scripts/byzantine_report.py: the default pick."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -130,12 +131,29 @@ def test_tiny_recipe_grid_resolves_the_recipe_and_measures_every_cell_against_it
     s = data["meta"]["recipe"]
     assert s["exchange"] == "sliced" and s["recipe"] == "sparseloco" and s["overrides"]["aggregation.name"] == s["rule"]
     runs = data["runs"]
-    # the recipe's clean run, f = 0 / 2 / 3 declared with no attacker, sign-flip at f = 2 and 3 (keys deduplicated)
-    assert len(runs) == len({0, 2, 3, s["declared_f"]}) + 2 and all(r["status"] == "ok" and r["recipe"] == s for r in runs)
-    assert {(r["f"], r["attack"]) for r in runs if r["attack"] != "none"} == {(2, "sign-flip"), (3, "sign-flip")}
+    # the recipe's clean run, f = 0 / 2 / 3 declared with no attacker, the n - f honest peers alone at f = 2 and 3
+    # (the second reference), sign-flip at f = 2 and 3 (keys deduplicated)
+    assert len(runs) == len({0, 2, 3, s["declared_f"]}) + 4 and all(r["status"] == "ok" and r["recipe"] == s for r in runs)
+    assert {(r["f"], r["attack"]) for r in runs if r["attack"] != "none"} == {
+        (2, "sign-flip"), (3, "sign-flip"), (2, "honest-only"), (3, "honest-only")}
     md = (tmp_path / "byzantine_recipe.md").read_text()
+    assert md.count("honest peers alone (f = ") == 2  # the second reference, per f
     assert f"| {s['declared_f']} (the recipe as shipped) | {s['rule']} | +0.0% (" in md  # its own reference
     assert any(line.startswith("| sign-flip | scale=4.0 | ") and line.count("%") == 2 for line in md.splitlines())
     assert md.count("of the recipe's clean run: **") == 2 and f"result format `{s['result_format']}`" in md
     assert recipe.main(["--report-only", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "byzantine_recipe.md").read_text() == md  # the md is a function of the JSON
+
+
+def test_recipe_grid_merges_only_runs_of_this_code_and_config():
+    from scripts import byzantine_recipe as recipe
+
+    profile = recipe.PROFILES["tiny"]
+    settings = recipe.resolved(profile)
+    case = recipe.plan(settings, [0], ["sign-flip"], (2,))[-1]
+    assert case.attack == "sign-flip" and recipe.case_of({**dataclasses.asdict(case), "attack_options": dict(case.attack_options)}) == case
+    current = {**dataclasses.asdict(case), "attack_options": dict(case.attack_options), "key": case.key,
+               "fingerprint": recipe.fingerprint(case, profile)}
+    stale = {**current, "key": case.key.replace("s0", "s9"), "seed": 9, "fingerprint": "0" * 16}
+    results: dict = {}
+    assert recipe.merge_runs(results, [current, stale], profile) == 1 and list(results) == [case.key]

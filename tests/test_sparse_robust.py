@@ -76,8 +76,8 @@ def test_a_lone_attacker_cannot_create_a_coordinate():
     assert nobody.numel() == 20
     attacker = torch.zeros(1, 1000)
     attacker[0, nobody] = 1e6
-    agg = sparse_mean.build("sparse-trimmed-mean", num_byzantine=1)
-    alone = sparse_mean.build("sparse-trimmed-mean", num_byzantine=1, min_votes=2)(honest)  # the same 2-vote rule
+    agg = sparse_mean.build("sparse-trimmed-mean", num_byzantine=1, screen=False)  # the vote alone
+    alone = sparse_mean.build("sparse-trimmed-mean", num_byzantine=1, min_votes=2, screen=False)(honest)  # the same 2-vote rule
     attacked = agg(torch.cat([honest, attacker]))
     # its coordinates have 1 vote < 2: not created. (Its row shifts the median RMS each chunk's value
     # clip is measured against, so honest outliers may be clipped a little differently.)
@@ -85,6 +85,10 @@ def test_a_lone_attacker_cannot_create_a_coordinate():
     assert ((attacked != 0) != (alone != 0)).sum().item() <= 2
     assert (attacked - alone).abs().max().item() < 0.5 * alone.abs().max().item()
     assert attacked[nobody].abs().max().item() == 0.0
+    # with the screen (the default) no honest row shares a coordinate with it: set aside, and the 7
+    # honest rows are aggregated as with f = 0, exactly
+    screened = sparse_mean.build("sparse-trimmed-mean", num_byzantine=1)(torch.cat([honest, attacker]))
+    assert torch.equal(screened, sparse_mean.build("sparse-trimmed-mean", num_byzantine=0)(honest))
 
 
 def test_sent_values_are_clipped_to_twice_the_median_senders_rms_in_their_chunk():
@@ -157,7 +161,7 @@ def test_never_produces_nan(case):
 
 
 def test_options_and_row_count_are_checked():
-    with pytest.raises(ValueError, match="accepted: clip_ratio, value_clip, chunk, min_votes, bucket_size, seed, nnm"):
+    with pytest.raises(ValueError, match="accepted: clip_ratio, value_clip, chunk, min_votes, screen, bucket_size, seed, nnm"):
         sparse_mean.build("sparse-trimmed-mean", num_byzantine=1, tau=1.0)
     for bad in ({"clip_ratio": 0}, {"clip_ratio": float("inf")}, {"min_votes": 0}, {"bucket_size": 0}):
         with pytest.raises(ValueError):
