@@ -298,7 +298,7 @@ def report(results: dict[str, dict], meta: dict[str, Any]) -> str:
         alone = gap(runs, s["rule"], f, HONEST_ONLY, s["codec"], SLICED, _reference(s))[0]
         w = summary(runs, s, names, f, honest_only=True)
         if alone is not None and w["worst"] is not None:
-            md.append(f"- the {PEERS - f} honest peers alone (f = {f} declared, no attacker's peer at all) end "
+            md.append(f"- the {PEERS - f} honest peers alone (f = {f} declared, lowered to what {PEERS - f} rows allow as the swarm lowers it; no attacker's peer at all) end "
                       f"{_pct(alone)} vs the recipe's clean run ({loss_of(runs, s['rule'], f, HONEST_ONLY, s['codec'], SLICED):.3f});"
                       f" against that run of the same seed the worst attack at f = {f} is {_pct(w['worst'])} ({w['attack']}): "
                       "what the rule loses beyond the attackers' missing work (the issue's target stays vs the recipe's clean run)")
