@@ -7,6 +7,7 @@ Also the lab's report: its table, the targets and what grows with n, from a stor
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from tests.helpers import ROOT, process_tree, still_running, tiny_run_config
@@ -40,7 +41,11 @@ def test_two_lab_processes_of_two_nodes_end_in_sync_and_leave_nothing_running(tm
         by_method = json.loads((tmp_path / "lab" / f"{name}.json").read_text())["traffic_by_method"]["1"]
         assert by_method["served:FetchPayload"]["bytes_sent"] > 0 and by_method["FetchPayload"]["bytes_received"] > 0
     cpu = run["coordinator_cpu"]
-    assert [c["round"] for c in cpu] == [0, 1] and all(c["cpu_s"] > 0 and c["tree_cpu_s"] >= c["cpu_s"] for c in cpu)
+    assert [c["round"] for c in cpu] == [0, 1]
+    # Round 0's close is read while the coordinator still runs (round 1 needs the peers); the last
+    # close may be read after it exited (NaN: nothing left to read), never a wrong figure.
+    assert cpu[0]["cpu_s"] > 0 and cpu[0]["tree_cpu_s"] >= cpu[0]["cpu_s"]
+    assert all(math.isnan(c["cpu_s"]) or (c["cpu_s"] >= 0 and c["tree_cpu_s"] >= c["cpu_s"]) for c in cpu)
     assert all(not c.alive() for c in started)
     assert still_running(trees, within_s=10.0) == {}
 
