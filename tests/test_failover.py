@@ -105,16 +105,7 @@ def test_a_takeover_continues_the_round_in_flight_under_the_manifest_the_peers_c
     peer signs one update per round; another would be banned as equivocation), no peer resynchronises
     or trains round 2 again, no round has two hashes across both coordinators, and every peer ends
     on the new coordinator's final hash."""
-    standby_key = Identity.load_or_create(swarm.workdir / "standby.pem")
-    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 4, "expected_peers": 2}, control={"lease_s": LEASE_S})
-    logs = {name: swarm.workdir / f"{name}.jsonl" for name in ("coordinator", "standby")}
-    with monkeypatch.context() as m:
-        m.setenv("SWARMLOCO_FAIL_AT", "manifest-followed:2")
-        active = swarm.start_coordinator(["--config", str(config), "--coordinators", standby_key.peer_id,
-                                          "--run-log", str(logs["coordinator"])])
-    standby = swarm.start_standby("standby", ["--port", str(free_port()), "--run-log", str(logs["standby"])])
-    wait_line(standby, r"following run \S+'s active coordinator", 60)
-    peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/2"]) for i in range(2)]
+    standby_key, logs, active, standby, peers = _active_standby_and_two_peers(swarm, tmp_path, monkeypatch, 4, "manifest-followed:2")
 
     if swarm.wait(active, 240) != -signal.SIGKILL:
         skip_if_the_lease_ran_out_first(active)
@@ -129,11 +120,8 @@ def test_a_takeover_continues_the_round_in_flight_under_the_manifest_the_peers_c
     new = read_summary(swarm, "standby")
     assert [h["round"] for h in new["history"]] == list(range(4)) and new["history"][2]["updates"] == 2
     assert not any(p["banned_reason"] for p in new["peers"])
-    closed: dict[int, set[str]] = {}
-    for rounds in ({h["round"]: h["param_hash"] for h in new["history"]}, logged_rounds(logs["coordinator"]),
-                   logged_rounds(logs["standby"])):
-        for r, param_hash in rounds.items():
-            closed.setdefault(r, set()).add(param_hash)
+    closed = hashes_per_round({h["round"]: h["param_hash"] for h in new["history"]}, logged_rounds(logs["coordinator"]),
+                              logged_rounds(logs["standby"]))
     assert all(len(hashes) == 1 for hashes in closed.values()), closed  # no round closed with two hashes
     assert max(logged_rounds(logs["coordinator"])) <= 1  # the dead one recorded nothing past round 1 (its log may lag)
     final = new["history"][-1]["param_hash"]
@@ -143,6 +131,31 @@ def test_a_takeover_continues_the_round_in_flight_under_the_manifest_the_peers_c
         assert "resynchronised" not in text, text[-3000:]  # nobody downloaded the state or trained round 2 again
         assert [(h["round"], h["in_sync"]) for h in summary["history"]] == [(r, True) for r in range(4)], summary["history"]
         assert summary["history"][2]["updates"] == 2 and summary["param_hash"] == final and summary["coordinator_term"] == 1
+
+
+def _active_standby_and_two_peers(swarm, tmp_path, monkeypatch, rounds: int, fail_at: str):
+    """An active coordinator listing a standby's key, started with fail point `fail_at`, the standby
+    following it, and 2 peers: (standby_key, run logs by role, active, standby, peers)."""
+    standby_key = Identity.load_or_create(swarm.workdir / "standby.pem")
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": rounds, "expected_peers": 2}, control={"lease_s": LEASE_S})
+    logs = {name: swarm.workdir / f"{name}.jsonl" for name in ("coordinator", "standby")}
+    with monkeypatch.context() as m:
+        m.setenv("SWARMLOCO_FAIL_AT", fail_at)
+        active = swarm.start_coordinator(["--config", str(config), "--coordinators", standby_key.peer_id,
+                                          "--run-log", str(logs["coordinator"])])
+    standby = swarm.start_standby("standby", ["--port", str(free_port()), "--run-log", str(logs["standby"])])
+    wait_line(standby, r"following run \S+'s active coordinator", 60)
+    peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/2"]) for i in range(2)]
+    return standby_key, logs, active, standby, peers
+
+
+def hashes_per_round(*histories: dict[int, str]) -> dict[int, set[str]]:
+    """round -> every param hash any of `histories` (round -> hash) closed it with."""
+    closed: dict[int, set[str]] = {}
+    for rounds in histories:
+        for r, param_hash in rounds.items():
+            closed.setdefault(r, set()).add(param_hash)
+    return closed
 
 
 def logged_rounds(path) -> dict[int, str]:
@@ -162,17 +175,9 @@ def test_a_frozen_active_coordinator_neither_forks_the_run_nor_leaves_it_without
     two cores throughout."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])] if hog else []
     try:
-        standby_key = Identity.load_or_create(swarm.workdir / "standby.pem")
-        config = write_run_config(tmp_path / "run.json", rounds={"rounds": 5, "expected_peers": 2}, control={"lease_s": LEASE_S})
-        logs = {name: swarm.workdir / f"{name}.jsonl" for name in ("coordinator", "standby")}
-        with monkeypatch.context() as m:
-            m.setenv("SWARMLOCO_FAIL_AT", "round-recorded:2:stop")
-            active = swarm.start_coordinator(["--config", str(config), "--coordinators", standby_key.peer_id,
-                                              "--run-log", str(logs["coordinator"])])
+        standby_key, logs, active, standby, peers = _active_standby_and_two_peers(swarm, tmp_path, monkeypatch, 5,
+                                                                                  "round-recorded:2:stop")
         old_key = wait_line(active, r"coordinator fingerprint: (\w+)", 30).group(1)
-        standby = swarm.start_standby("standby", ["--port", str(free_port()), "--run-log", str(logs["standby"])])
-        wait_line(standby, r"following run \S+'s active coordinator", 60)
-        peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/2"]) for i in range(2)]
 
         wait_line(active, rf"reached round-recorded:2, stopping this process|{STEPPED_DOWN}", 240)
         skip_if_the_lease_ran_out_first(active)
@@ -200,11 +205,9 @@ def test_a_frozen_active_coordinator_neither_forks_the_run_nor_leaves_it_without
     assert max(logged_rounds(logs["coordinator"]), default=-1) == 2
     assert [h["round"] for h in new["history"]] == list(range(5))  # the run's history, kept across the takeover
     assert new["initial_val_loss"] == old["initial_val_loss"] and new["coordinator"]["term"] == 1
-    closed: dict[int, set[str]] = {}
-    for rounds in ({h["round"]: h["param_hash"] for h in old["history"]}, {h["round"]: h["param_hash"] for h in new["history"]},
-                   logged_rounds(logs["coordinator"]), logged_rounds(logs["standby"])):
-        for r, param_hash in rounds.items():
-            closed.setdefault(r, set()).add(param_hash)
+    closed = hashes_per_round({h["round"]: h["param_hash"] for h in old["history"]},
+                              {h["round"]: h["param_hash"] for h in new["history"]},
+                              logged_rounds(logs["coordinator"]), logged_rounds(logs["standby"]))
     assert all(len(hashes) == 1 for hashes in closed.values()), closed  # no round closed with two hashes
     final = new["history"][-1]["param_hash"]
     for i, peer in enumerate(peers):
