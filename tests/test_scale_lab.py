@@ -42,10 +42,11 @@ def test_two_lab_processes_of_two_nodes_end_in_sync_and_leave_nothing_running(tm
         assert by_method["served:FetchPayload"]["bytes_sent"] > 0 and by_method["FetchPayload"]["bytes_received"] > 0
     cpu = run["coordinator_cpu"]
     assert [c["round"] for c in cpu] == [0, 1]
-    # Round 0's close is read while the coordinator still runs (round 1 needs the peers); the last
-    # close may be read after it exited (NaN: nothing left to read), never a wrong figure.
+    # Round 0's close is read while the coordinator and its DHT process still run (round 1 needs the
+    # peers); the last close may be read after it exited (NaN) or after its DHT process and p2pd did
+    # (their CPU leaves the tree's total), so only its own CPU is checked there.
     assert cpu[0]["cpu_s"] > 0 and cpu[0]["tree_cpu_s"] >= cpu[0]["cpu_s"]
-    assert all(math.isnan(c["cpu_s"]) or (c["cpu_s"] >= 0 and c["tree_cpu_s"] >= c["cpu_s"]) for c in cpu)
+    assert all(math.isnan(c["cpu_s"]) or c["cpu_s"] >= 0 for c in cpu)
     assert all(not c.alive() for c in started)
     assert still_running(trees, within_s=10.0) == {}
 
