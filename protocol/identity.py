@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,18 +42,26 @@ def verify_signature(public_key: bytes, signature: bytes, message: bytes) -> boo
         return False
 
 
-def _write_key(path: Path, pem: bytes) -> None:
+def _write_key(path: Path, pem: bytes) -> bool:
     """Create `path` with mode 0600 from the start (no window where the key is world-readable),
-    written beside it and renamed into place so a crash never leaves a half-written key."""
+    written beside it under a name of this process's own and linked into place, so a crash never
+    leaves a half-written key and two processes creating one key at once agree on it: the first
+    link wins, the other returns False and loads the winner's key."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.write(fd, pem)
-        os.fsync(fd)
+        try:
+            os.write(fd, pem)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.link(tmp, path)  # fails when the key exists: never overwrites another process's key
+        return True
+    except FileExistsError:
+        return False
     finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        tmp.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,27 +77,31 @@ class Identity:
         """Load the key at `path`, or create it there (mode 0600) when the file does not exist."""
         path = Path(path).expanduser()
         if path.exists():
-            try:
-                key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-            except (ValueError, TypeError) as exc:
-                raise IdentityError(
-                    f"{path} is not an unencrypted PEM Ed25519 private key ({exc}); "
-                    "point --identity-path at another file to create a fresh identity"
-                ) from None
-            if not isinstance(key, Ed25519PrivateKey):
-                raise IdentityError(f"{path} holds a {type(key).__name__}, not an Ed25519 key")
-            return cls(key)
+            return cls._load(path)
         identity = cls.generate()
         pem = identity.private_key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
         try:
-            _write_key(path, pem)
+            created = _write_key(path, pem)
         except OSError as exc:  # a read-only or foreign folder: say which flag moves the key
             reason = (exc.strerror or str(exc)).lower()
             raise IdentityError(f"cannot write the identity key to {path.parent} ({reason}): "
                                 "pass --identity-path PATH in a writable folder") from None
-        return identity
+        return identity if created else cls._load(path)
+
+    @classmethod
+    def _load(cls, path: Path) -> "Identity":
+        try:
+            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        except (ValueError, TypeError) as exc:
+            raise IdentityError(
+                f"{path} is not an unencrypted PEM Ed25519 private key ({exc}); "
+                "point --identity-path at another file to create a fresh identity"
+            ) from None
+        if not isinstance(key, Ed25519PrivateKey):
+            raise IdentityError(f"{path} holds a {type(key).__name__}, not an Ed25519 key")
+        return cls(key)
 
     @property
     def public_key(self) -> bytes:

@@ -1,3 +1,4 @@
+import multiprocessing
 import stat
 
 import pytest
@@ -14,6 +15,51 @@ def test_identity_file_created_0600_and_reloaded(tmp_path):
     assert again.public_key == first.public_key
     assert again.peer_id == first.peer_id == peer_id_of(first.public_key)
     assert len(first.peer_id) == 32
+
+
+def test_a_key_another_process_creates_first_is_the_one_both_use(tmp_path, monkeypatch):
+    """Two processes starting with one --identity-path and no key yet: the second must not
+    overwrite the first's key (two identities for one path) nor fail on the other's temp file."""
+    path = tmp_path / "peer.pem"
+    winner = Identity.generate()
+    generate = Identity.generate.__func__
+
+    def another_process_wins_the_race(cls):  # the other process links its key in between our
+        with_key = Identity.load_or_create.__func__  # exists() check and our own link
+        monkeypatch.setattr(Identity, "generate", classmethod(lambda _: winner))
+        with_key(cls, path)
+        return generate(cls)
+
+    monkeypatch.setattr(Identity, "generate", classmethod(another_process_wins_the_race))
+    loser = Identity.load_or_create(path)
+    assert loser.peer_id == winner.peer_id
+    assert Identity.load_or_create(path).peer_id == winner.peer_id
+    assert [p.name for p in tmp_path.iterdir()] == ["peer.pem"]  # no temp file left behind
+
+
+def test_processes_creating_one_key_at_once_agree_on_it(tmp_path):
+    path = tmp_path / "peer.pem"
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(6), context.Queue()
+    processes = [context.Process(target=_create_after_barrier, args=(barrier, str(path), results)) for _ in range(6)]
+    for process in processes:
+        process.start()
+    try:
+        ids = [results.get(timeout=60) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(timeout=10)
+            process.kill()
+    assert len(set(ids)) == 1 and ids[0] == Identity.load_or_create(path).peer_id
+    assert [p.name for p in tmp_path.iterdir()] == ["peer.pem"]
+
+
+def _create_after_barrier(barrier, path: str, results) -> None:
+    barrier.wait()
+    try:
+        results.put(Identity.load_or_create(path).peer_id)
+    except Exception as exc:  # the parent's assertion shows it
+        results.put(repr(exc))
 
 
 def test_corrupt_identity_file_says_what_to_do(tmp_path):
