@@ -164,11 +164,31 @@ def write_run_config(path: Path, **sections) -> Path:
     return path
 
 
+# Ports handed out by free_port: below Linux's ephemeral range (32768+), where the kernel never
+# gives a port to a socket bound to 0 or to an outgoing connection, in one block per xdist worker
+# and in turn within it, so no other test or process takes a port between free_port() and the bind
+# (a port picked by binding to 0 could be reused by any other test's child at once).
+_PORT_BASE, _PORT_BLOCK = 20_000, 1_500
+_next_port: list[int] = []
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (for a flag that needs a fixed one)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now and no other test of this run
+    will be handed (for a flag that needs a fixed one)."""
+    if not _next_port:
+        worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+        _next_port.append(_PORT_BASE + (worker % 8) * _PORT_BLOCK + (os.getpid() % 50) * 20)
+    block_start = _PORT_BASE + (_next_port[0] - _PORT_BASE) // _PORT_BLOCK * _PORT_BLOCK
+    for _ in range(_PORT_BLOCK):
+        port = _next_port[0]
+        _next_port[0] = block_start + (port + 1 - block_start) % _PORT_BLOCK
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use (or lingering from an earlier run): the next one
+                continue
+            return port
+    raise RuntimeError(f"no free port in {block_start}-{block_start + _PORT_BLOCK - 1}")
 
 
 def wait_line(child, pattern: str, timeout_s: float) -> re.Match:
