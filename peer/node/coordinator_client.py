@@ -29,8 +29,11 @@ TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grp
 LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 MAX_CHECKPOINT_BYTES = 8 << 30
 RECONNECT_EVERY_S = 3.0
-LOCATE_EVERY_S = 0.5  # a lost coordinator: the DHT is asked this often who holds the run now
-FAILOVER_RETRY_S = 0.5  # the longest backoff while a locator may find a successor (a takeover lands within a lease)
+# A lost coordinator: the run's coordinators are asked this often who holds the run now (the
+# endpoints the run named, probed at once; the DHT less often: peer/node/trust.py). Every tenth of
+# a second a peer keeps looking after the successor answers is a tenth the round in flight waits.
+LOCATE_EVERY_S = 0.2
+FAILOVER_RETRY_S = 0.2  # the longest backoff while a locator may find a successor (a takeover lands within a lease)
 EARLY_ANSWER_PAUSE_S = 0.5  # a long-poll answered at once with no news (every slot taken): pause instead of spinning
 
 

@@ -15,6 +15,7 @@ import grpc
 
 from peer.exchange.outcome import Fatal, Finished, Resync, RoundOutcome, Unreachable
 from peer.exchange.peer_side import ManifestInHand, PeerExchange
+from peer.node.coordinator_change import CoordinatorChange
 from peer.node.coordinator_client import CoordinatorUnavailable
 from peer.node.errors import PeerExit
 from peer.node.round import PeerRound, Update
@@ -119,11 +120,12 @@ class RoundExchange:
 
     def run(self, rnd: PeerRound) -> RoundOutcome:
         """Round r's outcome once committed. A coordinator that changed mid-round (failover) gets
-        our update again and the round restarts there."""
+        our update again and the round restarts there, unless it continues the manifest we hold
+        (peer/node/coordinator_change.py)."""
         while True:
-            generation = self.client.generation
+            moved = CoordinatorChange(self.client, r=rnd.r, keys=self.keys, run_id=self.run_id, fence=self.fence)
             try:
-                outcome = self._once(rnd, moved=lambda: self.client.generation != generation)
+                outcome = self._once(rnd, moved=moved)
             except CoordinatorUnavailable as exc:
                 return Unreachable(str(exc))
             except PeerExit as exc:
@@ -131,13 +133,13 @@ class RoundExchange:
             except Exception as exc:  # never out of the exchange thread; the round resynchronises instead
                 log.warning("peer %s: round %d exchange failed (%s: %s)", self.peer_id[:8], rnd.r, type(exc).__name__, exc)
                 return Resync(f"the exchange failed ({type(exc).__name__})")
-            if self.client.generation == generation:
+            if not (moved.reported or moved()):
                 return outcome
             print(f"peer {self.peer_id[:8]} | round {rnd.r}: the run's coordinator is now {self.client.endpoint}; committing again", flush=True)
             if not self._recommit(rnd.update, rnd.r):
                 return Resync("the new coordinator did not take our update")
 
-    def _once(self, rnd: PeerRound, moved: Callable[[], bool]) -> RoundOutcome:
+    def _once(self, rnd: PeerRound, moved: CoordinatorChange) -> RoundOutcome:
         r = rnd.r
         self.waiting()
         # Between polls: make sure the coordinator holds our commitment (a restarted one forgot it;
@@ -171,4 +173,5 @@ class RoundExchange:
         if check_listed(manifest, rnd.update, r, peer_id=self.peer_id, left_out_so_far=len(self.left_out)):
             self.left_out.append(r)  # status shows it (the heartbeat carries it)
         fail_point("manifest", r)
+        moved.hold(manifest, reply.manifest)
         return self.side.run(ManifestInHand(r=r, manifest=manifest, signed=reply.manifest, base=rnd.base, wait_s=wait_s, moved=moved))

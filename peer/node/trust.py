@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Iterable, TypeVar
@@ -37,6 +38,8 @@ from protocol.wire import swarm_pb2, swarm_pb2_grpc
 
 log = logging.getLogger("swarmloco.peer")
 PROBE_DEADLINE = timedelta(seconds=3)
+DHT_LOCATE_EVERY_S = 0.5  # while a peer looks for a successor: the DHT's run records are read this often at most
+MAX_PROBES = 8  # candidate coordinators probed at once
 T = TypeVar("T")
 
 
@@ -90,9 +93,14 @@ def probe(endpoint: str, keys: CoordinatorKeys, run_id: str, counter: ByteCounte
 def find_active(candidates: Iterable[str], keys: CoordinatorKeys, run_id: str, counter: ByteCounter) -> tuple[str, RunState] | None:
     """Among candidate endpoints, the active coordinator by the one rule every peer follows
     (protocol.run_state.newer: highest term, then lowest key)."""
+    endpoints = list(dict.fromkeys(candidates))
+    if len(endpoints) > 1:  # at once: a dead candidate (no answer for PROBE_DEADLINE) must not hold up the others
+        with ThreadPoolExecutor(max_workers=min(MAX_PROBES, len(endpoints)), thread_name_prefix="swarmloco-probe") as pool:
+            states = list(pool.map(lambda endpoint: probe(endpoint, keys, run_id, counter), endpoints))
+    else:
+        states = [probe(endpoint, keys, run_id, counter) for endpoint in endpoints]
     best: tuple[str, RunState] | None = None
-    for endpoint in dict.fromkeys(candidates):
-        state = probe(endpoint, keys, run_id, counter)
+    for endpoint, state in zip(endpoints, states):
         if state is not None and state.role == "active" and (best is None or newer(state, best[1])):
             best = (endpoint, state)
     return best
@@ -110,17 +118,21 @@ class RunAuthority:
     endpoints: list[str]  # the run's other coordinators (standbys), as the run last named them
     dht: Any = None
     fence: TermFence = field(default_factory=TermFence)  # the highest term seen: nothing signed in a lower one is believed
+    dht_endpoints: list[str] = field(default_factory=list)  # the run's coordinators in the DHT, as last read
+    dht_read_at: float = float("-inf")
 
     def locate(self) -> str | None:
         """The run's active coordinator now (after a failover: the standby that took over), among
-        the run's records in the DHT and the coordinator endpoints the run last named; never one
-        that a higher term than it signs has superseded."""
-        candidates = list(self.endpoints)
-        if self.dht is not None:
+        the run's records in the DHT (read at most every DHT_LOCATE_EVERY_S; the last read's in
+        between) and the coordinator endpoints the run last named; never one that a higher term
+        than it signs has superseded."""
+        if self.dht is not None and time.monotonic() - self.dht_read_at >= DHT_LOCATE_EVERY_S:
+            self.dht_read_at = time.monotonic()
             try:
-                candidates = [r.endpoint for r in discovery.run_records(self.dht, self.run_id)] + candidates
+                self.dht_endpoints = [r.endpoint for r in discovery.run_records(self.dht, self.run_id)]
             except Exception as exc:  # a DHT hiccup: the known endpoints still count
                 log.info("DHT lookup of the run's coordinators failed: %s", exc)
+        candidates = [*self.dht_endpoints, *self.endpoints]
         found = find_active([c for c in candidates if c], self.keys, self.run_id, self.counter)
         if found is None or not self.fence.observe(found[1].term, found[1].signer):
             return None
