@@ -58,3 +58,17 @@ def test_a_window_where_every_peer_does_the_same_work_is_the_fixed_h_run_bit_for
     window = simulate(peers=3, rounds=2, config=config(inner={"steps": H}, rounds={"window_s": float(H)}))
     assert [r["steps"] for r in window["work"]["rounds"]] == [[H] * 3] * 2
     assert window["final_params_sha256"] == fixed["final_params_sha256"]  # equal weights: the unweighted rule
+
+
+def test_an_attacker_claiming_4x_its_work_is_capped_at_twice_the_median_claim():
+    window = config(rounds={"window_s": float(H)}, aggregation={"name": "median", "num_byzantine": 1})
+    run = simulate(peers=4, rounds=2, byzantine=1, attack="gaussian", claim_work=4.0, config=window)
+    work = run["work"]
+    assert [r["steps"] for r in work["rounds"]] == [[H] * 4] * 2  # what was trained: the claim is not
+    # claims 4H, H, H, H: the median claim is H, so the attacker counts 2H of the 5H in every round
+    assert [r["weights"] for r in work["rounds"]] == [pytest.approx([0.4, 0.2, 0.2, 0.2])] * 2
+    assert work["token_share"] == pytest.approx([0.25] * 4)
+    with pytest.raises(ValueError, match="give --attack and --num-byzantine"):
+        SimulationOptions(peers=4, claim_work=4.0)
+    with pytest.raises(ValueError, match="a number > 0"):
+        SimulationOptions(peers=4, byzantine=1, attack="gaussian", claim_work=float("nan"))

@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--peer-speeds", metavar="S,S,...", help="each virtual peer's speed (1 = full speed), e.g. 1,1,0.5,0.25: "
                    "with a fixed H the round waits for the slowest (in simulated time); with --window-s each peer "
                    "takes the steps its speed fits and counts by its work")
+    s.add_argument("--claim-work", type=float, default=1.0, metavar="X",
+                   help="with --attack and --window-s: the attackers sign X times the work they did into their headers "
+                        "(the owners cap every claim)")
     s.add_argument("--json", metavar="PATH", help="write the results (losses, measured bytes, config) here")
     add_run_flags(s, "simulate")
 

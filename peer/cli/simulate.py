@@ -125,7 +125,7 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
     curve = Curve(numel=numel, initial_val_loss=evaluate(global_model, val_batches))
     exchange = LocalSlicedRound(receiver, opts.peers, seed=cfg.seed) if lying else None
     shared = SharedSupportRound(shared_cfg, receiver, opts.peers) if shared_cfg is not None else None
-    speeds = SpeedModel.of(cfg, opts.peer_speeds, opts.peers, receiver)
+    speeds = SpeedModel.of(cfg, opts.peer_speeds, opts.peers, receiver, (opts.claim_work,) * opts.byzantine)
     try:
         for r in range(cfg.rounds.rounds):
             t0 = time.perf_counter()
@@ -284,6 +284,7 @@ def options_from_args(args: argparse.Namespace) -> SimulationOptions:
         attack_options=_parse_attack_options(args.attack_option), baseline=args.baseline,
         threads=args.threads, overlap_arrival=args.overlap_arrival, config=config, log=lambda line: print(line, flush=True),
         peer_speeds=parse_speeds(args.peer_speeds) if args.peer_speeds else None,
+        claim_work=args.claim_work,
     )
 
 

@@ -3,6 +3,7 @@ schedule) over a run config, validated before anything trains."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,6 +38,9 @@ class SimulationOptions:
     byzantine: int = 0
     attack: str | None = None
     attack_options: dict[str, Any] = field(default_factory=dict)
+    # The attackers sign this many times the work they did into their headers (a compute window's
+    # weights; 1: honest claims). Capped as the owners cap every claim (optim/work_weights.py).
+    claim_work: float = 1.0
     baseline: Baseline = "diloco"
     # torch intra-op threads. 1 by default: the model's 128-wide matmuls gain ~25% from a second
     # thread on an idle machine, but with any other process on the cores OpenMP's spinning threads
@@ -78,6 +82,10 @@ class SimulationOptions:
             attacks.build(self.attack, **self.attack_options)  # unknown name/option -> ValueError here
         if self.peer_speeds is not None:
             check_speeds(tuple(self.peer_speeds), self.peers)
+        if not (math.isfinite(self.claim_work) and self.claim_work > 0):
+            raise ValueError(f"--claim-work {self.claim_work!r}: give how many times their real work the attackers claim, a number > 0")
+        if self.claim_work != 1.0 and self.byzantine == 0:
+            raise ValueError(f"--claim-work {self.claim_work} inflates the attackers' claims: give --attack and --num-byzantine F too")
 
     def run_config(self) -> RunConfig:
         """The run config with this simulation's overrides applied, validated like every verb's."""

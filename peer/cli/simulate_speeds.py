@@ -10,6 +10,10 @@ Simulated time: a peer of speed s takes 1/s seconds per inner step (a speed-1 pe
   steps: ceil(W x s) clamped. The round lasts as long as the longest phase.
 The exchange's own time is not modelled (it is the same in both schedules). A peer's utilization
 is its phase's seconds over the round's.
+
+A peer may claim more work than it did (SimulationOptions.claim_work: the attackers sign X times
+their real steps and tokens, as tests/byzantine_peer.py --claim-work does in a real swarm): the
+owners and the coordinator's ledger see the claims, the token share counts what was trained.
 """
 
 from __future__ import annotations
@@ -53,11 +57,18 @@ class SpeedModel:
     cfg: RunConfig
     speeds: tuple[float, ...]
     ledger: WorkLedger
+    claim_factors: tuple[float, ...] = ()  # per peer: the work it signs over the work it did (() = all 1)
     rounds: list[dict[str, Any]] = field(default_factory=list)  # per round: steps, busy/round seconds, weights
 
     @classmethod
-    def of(cls, cfg: RunConfig, speeds: tuple[float, ...] | None, peers: int, receiver: Any) -> "SpeedModel":
-        return cls(cfg, speeds or (1.0,) * peers, WorkLedger(receiver))
+    def of(cls, cfg: RunConfig, speeds: tuple[float, ...] | None, peers: int, receiver: Any,
+           claim_factors: tuple[float, ...] = ()) -> "SpeedModel":
+        return cls(cfg, speeds or (1.0,) * peers, WorkLedger(receiver), claim_factors)
+
+    def claimed_steps(self, i: int, steps: int) -> int:
+        """The inner steps peer i's header signs for `steps` really taken."""
+        factor = self.claim_factors[i] if i < len(self.claim_factors) else 1.0
+        return steps if factor == 1.0 else round(steps * factor)
 
     def steps(self) -> list[int]:
         return round_steps(self.cfg, self.speeds)
@@ -67,15 +78,15 @@ class SpeedModel:
         the history the coordinator would sign into the manifest."""
         names = [str(i) for i in authors]
         history = self.ledger.history(names)
-        return RowWork.of([steps[i] * self.tokens_per_step for i in authors], history, names), history
+        return RowWork.of([self.claimed_steps(i, steps[i]) * self.tokens_per_step for i in authors], history, names), history
 
     @property
     def tokens_per_step(self) -> int:
         return self.cfg.data.batch_size * self.cfg.model.seq_len
 
     def close(self, authors: list[int], steps: list[int], history: dict[str, int], excluded_for_cause: int) -> dict[str, Any]:
-        shares = self.ledger.close({str(i): (steps[i], steps[i] * self.tokens_per_step) for i in authors}, history,
-                                   excluded_for_cause)
+        claims = {str(i): self.claimed_steps(i, steps[i]) for i in authors}
+        shares = self.ledger.close({p: (n, n * self.tokens_per_step) for p, n in claims.items()}, history, excluded_for_cause)
         busy = [n / s for n, s in zip(steps, self.speeds)]
         seconds = max(busy)
         record = {"steps": steps, "busy_s": busy, "round_s": seconds, "utilization": [b / seconds for b in busy],
