@@ -5,6 +5,7 @@ scripts/preflight_netns.py (benchmarks/preflight.md): too slow for the suite."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import pytest
 
 from peer.run.preflight_plan import TARGET, Link, Swarm, recommend
 from peer.run.preflight_probe import check_dial_back
+from peer.run.window_share import describe, window_share
 from protocol.channels import create_channel
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from tests.helpers import ROOT, free_port, write_run_config
@@ -41,9 +43,28 @@ def test_recommendation_follows_the_link_and_shows_its_arithmetic():
     assert roomy["choice"]["codec"] == "fp16" and roomy["choice"]["inner_steps"] == 25
 
 
+def test_the_window_hint_says_what_share_of_the_round_a_slow_machine_fills():
+    # 0.4 s a step in a 10 s window: 25 steps of 512 tokens, against three peers' 100, 100, 50 steps
+    slow = window_share(window_s=10.0, step_s=0.4, min_steps=1, max_steps=1000, tokens_per_step=512,
+                        others_tokens=[51_200, 51_200, 25_600], num_byzantine=1)
+    assert (slow.steps, slow.tokens, slow.capped_by) == (25, 12_800, "") and slow.share == pytest.approx(25 / 275)
+    # a machine 10x faster than the median is counted at 2x the median claim
+    fast = window_share(window_s=10.0, step_s=0.01, min_steps=1, max_steps=1000, tokens_per_step=512,
+                        others_tokens=[51_200, 51_200, 25_600], num_byzantine=0)
+    assert fast.steps == 1000 and fast.capped_by == "median" and fast.share == pytest.approx(2 * 51_200 / (2 * 51_200 + 128_000))
+    assert fast.uncapped_share == pytest.approx(512_000 / (512_000 + 128_000))
+    # min_steps that outlast the window: the round would wait for it, and it says so
+    late = window_share(window_s=2.0, step_s=1.0, min_steps=5, max_steps=1000, tokens_per_step=512, others_tokens=[],
+                        num_byzantine=0)
+    assert (late.steps, late.phase_s, late.share) == (5, 5.0, None)
+    assert any("longer than the window" in line for line in describe(late, 2.0, 5))
+    with pytest.raises(ValueError, match="must be > 0"):
+        window_share(window_s=0.0, step_s=1.0, min_steps=1, max_steps=10, tokens_per_step=1, others_tokens=[], num_byzantine=0)
+
+
 @pytest.mark.integration
 def test_preflight_against_a_live_coordinator(swarm, tmp_path):
-    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 3, "expected_peers": 1})
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 3, "expected_peers": 1, "window_s": 5.0})
     swarm.start_coordinator(["--config", str(config)])
     out = tmp_path / "preflight.json"
     result = subprocess.run([sys.executable, "-m", "peer.cli.main", "preflight", "--initial-peers", *swarm.initial_peers,
@@ -59,6 +80,9 @@ def test_preflight_against_a_live_coordinator(swarm, tmp_path):
     assert not r["recommendation"]["client_mode"]["recommended"]
     assert 0 < r["step_s"] < 5 and r["recommendation"]["rows"][0]["codec"] == "fp16"
     assert "recommendation:" in result.stdout and "no --client-mode" in result.stdout
+    steps = min(1000, max(1, math.ceil(5.0 / r["step_s"] - 1e-9)))  # a window run: the steps the window fits, no peer's work yet
+    assert r["window"]["steps"] == steps and r["window"]["share"] is None
+    assert f"in the 5 s window this machine would take {steps} inner steps" in result.stdout
 
     channel = create_channel(swarm.coordinator_endpoint)
     try:

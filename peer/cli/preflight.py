@@ -4,7 +4,9 @@ Measures against the run's coordinator: RTT, download and upload throughput (bou
 transfers), whether the coordinator can dial back the port this machine would announce, and
 this machine's inner-step time for the run's model; then recommends --client-mode or not, and
 the H and codec that keep communication under 5% of compute, with the arithmetic
-(peer/run/preflight_plan.py).
+(peer/run/preflight_plan.py). In a compute-window run (rounds.window_s > 0), also the steps this
+machine would take in the window and the share of the round's counted work they would be among
+the live peers' last work (peer/run/window_share.py).
 """
 
 from __future__ import annotations
@@ -103,7 +105,23 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                   coverage=cfg.exchange.spot_check_coverage, payload_bytes=payloads, numel=numel)
     return {"coordinator": endpoint, "run_id": info.run_id, "round": info.round, "numel": numel, "peers_live": live,
             "rtt_s": rtt, "download": download, "upload": upload, "dial_back": dial, "device": args.device, **step,
-            "recommendation": recommend(link, swarm, step["step_s"])}
+            "recommendation": recommend(link, swarm, step["step_s"]), "window": window_hint(cfg, status, step["step_s"])}
+
+
+def window_hint(cfg: Any, status: dict[str, Any], step_s: float) -> dict[str, Any] | None:
+    """In a compute-window run: this machine's steps in the window and its share of the round (None: no window)."""
+    from dataclasses import asdict
+
+    from peer.run.window_share import describe, window_share
+
+    r = cfg.rounds
+    if not r.window_s:
+        return None
+    others = [int((p.get("work") or {}).get("tokens") or 0) for p in status["peers"] if p["state"] not in ("gone", "banned")]
+    share = window_share(window_s=r.window_s, step_s=step_s, min_steps=r.min_steps, max_steps=r.max_steps,
+                         tokens_per_step=cfg.data.batch_size * cfg.model.seq_len, others_tokens=others,
+                         num_byzantine=cfg.aggregation.num_byzantine)
+    return {**asdict(share), "lines": describe(share, r.window_s, r.min_steps)}
 
 
 def mbit(bytes_per_s: float) -> float:
@@ -129,6 +147,8 @@ def report(r: dict[str, Any]) -> str:
         f"  {'--client-mode' if rec['client_mode']['recommended'] else 'no --client-mode'}: {rec['client_mode']['why']}",
         f"  codec {rec['choice']['codec']}, H = {rec['choice']['inner_steps']}: {rec['choice']['why']}",
     ]
+    if r.get("window"):
+        lines += ["", "compute window:", *(f"  {line}" for line in r["window"]["lines"])]
     return "\n".join(lines)
 
 
