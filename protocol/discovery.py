@@ -15,13 +15,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from hivemind.dht import DHT
-from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from hivemind.utils import MSGPackSerializer, get_dht_time
+# hivemind shares one small tensor per process with its DHT process (its futures' state). Its default
+# strategy, "file_system", starts torch_shm_manager, which outlived a stopped coordinator or peer by
+# 2.5 s (load 10; it exits once it notices its clients are gone); file descriptors need no helper
+# process. Set before hivemind is imported (it reads this once).
+os.environ.setdefault("HIVEMIND_MEMORY_SHARING_STRATEGY", "file_descriptor")
+from hivemind.dht import DHT  # noqa: E402
+from hivemind.dht.validation import DHTRecord, RecordValidatorBase  # noqa: E402
+from hivemind.utils import MSGPackSerializer, get_dht_time  # noqa: E402
 
 from protocol.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, peer_id_of, verify_signature
 

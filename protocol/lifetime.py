@@ -37,7 +37,9 @@ back (its parent's `terminate()` ends it) and ignores SIGINT (as hivemind does o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
+import logging
 import os
 import signal
 import sys
@@ -162,3 +164,13 @@ def bind_forked_process(process: BaseProcess, sig: int = signal.SIGKILL) -> None
         run()
 
     process.run = bound_run  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def timed_step(log: logging.Logger, what: str):
+    """A shutdown step, logged with how long it took (`-v` shows which step a slow exit spent its time in)."""
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        log.info("shutdown: %s took %.2fs", what, time.monotonic() - started)

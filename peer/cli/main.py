@@ -366,6 +366,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the CLI process: once main returns and every exit handler ran, it ends at once
+        from peer.cli import interrupts
+
+        interrupts.skip_finalization()
+        return interrupts.returning(_main(argv))
+    return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if argv is None:  # this process is the CLI (not a test calling main): its environment is ours to set

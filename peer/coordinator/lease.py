@@ -7,11 +7,11 @@ round and signs its state, records a round) only while it holds a *confirmed* re
 lease · (1 − MARGIN), timed on its own monotonic clock from the moment it *sent* that renewal: the
 record it wrote then cannot have lapsed yet, whatever happened to the process since (SIGSTOP, a
 swap storm, a descheduled thread). A renewal is confirmed when the store succeeded and the run's
-records, read right after it, show no rival: a live active record with a higher term, or the same
+records, read beside it (at once, so a renewal costs one DHT round trip), show no rival: a live active record with a higher term, or the same
 term and a lower key (protocol.run_state.newer). A rival ends the lease for good: `holds()` raises
 Demoted and the coordinator steps down to a standby (peer/coordinator/main.py).
 
-Adaptive: every renewal's round trip (store + read) is measured, and the lease is the largest of
+Adaptive: every renewal's round trip (the store and the read, side by side) is measured, and the lease is the largest of
 the configured floor (`control.lease_s`) and LATENCY_FACTOR × the slowest of the last renewals. It
 only grows within a process: a machine that was slow once is assumed slow again, and a standby that
 read a longer lease from the record must never be outrun by a shorter one. Renewals are sent every
@@ -38,6 +38,7 @@ LATENCY_FACTOR = 4.0  # lease >= this x the slowest recent renewal round trip
 LATENCIES_KEPT = 8
 MAX_LEASE_S = 120.0  # a DHT that slow is broken: waiting longer only delays a failover
 RETRY_S = 0.5  # after a renewal that was not confirmed
+STOP_WAIT_S = 1.0  # stop(): how long a renewal in flight is waited for
 
 
 class Demoted(RuntimeError):
@@ -144,13 +145,28 @@ class Lease:
         """Write the record and read the run's records back: True when confirmed (no rival)."""
         sent = self.clock()
         lease_s = self.lease_s
+        # The read runs beside the store, not after it: a renewal costs one DHT round trip, not two,
+        # and the lease (LATENCY_FACTOR x the slowest renewal) stays near its floor on a loaded
+        # machine. The read is for rivals only (a record that outranks ours, written by another);
+        # what the clock may do rests on the send time and the store, as before.
+        read: dict[str, list[discovery.RunRecord] | None] = {"records": None}
+
+        def read_records() -> None:
+            try:
+                read["records"] = discovery.vouched(discovery.run_records(self.dht, self.run_id))
+            except Exception as exc:  # noqa: BLE001 - a DHT hiccup: the next renewal tries again
+                log.info("lease renewal: reading the run's records failed: %s", exc)
+
+        reader = threading.Thread(target=read_records, name="swarmloco-lease-read", daemon=True)
+        reader.start()
         try:
             stored = discovery.announce_run(self.dht, self.identity, run_id=self.run_id, endpoint=self.endpoint, role="active",
                                             term=self.term, coordinators=self.coordinators, ttl_s=lease_s)
-            records = discovery.vouched(discovery.run_records(self.dht, self.run_id))
         except Exception as exc:  # noqa: BLE001 - a DHT hiccup: the next renewal tries again
             log.info("lease renewal failed: %s", exc)
-            stored, records = False, None
+            stored = False
+        reader.join()
+        records = read["records"]
         latency = self.clock() - sent
         rival = self._rival(records or [])
         lapsed_at: float | None = None
@@ -209,7 +225,9 @@ class Lease:
         with self._changed:
             self._changed.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout=5)  # a renewal in flight ends with its DHT call
+            # A renewal in flight ends with its DHT call, or fails once the DHT stops: not waited for
+            # long (it writes nothing the clock acts on: holds() counts from confirmed renewals only).
+            self._thread.join(timeout=STOP_WAIT_S)
 
     def close_run(self, endpoint: str) -> None:
         """The run is over: a "finished" record (standbys stop following; newcomers learn it)."""

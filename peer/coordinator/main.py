@@ -21,6 +21,7 @@ from peer.run.progress import coordinator_line, format_bytes
 from protocol import discovery, ports
 from protocol.accounting import ByteCounter
 from protocol.identity import Identity
+from protocol.lifetime import timed_step
 from protocol.run_state import TermFence
 
 log = logging.getLogger("swarmloco.coordinator")
@@ -136,7 +137,8 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         return summary
     finally:
         if dht is not None:
-            discovery.stop_dht(dht)
+            with timed_step(log, "DHT process and p2pd"):
+                discovery.stop_dht(dht)
 
 
 def _lead(options: CoordinatorOptions, identity: Identity, dht, cfg: RunConfig, term: int, counter: ByteCounter,
@@ -218,10 +220,13 @@ def _lead(options: CoordinatorOptions, identity: Identity, dht, cfg: RunConfig, 
         return Led(summary=summary, demoted=demoted)
     finally:
         if lease is not None:
-            lease.stop()
+            with timed_step(log, "lease thread"):
+                lease.stop()
         if operations is not None:
-            operations.close()
+            with timed_step(log, "operations (metrics, dashboard, run log)"):
+                operations.close()
         if server is not None:
-            server.stop(grace=1.0).wait(3.0)
+            with timed_step(log, "gRPC server"):
+                server.stop(grace=1.0).wait(3.0)
         coordinator.fetchers.shutdown(wait=False, cancel_futures=True)  # a demoted one lives on as a standby
         coordinator.channels.close()

@@ -48,6 +48,7 @@ from protocol.accounting import ByteCounter, Traffic
 from protocol.channels import create_server
 from protocol.envelope import JOIN_TAG, UpdateHeader, build_update_header, sign_update
 from protocol.identity import Identity
+from protocol.lifetime import timed_step
 from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload
 from protocol.rpc_errors import Refused
@@ -412,17 +413,21 @@ class PeerNode:
             self.heartbeat.join()
 
     def close(self) -> None:
-        self.quiesce()
+        with timed_step(log, "heartbeat thread"):
+            self.quiesce()
         ranks.detach(self)
         if self.server is not None:
-            self.server.stop(grace=1.0).wait(2.0)
+            with timed_step(log, "gRPC server"):
+                self.server.stop(grace=1.0).wait(2.0)
         for part in (self.client, self.pool, self.exchange_side):
             if part is not None:
                 part.close()
         if self.fetchers is not None:
             self.fetchers.shutdown(wait=False, cancel_futures=True)
         if self.writer is not None:
-            self.writer.shutdown(wait=True)  # a state write in flight must land whole
+            with timed_step(log, "state writer"):
+                self.writer.shutdown(wait=True)  # a state write in flight must land whole
         if self.dht is not None:
-            self.dht.shutdown()
+            with timed_step(log, "DHT process and p2pd"):
+                discovery.stop_dht(self.dht)  # bounded: terminated, then killed, if its own shutdown hangs
         self.held.release()  # last: the state file is whole before another process may take this key
