@@ -42,7 +42,7 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
     if extra not in sys.path:
         sys.path.insert(0, extra)
 
-from scale_projection import control_fit, control_runs, expected, expected_coordinator, projection, with_projection  # noqa: E402,F401
+from scale_projection import COVERAGE, control_fit, control_runs, expected, expected_coordinator, projection, with_projection  # noqa: E402,F401
 from swarm_meters import CoordinatorCpu, MemoryGuard  # noqa: E402  (scripts/ is on the path now)
 
 JOINED_NODE_RE = re.compile(r"^peer (\S+) \| joined run ")  # peer/node/node.py prints it at its first accepted join
@@ -200,6 +200,8 @@ def summarize(codec: str, mode: str, n: int, args, numel: int, payload: int, res
     return {
         "codec": codec, "mode": mode, "peers": n, "slices": args.slices if mode == "sliced" else None,
         "replicas": args.replicas if mode == "sliced" else None, "spot_checks": spot, "aggregator": "median",
+        # expected recomputations of each slice per round (the run config's default; rows before issue 24's sampling: 2)
+        "spot_check_coverage": COVERAGE if mode == "sliced" else None,
         "inner_steps": args.inner_steps, "rounds": args.rounds, "skip_rounds": args.skip_rounds, "numel": numel,
         "payload_bytes": payload, "result_bytes": result_bytes,
         "received_mean": stat(lambda r: r["received"]), "received_median": stat(lambda r: r["received"], statistics.median),

@@ -81,7 +81,7 @@ def lab_lines(data: dict, machine_lines) -> list[str]:
              "bytes do not depend on it, CPU seconds little, wall times do.", ""]
     for inv in data.get("lab_invocations", []):
         lines += [*machine_lines(inv.get("machine"), inv["load_before"], inv["load_after"]), f"- command: `{inv['command']}`", ""]
-    lines += ["| codec | S | r | k | H | rounds | n | processes x nodes | joined | rounds closed | received mean (median) KB | "
+    lines += ["| codec | S | r | k (coverage) | H | rounds | n | processes x nodes | joined | rounds closed | received mean (median) KB | "
               "vs smallest n | control share | coordinator KB/round | = fp32 models | coordinator CPU s/round (with DHT) | "
               "CPU ms per peer | round s | memory taken GiB | load before -> after | every peer joined, every round in sync |",
               "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---|---|"]
@@ -94,7 +94,7 @@ def lab_lines(data: dict, machine_lines) -> list[str]:
             vs = f"{r['received_mean'] / base['received_mean']:.2f}x" if base and r["ok"] else "-"
             cpu, tree = r.get("coordinator_cpu_s_per_round", math.nan), r.get("coordinator_tree_cpu_s_per_round", math.nan)
             lines.append(
-                f"| {codec} | {r['slices']} | {r['replicas']} | {r['spot_checks']} | {r['inner_steps']} | {r['rounds']} | {r['peers']} | "
+                f"| {codec} | {r['slices']} | {r['replicas']} | {r['spot_checks']} ({r.get('spot_check_coverage', 2.0):g}) | {r['inner_steps']} | {r['rounds']} | {r['peers']} | "
                 f"{processes} x {min(k, r['peers'])} | {r['peers_joined']} | {r['rounds_done']} | {_kb(r['received_mean'])} "
                 f"({_kb(r['received_median'])}) | {vs} | {control_share(r) * 100:.1f}% | {_kb(r['coordinator_bytes_per_round'])} | "
                 f"{r['coordinator_bytes_per_round'] / (4 * r['numel']):.2f} | {cpu:.2f} ({tree:.2f}) | {cpu / r['peers'] * 1e3:.0f} | "

@@ -9,10 +9,11 @@ import math
 import statistics
 
 LINK_BITS_PER_S = 100e6
+COVERAGE = 0.5  # exchange.spot_check_coverage's default (peer/run/config_sections.ExchangeConfig)
 
 
 def expected(mode: str, n: int, payload: float, result: float, replicas: int, slices: int = 32, spot_checks: int = 0,
-             coverage: float = 2.0) -> dict[str, float]:
+             coverage: float = COVERAGE) -> dict[str, float]:
     """Expected data bytes per peer per round (module docstring), control traffic not included.
     Spot checks run with probability min(1, coverage·S/(n·k)) (exchange.spot_check_coverage)."""
     if mode == "all-to-all":
@@ -24,11 +25,17 @@ def expected(mode: str, n: int, payload: float, result: float, replicas: int, sl
     return {"received": full["received"], "sent": full["sent"], "spot": full["received"] - base["received"]}
 
 
-def expected_coordinator(mode: str, n: int, payload: float, result: float, slices: int, spot_checks: int) -> float:
-    """Data the coordinator fetches per round: θ_{r+1}'s slices (and its spot checks' inputs), or every payload."""
+def expected_coordinator(mode: str, n: int, payload: float, result: float, slices: int, spot_checks: int,
+                         coverage: float | None = COVERAGE) -> float:
+    """Data the coordinator fetches per round: θ_{r+1}'s slices (and its spot checks' inputs, run with
+    probability min(1, coverage·S/(n·k)) like a peer's; coverage None: every round, as before
+    issue 24's sampling), or every payload."""
     if mode == "all-to-all":
         return n * payload
-    return result + spot_checks * (n * payload - result) / slices
+    from peer.run.slice_plan import spot_check_probability
+
+    p = 1.0 if coverage is None else spot_check_probability(spot_checks, coverage, slices, n)
+    return result + p * spot_checks * (n * payload - result) / slices
 
 
 def control_fit(results: list[dict], both_ways: bool = False) -> tuple[float, float]:

@@ -18,11 +18,11 @@ from machine_info import machine_lines, write_keeping_notes  # noqa: E402
 from scale_lab_report import byte_targets, control_share, lab_lines  # noqa: E402
 
 FORMULAS = [
-    "- sliced, received ≈ r·(n−1)/m·P + (1 − r/m)·A + p·k·((n−1)·P − A)/S, p = min(1, coverage·S/(n·k)), coverage = 2",
+    "- sliced, received ≈ r·(n−1)/m·P + (1 − r/m)·A + p·k·((n−1)·P − A)/S, p = min(1, coverage·S/(n·k)), coverage = 2 (0.5 since issue 24's bounded spot checks)",
     "  (p = 1 in every measured run below: n ≤ 64 at S = 32, k = 1)",
     "- sliced, sent ≈ (r − r/m)·P + (n − r + 1)/m·A + p·k·((n−1)·P − A)/S",
     "- all-to-all, received ≈ (n − 1)·P",
-    "- coordinator, fetched ≈ A + k·(n·P − A)/S (sliced: gathers θ_{r+1}, spot-checks k slices); n·P (all-to-all)",
+    "- coordinator, fetched ≈ A + p·k·(n·P − A)/S (sliced: gathers θ_{r+1}, spot-checks k slices; p = 1 before issue 24's sampling); n·P (all-to-all)",
 ]
 
 
@@ -89,7 +89,7 @@ def projection_lines(data: dict) -> list[str]:
     t0, t1 = data.get("control_fit_both_ways", (0.0, 0.0))
     coordinator = [f"The coordinator: n peers' control both ways (each ≈ {t0 / 1e3:,.1f} KB + {t1 / 1e3:,.3f} KB·n, fitted like the",
                    "control above: O(n) per peer, O(n²) in all) plus what it fetches (θ_{r+1}'s slices A, and its k spot checks'",
-                   "n inputs: A + k·(n·P − A)/S; it checks with probability 1 at any n).", ""]
+                   "n inputs: A + p·k·(n·P − A)/S, sampled with the peers' probability p since issue 24).", ""]
     control = ([f"control received per peer per round ≈ {c0 / 1e3:,.1f} KB + {c1 / 1e3:,.3f} KB·n, fitted on the scale lab's rows",
                 f"(n = {', '.join(str(r['peers']) for r in lab)}, S = 32): O(n), one Merkle root per header and bitmaps for input sets;",
                 "the signed results list (S·r results) is in the constant at S = 32 and not scaled with S here. Every peer"]
@@ -105,9 +105,9 @@ def projection_lines(data: dict) -> list[str]:
              "serves (m = n). The busiest peer owns ceil(S·r/n) slices: it receives their n − 1 inputs and serves their",
              "result to n/r peers; time = the larger of its received and sent bytes at 100 Mbit/s (the mean peer:",
              "received bytes). All-to-all: (n − 1)·P received by every peer. Spot checks run with probability",
-             "min(1, coverage·S/(n·k)) per peer and round (exchange.spot_check_coverage, default 2: the swarm recomputes",
-             "each slice about twice per round), so their share stays near coverage·P per peer however large n grows;",
-             "the measured runs (n ≤ 64 at S = 32) all ran with probability 1.", "",
+             "min(1, coverage·S/(n·k)) per peer and round, the coordinator's too (exchange.spot_check_coverage, default",
+             "0.5 since issue 24: the swarm recomputes each slice about every other round), so their share stays below",
+             "coverage·P per node however large n grows; the formula table's runs (n ≤ 12 at S = 32) ran with probability 1.", "",
              *coordinator,
              "| codec | model | peers | S | mean peer received | of which spot checks | of which control | mean peer time | busiest peer recv / sent | busiest peer time | all-to-all received | all-to-all time | coordinator | = fp32 models |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -251,7 +251,9 @@ class SlicedCoordinator(CoordinatorExchange):
                 with ctx.lock:
                     self.ban_liar(rnd.round, lie, f" (reported by {reporter[:8]})")
         kept = [s for s in batches if s.signature not in false]  # a liar's word counts for none of its slices
-        outcome = self.slices.gather(rnd, kept, spot_checks=ctx.cfg.exchange.spot_checks)
+        # Our own spot checks are sampled like a peer's (bytes bounded in n, docs/sliced-exchange.md).
+        outcome = self.slices.gather(rnd, kept, spot_checks=ctx.cfg.exchange.spot_checks,
+                                     coverage=ctx.cfg.exchange.spot_check_coverage)
         params = params.clone()
         ctx.math.step_with_aggregate(params, outcome.combined, round_=book.round)  # θ_r -> θ_{r+1}
         with ctx.lock:

@@ -322,10 +322,13 @@ class ExchangeConfig:
     slices: int = 32  # S: slices of the flat parameter vector (on codec block boundaries)
     replicas: int = 2  # r: owners per slice; a lone lying owner is outvoted by recomputation
     spot_checks: int = 1  # slices each peer recomputes per round from signed inputs (catches colluding owners)
-    # Expected recomputations of each slice per round across the whole swarm: a peer runs its spot
-    # checks with probability min(1, coverage·S / (n·spot_checks)), so a large swarm still checks
-    # every slice about this often while each peer's spot-check traffic stays bounded in n.
-    spot_check_coverage: float = 2.0
+    # Expected recomputations of each slice per round across the whole swarm: a peer (and the
+    # coordinator) runs its spot checks with probability min(1, coverage·S / (n·spot_checks)), so a
+    # large swarm still checks every slice about this often while each node's spot-check traffic
+    # stays at most about coverage·P (P: one payload) whatever n. 0.5 keeps a 48-peer swarm's
+    # per-peer bytes within 1.8x of a 4-peer swarm's; the odds that colluders survive are in
+    # docs/sliced-exchange.md ("Liars and colluders").
+    spot_check_coverage: float = 0.5
     # What an aggregated slice travels as. "" (default): dense, fp16 for a lossy codec (fp32 / bf16
     # when the values are). A codec spec ("chunk-topk:4096:64+int8") compresses the aggregate
     # itself: the owner keeps the top-K of each chunk, deterministically, so the all-gather is as

@@ -275,8 +275,8 @@ class SliceExchange(SliceFetching):
     def gather(self, rnd: SliceRound, batches: list[swarm_pb2.Signed], *, spot_checks: int = 0,
                coverage: float | None = None, rng: random.Random | None = None) -> GatherOutcome:
         """The (d,) aggregate from the owners' signed batches; recomputes where it must.
-        `coverage`: run the spot checks only with probability spot_check_probability (peers);
-        None: always (the coordinator)."""
+        `coverage`: run the spot checks only with probability spot_check_probability (peers and
+        the coordinator, so that a node's spot-check bytes stay bounded in n); None: always."""
         by_slice = self.open_results(rnd, batches)
         layout = self.math.layout
         me = self.identity.peer_id if self.identity is not None else ""

@@ -33,15 +33,16 @@ def owned_by(owners: Sequence[Sequence[str]], peer_id: str) -> list[int]:
 
 
 def spot_check_probability(spot_checks: int, coverage: float, num_slices: int, checkers: int) -> float:
-    """Chance that one peer runs its spot checks this round: min(1, coverage·S / (n·k)), so the
-    swarm recomputes each slice about `coverage` times per round whatever its size."""
+    """Chance that one node (a peer, or the coordinator) runs its spot checks this round:
+    min(1, coverage·S / (n·k)), so the swarm recomputes each slice about `coverage` times per round
+    whatever its size, and a node's expected spot-check bytes, p·k·(n − 1)·P/S, stay ≤ coverage·P."""
     if spot_checks <= 0 or checkers <= 0:
         return 0.0
     return min(1.0, coverage * num_slices / (checkers * spot_checks))
 
 
 def expected_traffic(n: int, payload: float, result: float, replicas: int, servers: int | None = None, *,
-                     spot_checks: int = 0, coverage: float = 2.0, num_slices: int = 1) -> dict[str, float]:
+                     spot_checks: int = 0, coverage: float = 0.5, num_slices: int = 1) -> dict[str, float]:
     """Expected bytes one serving peer sends and receives per round in the sliced exchange (the
     owner draw spreads slices evenly, so these are averages over peers; docs/sliced-exchange.md).
 
@@ -68,10 +69,10 @@ def distinct_claims(claims: Iterable[tuple[str, tuple[str, ...]]]) -> list[tuple
 
 def collusion_odds(servers: int, byzantine: int, replicas: int, slices: int, spot_checks: int,
                    honest_checkers: int | None = None, trials: int = 20_000, seed: int = 0,
-                   coverage: float = 2.0) -> dict[str, float]:
+                   coverage: float = 0.5) -> dict[str, float]:
     """How often colluding owners can lie, and how soon spot checks catch them, under this
-    module's real owner draw (Monte Carlo over draws; the coordinator and, each with probability
-    spot_check_probability, every honest peer recompute `spot_checks` random slices they do not own).
+    module's real owner draw (Monte Carlo over draws; each with probability spot_check_probability,
+    the coordinator and every honest peer recompute `spot_checks` random slices they do not own).
 
     Colluders lie on every slice whose owners are all theirs (a slice with one honest owner would
     be a disagreement: recomputed and caught at once). Returns the chance that a round offers them
@@ -93,7 +94,7 @@ def collusion_odds(servers: int, byzantine: int, replicas: int, slices: int, spo
         honest = [p for p in ids if p not in bad][: max(0, checkers - 1)] + [""]  # "" = the coordinator, owns nothing
         p = spot_check_probability(spot_checks, coverage, slices, servers)
         for checker in honest:
-            if checker and rng.random() >= p:  # this peer skips its checks this round (the coordinator never does)
+            if rng.random() >= p:  # this node skips its checks this round (the coordinator too)
                 continue
             candidates = [j for j in range(slices) if checker not in owners[j]]
             if lied & set(rng.sample(candidates, min(spot_checks, len(candidates)))):
