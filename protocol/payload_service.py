@@ -1,4 +1,5 @@
-"""The `Peer` service: serve update payloads by sha256, accept pushes from client-mode peers.
+"""The `Peer` service: serve update payloads by sha256, accept pushes from client-mode peers
+(whole payloads at the coordinator: all-to-all; each slice at its owners: the sliced exchange).
 
 Every node (peers and the coordinator) runs it. Payloads are content-addressed, so a copy held by
 any node is as good as the author's: nodes re-serve what they verified (gossip, not a star).
@@ -6,7 +7,9 @@ any node is as good as the author's: nodes re-serve what they verified (gossip, 
 
 from __future__ import annotations
 
+import hashlib
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -57,6 +60,7 @@ class PayloadStore:
     def __init__(self, keep_rounds: int = 2) -> None:
         self.keep_rounds = keep_rounds
         self._lock = threading.Lock()
+        self._slice_added = threading.Condition(self._lock)  # wait_slices: pushed slices arriving
         self._items: dict[str, StoredPayload] = {}
         self._blobs: dict[str, StoredBlob] = {}
         self._slices: dict[tuple[bytes, int], StoredSlice] = {}
@@ -68,6 +72,18 @@ class PayloadStore:
         with self._lock:
             self._slices[(slices_root, index)] = item
             self._drop_old(item.round)
+            self._slice_added.notify_all()
+
+    def wait_slices(self, wanted: list[tuple[bytes, int]], timeout_s: float) -> None:
+        """Block until every (slices_root, index) in `wanted` is stored or `timeout_s` passes
+        (slices a client-mode author pushes to us: we own them)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while not all(key in self._slices for key in wanted):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._slice_added.wait(left)
 
     def get_slice(self, slices_root: bytes, index: int) -> StoredSlice | None:
         with self._lock:
@@ -131,6 +147,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         *,
         verify_header: Callable[[swarm_pb2.Signed], UpdateHeader],
         accept_pushes: bool = True,
+        accept_slice_pushes: bool = False,
         on_reject: Callable[[str], None] | None = None,
         limits: CallerLimits | None = None,
         max_stream_s: float = 120.0,
@@ -138,6 +155,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         self.store = store
         self.verify_header = verify_header
         self.accept_pushes = accept_pushes
+        self.accept_slice_pushes = accept_slice_pushes  # a serving peer: client-mode authors push it the slices it owns
         self.on_reject = on_reject or (lambda reason: None)
         self.limits = limits or CallerLimits(per_peer_rate=50.0, per_peer_burst=200.0)
         self.max_stream_s = max_stream_s  # server-side bound on one transfer (slowloris)
@@ -236,6 +254,63 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
             self.on_reject(getattr(exc, "reason", "bad-transfer"))
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"push refused: {exc}", swarm_pb2.INVALID_UPDATE)
         return swarm_pb2.PushReply(accepted=True, sha256=header.payload_sha256)
+
+
+    @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), cost=5.0, max_stream_s=lambda s: s.max_stream_s)
+    def PushSlices(self, request_iterator, context: grpc.ServicerContext):
+        """A client-mode author's slices (we own them this round): each kept when its Merkle proof
+        puts its bytes under the signed header's root; at most the header's payload_size in all."""
+        if not self.accept_slice_pushes:
+            raise RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, "this node takes no slice pushes (client mode)", swarm_pb2.NO_RELAY)
+        iterator = iter(request_iterator)
+        first = next(iterator, None)
+        if first is None or not first.HasField("header"):
+            self.on_reject("malformed")
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must carry the signed header", swarm_pb2.MALFORMED)
+        try:
+            header = self.verify_header(first.header)
+        except EnvelopeError as exc:
+            self.on_reject(exc.reason)
+            return swarm_pb2.PushReply(accepted=False, reason=f"{exc.reason}: {exc}", refusal=refusal_for(exc.reason))
+        root, kept, total, refused = header.root_bytes(), 0, 0, []
+        parts: list[tuple[int, tuple[bytes, ...], bytearray]] = []
+        for message in [first, *iterator]:
+            total += len(message.data)
+            if total > header.payload_size:
+                self.on_reject("malformed")
+                raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"pushed slices exceed the signed payload size {header.payload_size}",
+                               swarm_pb2.INVALID_UPDATE)
+            if message.start:
+                parts.append((message.slice, tuple(message.proof), bytearray()))
+            elif message.data and not parts:
+                self.on_reject("malformed")
+                raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "slice data before any slice started", swarm_pb2.MALFORMED)
+            if parts:
+                parts[-1][2].extend(message.data)
+        for index, proof, data in parts:
+            digest = hashlib.sha256(data).digest()
+            if not merkle.verify(digest, index, header.num_slices, proof, root):
+                refused.append(index)
+                continue
+            self.store.put_slice(root, index, StoredSlice(header.round, digest.hex(), proof, header.num_slices, bytes(data)))
+            kept += 1
+        if refused:
+            self.on_reject("bad-proof")
+            return swarm_pb2.PushReply(accepted=False, sha256=header.payload_sha256, refusal=swarm_pb2.INVALID_UPDATE,
+                                       reason=f"slices {refused} do not prove under the signed root; {kept} kept")
+        return swarm_pb2.PushReply(accepted=True, sha256=header.payload_sha256)
+
+
+def push_slices(signed_header: swarm_pb2.Signed, slices: list[tuple[int, StoredSlice]]):
+    """Client side of PushSlices: the header first, then each slice (index, whole proof, bytes)."""
+    from protocol.channels import CHUNK_BYTES
+
+    yield swarm_pb2.SlicePush(header=signed_header)
+    for index, item in slices:
+        data = item.payload
+        for start in range(0, max(len(data), 1), CHUNK_BYTES):
+            yield swarm_pb2.SlicePush(slice=index, start=start == 0, proof=item.proof if start == 0 else (),
+                                      data=data[start : start + CHUNK_BYTES])
 
 
 def push_chunks(signed_header: swarm_pb2.Signed, payload: bytes):

@@ -75,5 +75,7 @@ def coordinator_status(c: StatusSource) -> dict[str, Any]:
             "coordinator_traffic": c.counter.total().as_dict(),
             # remote -> counts: callers by peer_id (they name themselves), callees by endpoint
             "traffic_by_peer": {k: v.as_dict() for k, v in c.counter.by_peer().items()},
+            # round -> RPC -> counts ("served:X": calls others made to us): what the coordinator carried
+            "traffic_by_method": c.counter.by_method(),
             "uptime_s": round(time.monotonic() - c.started_at, 1),
         }

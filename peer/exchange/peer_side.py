@@ -55,6 +55,10 @@ class ManifestInHand:
 
 
 class PeerExchange(ABC):
+    # A client-mode peer pushes its whole payload to the coordinator before committing (all-to-all);
+    # the sliced exchange pushes each slice to its owners once the manifest names them instead.
+    pushes_to_coordinator = True
+
     def __init__(self, ctx: PeerExchangeContext) -> None:
         self.ctx = ctx
 

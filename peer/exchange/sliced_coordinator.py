@@ -89,10 +89,8 @@ class SlicedCoordinator(CoordinatorExchange):
     # --- commitments and the manifest ----------------------------------------------------------
 
     def admit(self, commitment: Commitment, pushed: StoredPayload | None) -> None:
-        """The owners fetch, verify and decode; we hold only what client-mode peers pushed."""
-        if pushed is None and not commitment.endpoint:
-            self.ctx.exclude(commitment, Reason.NO_PAYLOAD, "client-mode peer committed without pushing its payload first")
-            return
+        """The owners fetch, verify and decode; a client-mode author pushes its slices to their
+        owners once the manifest names them (we hold only what an older client pushed to us)."""
         if pushed is not None:
             self.slices.serve_slices(commitment.header, pushed.payload)
         with self.ctx.lock:
@@ -100,7 +98,12 @@ class SlicedCoordinator(CoordinatorExchange):
                 commitment.status = "verified"
 
     def holders(self, commitment: Commitment, public: list[str]) -> list[str]:
-        return [commitment.endpoint] if commitment.endpoint else [self.ctx.endpoint()]  # a pushed payload: we serve its slices
+        if commitment.endpoint:
+            return [commitment.endpoint]
+        # client mode: nobody holds it until it pushes each slice to that slice's owners; an older
+        # client pushed the whole payload to us, and then we serve its slices
+        held = self.slices.store.get_slice(commitment.header.root_bytes(), 0) is not None
+        return [self.ctx.endpoint()] if held else []
 
     def manifest(self, book: RoundBook, entries: list[ManifestEntry], base_param_hash: str) -> RoundManifest:
         return sliced_manifest(self.ctx.math, book.round, entries, base_param_hash=base_param_hash, excluded=book.excluded)

@@ -1,5 +1,6 @@
 """Sliced, the peer's side of one round once the signed manifest is in hand.
 
+  0. client mode: push each slice of our update to that slice's owners (the coordinator relays nothing)
   1. reduce-scatter: reduce the slices this peer owns, sign their results as one batch, submit it
   2. wait until the coordinator says the round's results are final
   3. all-gather: each aggregated slice from one of its owners (recomputed where owners disagree,
@@ -29,6 +30,8 @@ log = logging.getLogger("swarmloco.peer")
 
 
 class SlicedPeer(PeerExchange):
+    pushes_to_coordinator = False  # client mode: each slice goes to its owners once the manifest names them
+
     def __init__(self, ctx: PeerExchangeContext, engine: SliceExchange | None = None) -> None:
         super().__init__(ctx)
         # The reduce/gather engine (a seam: the tests' Byzantine owners pass a lying one).
@@ -52,6 +55,10 @@ class SlicedPeer(PeerExchange):
         except EnvelopeError as exc:
             log.warning("round %d: the manifest does not hold (%s): resynchronising", r, exc)
             return Resync("could not verify the manifest", wait_s=wait_s)
+        if not ctx.own_endpoint:  # client mode: nobody can fetch from us, so our slices go to their owners
+            own = ctx.store.get(rnd.headers[ctx.identity.peer_id].payload_sha256) if ctx.identity.peer_id in rnd.headers else None
+            if own is not None:
+                self.engine.push_own_slices(rnd, ctx.identity.peer_id, own.signed_header)
 
         for signed in rnd.pack(self.engine.reduce_owned(rnd)):  # reduce-scatter: our slices, one signed batch
             reply = ctx.client.submit_slice_results(signed)

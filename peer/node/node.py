@@ -197,7 +197,8 @@ class PeerNode:
             self.endpoint = ""
             return
         self.server, port = create_server(self.counter, host=o.host, port=o.port)
-        servicer = PayloadServicer(self.store, verify_header=lambda s: self._verify_header(s, None), accept_pushes=False)
+        servicer = PayloadServicer(self.store, verify_header=lambda s: self._verify_header(s, None), accept_pushes=False,
+                                    accept_slice_pushes=True)  # sliced: client-mode authors push us the slices we own
         swarm_pb2_grpc.add_PeerServicer_to_server(servicer, self.server)
         self.server.start()
         self.endpoint = f"{o.announce_host}:{port}"

@@ -85,7 +85,7 @@ class RoundExchange:
         changed endpoint) gets one fresh Join, then the same signed update again."""
         for attempt in range(2):
             try:
-                if self.client_mode and not self._push(update, r):
+                if self.client_mode and self.side.pushes_to_coordinator and not self._push(update, r):
                     return PUSH_FAILED
                 self.client.submit(update.signed, self.endpoint)
             except Refused as exc:

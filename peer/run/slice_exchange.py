@@ -144,6 +144,9 @@ class SliceExchange(SliceFetching):
         self.store = store
         self.workers = workers
         self.own_endpoint = own_endpoint
+        # An owner waits this long for the slices client-mode authors push it once they hold the
+        # manifest (a fraction of the result phase: a silent author is then counted unreachable).
+        self.push_wait_s = math.cfg.exchange.result_timeout_s / 4
         self.identity = identity
         # Slices are gathered a few at a time; each may fetch its inputs through `workers`, so the
         # two levels use two pools (one pool for both could fill with slices waiting on fetches).

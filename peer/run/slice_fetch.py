@@ -9,6 +9,10 @@
                    owner carries every slice wanted from it, all owners at once; what did not come,
                    from its other signers
   recomputation    (disputes, spot checks) slice j's n inputs: one call per author, all at once
+  client mode      a NAT'd author serves nothing: once the manifest names the owners it pushes each
+                   slice of its update to that slice's owners, ONE PushSlices stream per owner, all
+                   at once; an owner waits for those (push_wait_s) before counting them unreachable,
+                   and anyone else fetches them from the slice's owners (the coordinator relays nothing)
 
 Every object is checked as it completes (a slice against the Merkle root its author signed, an
 aggregated slice against the sha256 its owners signed) and stored to be served on.
@@ -21,11 +25,14 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+import grpc
+
 from protocol import merkle
 from protocol.envelope import UpdateHeader
 from peer.run import slice_plan
+from protocol.channels import TRANSFER_DEADLINE
 from protocol.payload_fetch import ChannelPool, FetchError, Wanted, fetch_blob, fetch_items, fetch_slice
-from protocol.payload_service import PayloadStore, StoredSlice
+from protocol.payload_service import PayloadStore, StoredSlice, push_slices
 from protocol.slice_result import SliceResult
 from protocol.wire import swarm_pb2
 
@@ -53,6 +60,32 @@ class SliceFetching:
     workers: ThreadPoolExecutor  # one object per call (fallbacks, recomputation inputs)
     streams: ThreadPoolExecutor  # one batched stream per counterpart, all in flight at once
     own_endpoint: str
+    push_wait_s: float  # how long an owner waits for the slices client-mode authors push it
+
+    def push_own_slices(self, rnd: SliceRound, peer_id: str, signed_header: swarm_pb2.Signed) -> int:
+        """Client mode: each slice of our update to each of its owners, ONE PushSlices stream per
+        owner carrying every slice it owns, all owners at once. -> how many owners took them all
+        (an owner that did not counts us unreachable for its slices; the other owner may not)."""
+        root = rnd.headers[peer_id].root_bytes()
+        groups: dict[str, list[tuple[int, StoredSlice]]] = {}
+        for j, owners in enumerate(rnd.owners):
+            item = self.store.get_slice(root, j)  # ours: put by serve_slices when we encoded
+            for owner in owners if item is not None else []:
+                if rnd.endpoints.get(owner):
+                    groups.setdefault(rnd.endpoints[owner], []).append((j, item))
+
+        def one_stream(owner: str) -> bool:
+            try:
+                reply = self.pool.peer_stub(owner).PushSlices(push_slices(signed_header, groups[owner]),
+                                                              timeout=TRANSFER_DEADLINE.total_seconds())
+            except grpc.RpcError as exc:
+                log.warning("pushing our slices to %s broke: %s", owner, exc.details() if hasattr(exc, "details") else exc)
+                return False
+            if not reply.accepted:
+                log.warning("%s refused our slices: %s", owner, reply.reason)
+            return reply.accepted
+
+        return sum(self.streams.map(one_stream, groups))
 
     def fetch_input(self, rnd: SliceRound, peer_id: str, j: int) -> bytes:
         """Slice j of peer_id's update: from our store (verified when it was put) or fetched with its
@@ -82,6 +115,9 @@ class SliceFetching:
         per first holder, then each missing one alone (store, author, the slice's other owners)."""
         got: dict[tuple[str, int], tuple[bytes | None, str]] = {}
         groups: dict[str, list[tuple[str, int]]] = {}
+        pushed = [(rnd.headers[p].root_bytes(), j) for p, j in wanted if not any(rnd.holders[p])]
+        if pushed:  # client-mode authors push us the slices we own once they have the manifest
+            self.store.wait_slices(pushed, self.push_wait_s)
         for p, j in wanted:
             held = self.store.get_slice(rnd.headers[p].root_bytes(), j)
             if held is not None:

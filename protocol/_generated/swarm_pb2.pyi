@@ -254,6 +254,20 @@ class PushChunk(_message.Message):
     data: bytes
     def __init__(self, header: _Optional[_Union[Signed, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class SlicePush(_message.Message):
+    __slots__ = ("header", "slice", "start", "proof", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SLICE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: Signed
+    slice: int
+    start: bool
+    proof: _containers.RepeatedScalarFieldContainer[bytes]
+    data: bytes
+    def __init__(self, header: _Optional[_Union[Signed, _Mapping]] = ..., slice: _Optional[int] = ..., start: _Optional[bool] = ..., proof: _Optional[_Iterable[bytes]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class PushReply(_message.Message):
     __slots__ = ("accepted", "reason", "sha256", "refusal")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]

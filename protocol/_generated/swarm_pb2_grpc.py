@@ -553,6 +553,11 @@ class PeerStub:
                 request_serializer=swarm__pb2.PushChunk.SerializeToString,
                 response_deserializer=swarm__pb2.PushReply.FromString,
                 _registered_method=True)
+        self.PushSlices = channel.stream_unary(
+                '/swarmloco.v1.Peer/PushSlices',
+                request_serializer=swarm__pb2.SlicePush.SerializeToString,
+                response_deserializer=swarm__pb2.PushReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -570,6 +575,13 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PushSlices(self, request_iterator, context):
+        """a client-mode author's slices, to their owner
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -581,6 +593,11 @@ def add_PeerServicer_to_server(servicer, server):
             'PushPayload': grpc.stream_unary_rpc_method_handler(
                     servicer.PushPayload,
                     request_deserializer=swarm__pb2.PushChunk.FromString,
+                    response_serializer=swarm__pb2.PushReply.SerializeToString,
+            ),
+            'PushSlices': grpc.stream_unary_rpc_method_handler(
+                    servicer.PushSlices,
+                    request_deserializer=swarm__pb2.SlicePush.FromString,
                     response_serializer=swarm__pb2.PushReply.SerializeToString,
             ),
     }
@@ -637,6 +654,33 @@ class Peer:
             target,
             '/swarmloco.v1.Peer/PushPayload',
             swarm__pb2.PushChunk.SerializeToString,
+            swarm__pb2.PushReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushSlices(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/swarmloco.v1.Peer/PushSlices',
+            swarm__pb2.SlicePush.SerializeToString,
             swarm__pb2.PushReply.FromString,
             options,
             channel_credentials,
