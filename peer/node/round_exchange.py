@@ -104,7 +104,8 @@ class RoundExchange:
         return None
 
     def _push(self, update: Update, r: int) -> bool:
-        """Client mode: hand our payload to the coordinator. A transfer cut short is tried once
+        """Client mode, all-to-all: hand our payload to the coordinator (sliced: SlicedPeer pushes
+        each slice to its owners once the manifest is in). A transfer cut short is tried once
         more; False when it broke twice (the round goes on without us; we resynchronise)."""
         for attempt in range(2):
             try:
