@@ -3,6 +3,7 @@ process group, as a terminal sends it, then the time until the process exits and
 tree (its forked DHT process, p2pd) is gone.
 
     .venv/bin/python scripts/bench_exits.py --trials 3 --json benchmarks/exits.json --md benchmarks/exits.md
+    .venv/bin/python scripts/bench_exits.py --report --json benchmarks/exits.json --md benchmarks/exits.md
 
 Per trial: an idle coordinator alone (no peer ever joined); then one swarm stopped role by role,
 in tests/test_signals.py's phases: a peer parked mid-round (fault hook trained:1:delay=600, after
@@ -97,7 +98,7 @@ def render(data: dict) -> str:
              f"Written by `scripts/bench_exits.py` from `exits.json` (same run): `{data['command']}`.", "",
              *machine_lines(data.get("machine"), data["load_before"], data["load_after"]), "",
              f"{len(trials)} trials; SIGINT to the role's process group (what a terminal sends); the tests' tiny config "
-             "(d_model 64, 1 layer, 8 inner steps), DHT on loopback, TLS as the launcher sets it up. "
+             "(d_model 64, 1 layer, 8 inner steps), DHT and gRPC on loopback (no TLS, the launcher's default). "
              "Phases as tests/test_signals.py reaches them (fault hook trained:1:delay=600 parks the peer mid-round).", "",
              f"| role and phase | exit s median | max | whole tree gone s max | exit status | left running | within {TARGET_S:.0f} s |",
              "|---|---|---|---|---|---|---|"]
@@ -118,7 +119,11 @@ def main() -> int:
     parser.add_argument("--verbose", action="store_true", help="children run with -v; their lines after the signal are kept")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--md", type=Path)
+    parser.add_argument("--report", action="store_true", help="only render --md from an existing --json")
     args = parser.parse_args()
+    if args.report:
+        write_keeping_notes(args.md, render(json.loads(args.json.read_text())))
+        return 0
     data = {"command": command_line(), "machine": machine_facts(), "load_before": load_average(), "trials": []}
     for i in range(args.trials):
         with tempfile.TemporaryDirectory(prefix="swarmloco-exits-") as tmp:

@@ -167,7 +167,7 @@ def run_takeover(args) -> dict:
               f"rounds before {trial['round_seconds_before_kill']}{' (took over before the kill)' if trial['took_over_before_kill'] else ''}",
               flush=True)
         trials.append(trial)
-    return {"part": "takeover", "lease_s": LEASE_S, "rounds": ROUNDS, "peers": 2, "fail_at": args.fail_at,
+    return {"part": "takeover", "lease_s": LEASE_S, "rounds": ROUNDS, "peers": 2, "fail_at": args.fail_at, "nice": os.nice(0),
             "config": "tests' tiny config (d_model 64, 1 layer, 8 inner steps), codec/outer/aggregator defaults",
             "trials": trials, "load_before": load_before, "load_after": load_average()}
 
@@ -280,7 +280,8 @@ def run_wan_check(args) -> dict:
 
 def render(data: dict) -> str:
     lines = ["# Control-plane timings (issue #11)", "",
-             f"Written by `scripts/bench_failover.py report` from `failover.json` (same run). Run with `nice -n 15`, 1 torch thread.", ""]
+             f"Written by `scripts/bench_failover.py report` from `failover.json` (same run). 1 torch thread; a part that "
+             "records no niceness ran with `nice -n 15`.", ""]
     lines += data.get("machine", [])
     for t in data.get("takeovers", []):
         skipped = [x for x in t["trials"] if x.get("took_over_before_kill")]
@@ -289,10 +290,12 @@ def render(data: dict) -> str:
         nxt = [x["next_close_s"] for x in trials]
         rounds = [s for x in trials for s in x["round_seconds_before_kill"][1:]]  # round 1 waits for the peers to start
         round_s = statistics.median(rounds) if rounds else float("nan")
+        niceness = "" if t.get("nice") is None else f"; niceness {t['nice']}"
         lines += ["", f"## Time to take over: {FAIL_POINTS.get(t['fail_at'], t['fail_at'])}", "",
                   f"{len(trials)} trials; each: active coordinator (CLI, `--coordinators <standby>`, `[control] lease_s = {t['lease_s']}`, "
                   f"SWARMLOCO_FAIL_AT={t['fail_at']}), 1 standby, {t['peers']} peers; {t['config']}; {t['rounds']} rounds. "
-                  f"Clock starts when the parent sees the active's process exit. Load (1/5/15 min) before: {t['load_before']}; after: {t['load_after']}.", "",
+                  f"Clock starts when the parent sees the active's process exit. Load (1/5/15 min) before: {t['load_before']}; after: {t['load_after']}"
+                  f"{niceness}.", "",
                   "| measure | median s | min s | max s |", "|---|---|---|---|"]
         lines.append(f"| rounds closed before the kill (after the first, which waits for the peers) | {round_s:.2f} | "
                      f"{min(rounds, default=float('nan')):.2f} | {max(rounds, default=float('nan')):.2f} |")
