@@ -23,6 +23,10 @@ Figures, all from the processes' own --summary-json records:
   shorter run's end (time from round 1's start);
 - loss at equal tokens: the heterogeneous window run's final val loss against the homogeneous
   run's val loss interpolated (linear in tokens) at the same tokens trained.
+- calibrated compute share (window rows): before the swarm starts, one scripts/speed_probe.py per
+  peer trains the row's model alone in that peer's cgroup, all four at once, for --calibrate-s
+  seconds: each quota's own training rate, which a small quota does not buy in proportion.
+Rows of another seed than 0 are named `<row>-s<seed>` (--seed), so seeds sit side by side.
 The md is rendered from the JSON (scripts/heterogeneous_report.py), a pure function of it.
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,13 +85,36 @@ def descendants(root: int) -> list[int]:
     return tree
 
 
+def calibrate(name: str, speeds: tuple[float, ...], *, base_core: float, seconds: float, workdir: Path) -> dict[str, Any]:
+    """Each speed's training rate alone under its quota: one speed probe per peer cgroup, all at once."""
+    groups, probes = [], []
+    try:
+        for i, speed in enumerate(speeds):
+            probe = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "speed_probe.py"), str(workdir / "run.json"), str(seconds)],
+                                     stdout=subprocess.PIPE, text=True)
+            group = CpuThrottle(f"swlH{name}cal{i}")
+            groups.append(group)
+            group.limit([probe.pid], speed * base_core, shares=SHARES)
+            probes.append(probe)
+        results = [json.loads(p.communicate(timeout=seconds * 20 + 300)[0].strip().splitlines()[-1]) for p in probes]
+    finally:
+        for probe in probes:
+            if probe.poll() is None:
+                probe.kill()
+                probe.wait()
+        for group in groups:
+            group.close()
+    return {"seconds": seconds, "steps": [r["steps"] for r in results], "rates": [r["steps"] / r["seconds"] for r in results]}
+
+
 def run_row(name: str, speeds: tuple[float, ...], *, steps: int, window_s: float, rounds: int, base_core: float,
-            coordinator_core: float, seed: int, workdir: Path) -> dict[str, Any]:
+            coordinator_core: float, seed: int, workdir: Path, calibrate_s: float = 0.0) -> dict[str, Any]:
     from peer.cli.launcher import Swarm
 
     workdir.mkdir(parents=True, exist_ok=True)
     config = run_config(rounds=rounds, steps=steps, window_s=window_s, seed=seed)
     (workdir / "run.json").write_text(json.dumps(config))
+    calibration = calibrate(name, speeds, base_core=base_core, seconds=calibrate_s, workdir=workdir) if calibrate_s else None
     groups: list[CpuThrottle] = []
     started = time.monotonic()
     try:
@@ -119,7 +147,7 @@ def run_row(name: str, speeds: tuple[float, ...], *, steps: int, window_s: float
             group.close()
     return {"name": name, "speeds": list(speeds), "inner_steps": steps, "window_s": window_s, "rounds": rounds,
             "base_core": base_core, "coordinator_core": coordinator_core, "seed": seed, "config": config,
-            "wall_s": time.monotonic() - started, "coordinator": _coordinator_record(summaries["coordinator"]),
+            "wall_s": time.monotonic() - started, "calibration": calibration, "coordinator": _coordinator_record(summaries["coordinator"]),
             "peers": [_peer_record(summaries[f"peer{i}"]) for i in range(len(speeds))]}
 
 
@@ -152,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                              "19 s matched the measured rates), so equal tokens come at an equal number of outer steps")
     parser.add_argument("--base-core", type=float, default=0.35, help="share of one core a speed-1 peer gets")
     parser.add_argument("--coordinator-core", type=float, default=0.5)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the rows' seed; rows of seed N != 0 are stored as <row>-sN")
+    parser.add_argument("--calibrate-s", type=float, default=30.0,
+                        help="seconds of each mixed-speed row's speed probes (its quotas' own training rates); 0: none")
     parser.add_argument("--workdir", default="/tmp/swarmloco-heterogeneous")
     args = parser.parse_args(argv)
     path = Path(args.json)
@@ -161,12 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         record["machine"] = machine_facts()
         plans = {"fixed-h": (SPEEDS, 0.0, args.fixed_rounds), "window": (SPEEDS, args.window_s, args.window_rounds),
                  "homogeneous": ((1.0,) * len(SPEEDS), args.homogeneous_window_s, args.homogeneous_rounds)}
-        for name in args.rows.split(","):
-            speeds, window_s, rounds = plans[name]
+        for plan in args.rows.split(","):
+            speeds, window_s, rounds = plans[plan]
+            name = plan if args.seed == 0 else f"{plan}-s{args.seed}"
             load_before = load_average()
             print(f"row {name}: speeds {speeds}, window {window_s or 'off'} s, H {args.steps}, {rounds} rounds (load {load_before})", flush=True)
+            calibrate_s = args.calibrate_s if plan == "window" else 0.0
             row = run_row(name, speeds, steps=args.steps, window_s=window_s, rounds=rounds, base_core=args.base_core,
-                          coordinator_core=args.coordinator_core, seed=args.seed, workdir=Path(args.workdir) / name)
+                          coordinator_core=args.coordinator_core, seed=args.seed, workdir=Path(args.workdir) / name,
+                          calibrate_s=calibrate_s)
             row.update({"load_before": load_before, "load_after": load_average(), "command": command_line()})
             record["rows"][name] = row
             path.write_text(json.dumps(record, indent=1) + "\n")  # after every row: a later failure keeps it

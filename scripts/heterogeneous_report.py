@@ -3,6 +3,8 @@ a pure function of the JSON, figures and verdicts on the issue's targets (issue 
 
 from __future__ import annotations
 
+import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,20 @@ def measured_speeds(row: dict[str, Any]) -> list[float]:
         rounds = [r for r in peer["history"] if r["round"] >= 1]
         rates.append(sum(r["inner_steps"] for r in rounds) / max(1e-9, sum(r["compute_s"] for r in rounds)))
     return [r / max(rates) for r in rates]
+
+
+def seed_of(name: str) -> tuple[str, int]:
+    """A row's plan and seed from its name: "window" -> ("window", 0), "window-s2" -> ("window", 2)."""
+    match = re.fullmatch(r"(.+)-s(\d+)", name)
+    return (match[1], int(match[2])) if match else (name, 0)
+
+
+def calibrated_shares(row: dict[str, Any]) -> list[float] | None:
+    """Each peer's share of the compute its quota bought alone (the speed probes' training rates), or None."""
+    calibration = row.get("calibration")
+    if not calibration:
+        return None
+    return [r / sum(calibration["rates"]) for r in calibration["rates"]]
 
 
 def counted_shares(row: dict[str, Any]) -> list[float]:
@@ -115,8 +131,9 @@ def render(record: dict[str, Any]) -> str:
         lines.append(f"- {name}: `{row.get('command', record.get('command', 'not recorded'))}`")
     lines.append("")
     lines += ["| row | speeds (x base core) | schedule | rounds | wall s | peer utilization, rounds 1+ | measured speed | "
-              "tokens trained share | counted share | compute share | final val loss | every peer on the final hash | load before/after |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "tokens trained share | counted share | compute share (quota) | calibrated compute share | final val loss | "
+              "every peer on the final hash | load before/after |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
         schedule = f"window {row['window_s']:g} s (min 1 step)" if row["window_s"] else f"fixed H = {row['inner_steps']}"
         tokens = [sum(r["tokens"] for r in p["history"] if r["round"] >= 1) for p in row["peers"]]
@@ -125,6 +142,7 @@ def render(record: dict[str, Any]) -> str:
             f"| {name} | {', '.join(f'{s:g}' for s in row['speeds'])} (base {row['base_core']:g} core) | {schedule} | {row['rounds']} | "
             f"{row['wall_s']:.0f} | {_pcts(utilization(p) for p in row['peers'])} | {_list(measured_speeds(row))} | "
             f"{_pcts(t / sum(tokens) for t in tokens)} | {_pcts(counted_shares(row))} | {_pcts(compute)} | "
+            f"{_pcts(calibrated_shares(row) or []) or '-'} | "
             f"{row['coordinator']['history'][-1]['val_loss']:.4f} | {'yes' if in_sync(row) else 'NO'} | "
             f"{row['load_before']} / {row['load_after']} |")
     how = next(iter(rows.values()))["config"] if rows else {}
@@ -132,7 +150,7 @@ def render(record: dict[str, Any]) -> str:
         lines += ["", f"Every row: sliced exchange, aggregator {how['aggregation']['name']} (num_byzantine "
                   f"{how['aggregation']['num_byzantine']}), codec {how['compression']['codec']}, outer {how['outer']['name']}, "
                   f"min deadline {how['rounds']['min_deadline_s']:g} s, model d_model {how['model']['d_model']} x {how['model']['n_layer']} layers, "
-                  f"batch {how['data']['batch_size']} x {how['model']['seq_len']} tokens, seed {how['seed']}, one thread per peer, "
+                  f"batch {how['data']['batch_size']} x {how['model']['seq_len']} tokens, seed 0 (`-sN` rows: seed N), one thread per peer, "
                   f"each peer in its own cgroup (quota speed x base core, cpu.shares 16384) once joined."]
     lines += ["", "## Targets", ""] + _targets(rows)
     return "\n".join(lines) + "\n"
@@ -148,41 +166,63 @@ def _targets(rows: dict[str, Any]) -> list[str]:
         out.append(f"- fast peers' utilization >= {UTILIZATION_TARGET:.0%}: {_pcts(fast)} with the window "
                    f"({_pcts(before) or 'not run'} with fixed H here; the issue measured {ISSUE_BEFORE}): "
                    f"**{verdict(min(fast) >= UTILIZATION_TARGET)}**")
-        counted = counted_shares(window)
         compute = [s / sum(window["speeds"]) for s in window["speeds"]]
-        off = [(c - k) / k for c, k in zip(counted, compute)]
         slow = [i for i, s in enumerate(window["speeds"]) if s < max(window["speeds"])]
-        out.append(f"- slow peers' counted share within {SHARE_TOLERANCE:.0%} of their compute share: "
+        windows = {seed: row for name, row in rows.items() for plan, seed in [seed_of(name)] if plan == "window"}
+        counted = _mean_lists([counted_shares(row) for row in windows.values()])
+        many = f" (mean of {len(windows)} seeds)" if len(windows) > 1 else ""
+        off = [(c - k) / k for c, k in zip(counted, compute)]
+        out.append(f"- slow peers' counted share within {SHARE_TOLERANCE:.0%} of their compute share (the quota's){many}: "
                    + ", ".join(f"speed {window['speeds'][i]:g}: {counted[i]:.1%} vs {compute[i]:.1%} ({off[i]:+.0%})" for i in slow)
                    + f": **{verdict(all(abs(off[i]) <= SHARE_TOLERANCE for i in slow))}**"
                    + (f" (fixed H: {_pcts(counted_shares(fixed))})" if fixed else ""))
-        # A cgroup's quota also pays for what a peer does besides training (heartbeats, serving,
-        # the exchange), a larger part of a small quota: against the training rate each peer
-        # reached (measured speed), the counted shares compare as follows.
-        rates = measured_speeds(window)
-        rate_share = [r / sum(rates) for r in rates]
-        out.append("  - against each peer's measured training rate instead of its quota: "
+        # A cgroup's quota does not buy training in proportion to it (each throttled 100 ms period
+        # resumes with cold caches, a larger part of a small quota): against the rate each quota
+        # trained at alone (the speed probes) and the rate each peer reached in the swarm.
+        calibrated = [c for c in (calibrated_shares(row) for row in windows.values()) if c]
+        if calibrated:
+            mean = _mean_lists(calibrated)
+            offs = {i: (counted[i] - mean[i]) / mean[i] for i in slow}
+            out.append(f"  - against the calibrated compute share (each quota's training rate alone, the speed probes){many}: "
+                       + ", ".join(f"speed {window['speeds'][i]:g}: {counted[i]:.1%} vs {mean[i]:.1%} ({offs[i]:+.0%})" for i in slow)
+                       + f": **{verdict(all(abs(o) <= SHARE_TOLERANCE for o in offs.values()))}**")
+        rate_share = _mean_lists([[r / sum(m) for r in m] for m in (measured_speeds(row) for row in windows.values())])
+        out.append("  - against each peer's measured training rate in the swarm: "
                    + ", ".join(f"speed {window['speeds'][i]:g}: {counted[i]:.1%} vs {rate_share[i]:.1%} "
                                f"({(counted[i] - rate_share[i]) / rate_share[i]:+.0%})" for i in slow))
+        for seed, row in sorted(windows.items()):
+            mine, cal = counted_shares(row), calibrated_shares(row)
+            out.append(f"  - seed {seed}: counted vs quota " + ", ".join(f"{(mine[i] - compute[i]) / compute[i]:+.0%}" for i in slow)
+                       + ("" if not cal else "; vs calibrated " + ", ".join(f"{(mine[i] - cal[i]) / cal[i]:+.0%}" for i in slow)))
     if window and fixed:
         budget = min(timeline(window)[-1][0], timeline(fixed)[-1][0])
         w_loss, w_rounds = loss_at_time(window, budget)
         f_loss, f_rounds = loss_at_time(fixed, budget)
         out.append(f"- val loss at equal wall time ({budget:.0f} s from round 1): window {w_loss:.4f} ({w_rounds} rounds) vs "
                    f"fixed H {f_loss:.4f} ({f_rounds} rounds), {100 * (w_loss / f_loss - 1):+.2f}%: **{verdict(w_loss < f_loss)}**")
-    if window and homogeneous:
-        tokens = timeline(window)[-1][1]
-        reference = loss_at_tokens(homogeneous, tokens)
-        final = window["coordinator"]["history"][-1]["val_loss"]
-        if reference is None:
-            out.append(f"- loss at equal tokens ({tokens:,}): the homogeneous run trained fewer tokens; **not measured**")
-        else:
-            gap = final / reference - 1
-            lower = " (the mixed run's loss is the lower)" if gap < 0 else ""
-            out.append(f"- loss at equal tokens ({tokens:,}): window (mixed speeds) {final:.4f} vs homogeneous {reference:.4f} "
-                       f"(interpolated linearly in tokens between its rounds), {100 * gap:+.2f}%{lower}: "
-                       f"**{verdict(abs(gap) <= EQUAL_TOKENS_TOLERANCE)}** (within 1%, either way)")
+    pairs = []
+    for name, row in rows.items():
+        plan, seed = seed_of(name)
+        partner = rows.get("homogeneous" if not seed else f"homogeneous-s{seed}")
+        if plan == "window" and partner:  # at the tokens both runs reached: the shorter one's end
+            tokens = min(timeline(row)[-1][1], timeline(partner)[-1][1])
+            pairs.append((seed, tokens, loss_at_tokens(row, tokens), loss_at_tokens(partner, tokens)))
+    measured = [(seed, tokens, final, ref, final / ref - 1) for seed, tokens, final, ref in pairs]
+    if measured:
+        gaps = [g for *_, g in measured]
+        mean = statistics.fmean(gaps)
+        spread = f", seed-to-seed sd {100 * statistics.stdev(gaps):.2f} points" if len(gaps) > 1 else ""
+        out.append(f"- loss at equal tokens (window, mixed speeds, vs homogeneous, at the tokens the shorter of the two reached, "
+                   f"the other interpolated linearly in tokens between its rounds), "
+                   f"{len(gaps)} seed{'s' if len(gaps) > 1 else ''}: mean {100 * mean:+.2f}%{spread}: "
+                   f"**{verdict(abs(mean) <= EQUAL_TOKENS_TOLERANCE)}** (within 1%, either way)")
+        for seed, tokens, final, reference, g in measured:
+            out.append(f"  - seed {seed}: at {tokens:,} tokens {final:.4f} vs {reference:.4f}, {100 * g:+.2f}%")
     return out
+
+
+def _mean_lists(lists: list[list[float]]) -> list[float]:
+    return [statistics.fmean(column) for column in zip(*lists)]
 
 
 def _pcts(values) -> str:

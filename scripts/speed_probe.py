@@ -1,0 +1,51 @@
+"""How fast a peer trains where it runs, with nothing else of the swarm running: the run config's
+model and inner AdamW on shard 0 of its corpus, one torch thread, for a given number of seconds
+after a warm-up; prints one JSON line {"steps": n, "seconds": s}.
+
+scripts/bench_heterogeneous.py starts one in each peer's cgroup at once (the same quotas the
+swarm's peers get) to calibrate what each quota buys: a CPU quota's training rate is not exactly
+proportional to it (each throttled period resumes with cold caches), so the compute a peer
+offers is this measured rate, not its quota.
+
+    .venv/bin/python scripts/speed_probe.py RUN.json SECONDS
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+WARMUP_STEPS = 5
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    from peer.learn.data import ShardSampler, load_corpus
+    from peer.learn.model import build_model
+    from peer.learn.training import InnerTrainer
+    from peer.run.config import RunConfig
+
+    if len(argv) != 2:
+        print("usage: speed_probe.py RUN.json SECONDS", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    cfg = RunConfig.from_dict(json.loads(Path(argv[0]).read_text()))
+    corpus = load_corpus(cfg.data, seq_len=cfg.model.seq_len)
+    sampler = ShardSampler(corpus.train, shard=0, num_shards=1, batch_size=cfg.data.batch_size, seq_len=cfg.model.seq_len, seed=cfg.seed)
+    trainer = InnerTrainer(build_model(cfg.model, cfg.seed), cfg.inner, sampler)
+    trainer.run(WARMUP_STEPS, lambda step, loss: None, log_every=10**9)
+    seconds = float(argv[1])
+    start = time.monotonic()
+    closes = start + seconds
+    stats = trainer.run(10**9, lambda step, loss: None, log_every=10**9, stop=lambda: time.monotonic() >= closes)
+    print(json.dumps({"steps": stats.steps, "seconds": time.monotonic() - start}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
