@@ -22,7 +22,13 @@ def test_heterogeneous_md_is_generated_from_its_json(tmp_path):
     committed = (ROOT / "benchmarks/heterogeneous.md").read_text().split("<!-- notes -->")[0]
     assert out.read_text().split("<!-- notes -->")[0] == committed
     rows = json.loads(source.read_text())["rows"]
-    assert set(rows) == {"fixed-h", "window", "homogeneous"}
+    assert {"fixed-h", "window", "homogeneous"} <= set(rows)
+    for name, row in rows.items():  # rows of other seeds are named <row>-s<seed>, and ran that seed
+        plan, seed = heterogeneous_report.seed_of(name)
+        assert plan in ("fixed-h", "window", "homogeneous") and row["config"]["seed"] == seed, name
+        if plan == "window":  # the speed probes: a rate per peer, slower with a smaller quota
+            rates = row["calibration"]["rates"]
+            assert len(rates) == 4 and min(rates[:2]) > rates[2] > rates[3] > 0, name
     assert rows["fixed-h"]["speeds"] == rows["window"]["speeds"] == [1.0, 1.0, 0.5, 0.25]
     assert rows["fixed-h"]["window_s"] == 0 < rows["window"]["window_s"]
     assert all(heterogeneous_report.in_sync(row) for row in rows.values())
@@ -30,3 +36,20 @@ def test_heterogeneous_md_is_generated_from_its_json(tmp_path):
     assert heterogeneous_report.counted_shares(rows["fixed-h"]) == [0.25] * 4
     window = heterogeneous_report.counted_shares(rows["window"])
     assert window[0] > window[2] > window[3]
+
+
+def test_byzantine_mixed_md_is_generated_from_its_json(tmp_path):
+    import byzantine_mixed
+
+    source = ROOT / "benchmarks/byzantine_mixed.json"
+    out = tmp_path / "byzantine_mixed.md"
+    assert byzantine_mixed.main(["--report-only", "--json", str(source), "--md", str(out)]) == 0
+    committed = (ROOT / "benchmarks/byzantine_mixed.md").read_text().split("<!-- notes -->")[0]
+    assert out.read_text().split("<!-- notes -->")[0] == committed
+    runs = json.loads(source.read_text())["runs"]
+    attacked = [r for r in runs if r["attack"] != "none"]
+    assert attacked and all(r["claim_work"] == 4.0 and r["peer_speeds"] == list(byzantine_mixed.SPEEDS) for r in attacked)
+    # the window gave each speed its steps; the attackers' 4x claims were capped: the two of them
+    # never count more than the minority cap (40%) however much they claim
+    assert all(r["steps_per_round"] == [8, 8, 4, 2, 8, 8, 4, 2] for r in runs if r["status"] == "ok")
+    assert all(sum(r["counted_share"][:2]) <= 0.4 + 1e-9 for r in attacked if r["status"] == "ok" and r["aggregator"] != "mean")
