@@ -25,6 +25,7 @@ from peer.run.work_math import WorkLedger
 from peer.learn.model import param_hash
 from peer.run.faults import fail_point
 from protocol.envelope import ManifestEntry, RoundManifest, sign_manifest, signed_to_json
+from protocol.manifest_wire import CompactManifests
 from protocol.reasons import Reason, count_for_cause
 from protocol.wire import swarm_pb2
 
@@ -49,6 +50,7 @@ class RoundClock:
         self.lease: ActGuard = ALWAYS_HELD  # the active's lease (main.py sets the DHT one)
         self.deadline = AdaptiveDeadline(ctx.cfg.rounds)
         self.manifests: dict[int, swarm_pb2.Signed] = {}
+        self.compact_manifests = CompactManifests()  # as they travel to peers that ask (protocol/manifest_wire.py)
         self.work = WorkLedger(ctx.math)  # each peer's claimed and accepted work (status, the history cap)
 
     def tick(self) -> RoundResult | None:
@@ -175,7 +177,8 @@ class RoundClock:
         self.ctx.round_closed.notify_all()
         return result
 
-    def wait_manifest(self, round_: int, wait_s: float) -> swarm_pb2.ManifestReply:
+    def wait_manifest(self, round_: int, wait_s: float, *, compact: bool = False) -> swarm_pb2.ManifestReply:
+        """compact: the manifest's body zlib-compressed (the caller asked: ManifestRequest.compact)."""
         now_open = self.ctx.open
         deadline = time.monotonic() + max(0.0, min(wait_s, 60.0))
         with self.ctx.round_closed:
@@ -185,6 +188,7 @@ class RoundClock:
                     break
                 self.ctx.round_closed.wait(remaining)
             manifest = self.manifests.get(round_)
-            return swarm_pb2.ManifestReply(
-                ready=manifest is not None, manifest=manifest, current_round=now_open.round, finished=now_open.finished
-            )
+            current_round, finished = now_open.round, now_open.finished
+        if manifest is not None and compact:
+            manifest = self.compact_manifests.of(manifest)  # off the lock: compressed once a manifest
+        return swarm_pb2.ManifestReply(ready=manifest is not None, manifest=manifest, current_round=current_round, finished=finished)

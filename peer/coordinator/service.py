@@ -339,9 +339,9 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
         wait_s = self._long_poll_s(request.wait_s, context)
         if wait_s <= 0 or not self.long_polls.acquire(blocking=False):
             # Every long-poll slot is taken: answer at once rather than starve other calls of threads.
-            return self.coordinator.wait_manifest(request.round, 0.0)
+            return self.coordinator.wait_manifest(request.round, 0.0, compact=request.compact)
         try:
-            return self.coordinator.wait_manifest(request.round, wait_s)
+            return self.coordinator.wait_manifest(request.round, wait_s, compact=request.compact)
         finally:
             self.long_polls.release()
 

@@ -227,8 +227,8 @@ class Coordinator:
     def close_round(self, why: str) -> RoundResult | None:
         return self.clock.close_round(why)
 
-    def wait_manifest(self, round_: int, wait_s: float) -> swarm_pb2.ManifestReply:
-        return self.clock.wait_manifest(round_, wait_s)
+    def wait_manifest(self, round_: int, wait_s: float, *, compact: bool = False) -> swarm_pb2.ManifestReply:
+        return self.clock.wait_manifest(round_, wait_s, compact=compact)
 
     def _persist(self, result: RoundResult) -> RoundResult:
         """The slow part of a close, beside the RPC handlers (only the clock thread runs it):

@@ -16,6 +16,7 @@ from typing import Callable, TypeVar
 import grpc
 
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
+from protocol import manifest_wire
 from protocol.accounting import ByteCounter
 from protocol.channels import DEFAULT_DEADLINE, TRANSFER_DEADLINE, create_channel, wait_ready
 from protocol.rpc_errors import Refused
@@ -157,9 +158,14 @@ class CoordinatorClient:
         )
 
     def manifest(self, round_: int, wait_s: float) -> swarm_pb2.ManifestReply:
-        return self._poll("manifest", wait_s, lambda w: self.stub.GetManifest(
-            swarm_pb2.ManifestRequest(round=round_, wait_s=w), timeout=w + DEFAULT_DEADLINE.total_seconds()),
+        """The manifest travels compressed (protocol/manifest_wire.py) and comes back as the
+        coordinator signed it; EnvelopeError when a compressed body does not inflate."""
+        reply = self._poll("manifest", wait_s, lambda w: self.stub.GetManifest(
+            swarm_pb2.ManifestRequest(round=round_, wait_s=w, compact=True), timeout=w + DEFAULT_DEADLINE.total_seconds()),
             lambda reply: reply.ready or reply.finished or reply.current_round > round_)
+        if reply.HasField("manifest"):
+            reply.manifest.CopyFrom(manifest_wire.expand(reply.manifest))
+        return reply
 
     def submit_slice_results(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
         """An owner's signed batch of slice results (one per round); the reply says whether it was

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0bswarm.proto\x12\x0cswarmloco.v1\"=\n\x06Signed\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\"E\n\x0eRunInfoRequest\x12\x10\n\x08\x61t_round\x18\x01 \x01(\x08\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x12\n\nstate_only\x18\x03 \x01(\x08\"\xc1\x02\n\x07RunInfo\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x1e\n\x16\x63oordinator_public_key\x18\x03 \x01(\x0c\x12\x18\n\x10software_version\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\x03\x12\x12\n\nparam_hash\x18\x06 \x01(\t\x12\x15\n\rinitial_peers\x18\x07 \x03(\t\x12\x10\n\x08\x66inished\x18\x08 \x01(\x08\x12,\n\x0estate_manifest\x18\t \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x15\n\rstate_holders\x18\n \x03(\t\x12\'\n\trun_state\x18\x0b \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x1d\n\x15\x63oordinator_endpoints\x18\x0c \x03(\t\"\x89\x01\n\tJoinReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\x03\x12\x12\n\nparam_hash\x18\x05 \x01(\t\x12&\n\x07refusal\x18\x06 \x01(\x0e\x32\x15.swarmloco.v1.Refusal\"\xb0\x01\n\x0eHeartbeatReply\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x12\n\nparam_hash\x18\x02 \x01(\t\x12\x0e\n\x06\x62\x61nned\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12&\n\x07refusal\x18\x07 \x01(\x0e\x32\x15.swarmloco.v1.Refusal\x12\x13\n\x0bunreachable\x18\x08 \x01(\tJ\x04\x08\x03\x10\x04R\x06resync\"G\n\rCommitRequest\x12$\n\x06header\x18\x01 \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\"n\n\x0b\x43ommitReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x15\n\rcurrent_round\x18\x03 \x01(\x03\x12&\n\x07refusal\x18\x04 \x01(\x0e\x32\x15.swarmloco.v1.Refusal\"0\n\x0fManifestRequest\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\"o\n\rManifestReply\x12\r\n\x05ready\x18\x01 \x01(\x08\x12&\n\x08manifest\x18\x02 \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x15\n\rcurrent_round\x18\x03 \x01(\x03\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"#\n\x11\x43heckpointRequest\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"\x86\x01\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x12\n\ntotal_size\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\x03\x12\r\n\x05proof\x18\x06 \x03(\x0c\x12\x0c\n\x04item\x18\x07 \x01(\x05\x12\x0f\n\x07missing\x18\x08 \x01(\x08\"\x0f\n\rStatusRequest\"\x1b\n\x0bStatusReply\x12\x0c\n\x04json\x18\x01 \x01(\t\"\xc4\x01\n\x0c\x46\x65tchRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x12\n\x05slice\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x0bslices_root\x18\x04 \x01(\x0c\x12\x14\n\x0cproof_levels\x18\x05 \x01(\x05\x12\x13\n\x0bomit_sha256\x18\x06 \x01(\x08\x12\x0e\n\x06\x64igest\x18\x07 \x01(\x0c\x12&\n\x05items\x18\x08 \x03(\x0b\x32\x17.swarmloco.v1.FetchItemB\x08\n\x06_slice\"d\n\tFetchItem\x12\x12\n\x05slice\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x0bslices_root\x18\x02 \x01(\x0c\x12\x14\n\x0cproof_levels\x18\x03 \x01(\x05\x12\x0e\n\x06\x64igest\x18\x04 \x01(\x0c\x42\x08\n\x06_slice\"?\n\tPushChunk\x12$\n\x06header\x18\x01 \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"l\n\tSlicePush\x12$\n\x06header\x18\x01 \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\r\n\x05slice\x18\x02 \x01(\x05\x12\r\n\x05start\x18\x03 \x01(\x08\x12\r\n\x05proof\x18\x04 \x03(\x0c\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"e\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12&\n\x07refusal\x18\x04 \x01(\x0e\x32\x15.swarmloco.v1.Refusal\"K\n\x13SliceResultsRequest\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\x12\x15\n\runtil_applied\x18\x03 \x01(\x08\"\x97\x01\n\x11SliceResultsReply\x12\r\n\x05ready\x18\x01 \x01(\x08\x12%\n\x07results\x18\x02 \x03(\x0b\x32\x14.swarmloco.v1.Signed\x12\x0f\n\x07\x61pplied\x18\x03 \x01(\x08\x12\x12\n\nparam_hash\x18\x04 \x01(\t\x12\x15\n\rcurrent_round\x18\x05 \x01(\x03\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\"\r\n\x0bPingRequest\"\x1a\n\tPingReply\x12\r\n\x05round\x18\x01 \x01(\x03\"9\n\x14ProbeDownloadRequest\x12\x0c\n\x04size\x18\x01 \x01(\x03\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\x05\"M\n\x10ProbeUploadReply\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\x19\n\x11\x66irst_chunk_bytes\x18\x03 \x01(\x03\".\n\x0f\x44ialBackRequest\x12\x0c\n\x04port\x18\x01 \x01(\x05\x12\r\n\x05nonce\x18\x02 \x01(\x0c\"S\n\rDialBackReply\x12\x11\n\tconnected\x18\x01 \x01(\x08\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0f\n\x07seconds\x18\x04 \x01(\x01*\x91\x03\n\x07Refusal\x12\x17\n\x13REFUSAL_UNSPECIFIED\x10\x00\x12\x10\n\x0cUNKNOWN_PEER\x10\x01\x12\x12\n\x0eWRONG_ENDPOINT\x10\x02\x12\x0f\n\x0bSTALE_ROUND\x10\x03\x12\x0e\n\nWRONG_BASE\x10\x04\x12\x10\n\x0c\x45QUIVOCATION\x10\x05\x12\n\n\x06\x42\x41NNED\x10\x06\x12\x10\n\x0cRUN_FINISHED\x10\x07\x12\r\n\tWRONG_RUN\x10\x08\x12\x0e\n\nCLOCK_SKEW\x10\t\x12\x0f\n\x0bNOT_ALLOWED\x10\n\x12\x11\n\rBAD_SIGNATURE\x10\x0b\x12\x12\n\x0eINVALID_UPDATE\x10\x0c\x12\r\n\tMALFORMED\x10\r\x12\x10\n\x0cRATE_LIMITED\x10\x0e\x12\x11\n\rREGISTRY_FULL\x10\x0f\x12\x0c\n\x08NOT_HELD\x10\x10\x12\x0c\n\x08NO_RELAY\x10\x11\x12\r\n\tNOT_OWNER\x10\x12\x12\x08\n\x04\x42USY\x10\x13\x12\x0e\n\nNOT_ACTIVE\x10\x14\x12\x15\n\x11\x44UPLICATE_SESSION\x10\x15\x12\x0f\n\x0bUNREACHABLE\x10\x16\x32\x90\x06\n\x0b\x43oordinator\x12\x41\n\nGetRunInfo\x12\x1c.swarmloco.v1.RunInfoRequest\x1a\x15.swarmloco.v1.RunInfo\x12\x35\n\x04Join\x12\x14.swarmloco.v1.Signed\x1a\x17.swarmloco.v1.JoinReply\x12?\n\tHeartbeat\x12\x14.swarmloco.v1.Signed\x1a\x1c.swarmloco.v1.HeartbeatReply\x12J\n\x10SubmitCommitment\x12\x1b.swarmloco.v1.CommitRequest\x1a\x19.swarmloco.v1.CommitReply\x12I\n\x0bGetManifest\x12\x1d.swarmloco.v1.ManifestRequest\x1a\x1b.swarmloco.v1.ManifestReply\x12J\n\x10StreamCheckpoint\x12\x1f.swarmloco.v1.CheckpointRequest\x1a\x13.swarmloco.v1.Chunk0\x01\x12@\n\x06Status\x12\x1b.swarmloco.v1.StatusRequest\x1a\x19.swarmloco.v1.StatusReply\x12\x44\n\x11SubmitSliceResult\x12\x14.swarmloco.v1.Signed\x1a\x19.swarmloco.v1.CommitReply\x12U\n\x0fGetSliceResults\x12!.swarmloco.v1.SliceResultsRequest\x1a\x1f.swarmloco.v1.SliceResultsReply\x12\x41\n\x0eReportEvidence\x12\x14.swarmloco.v1.Signed\x1a\x19.swarmloco.v1.CommitReply\x12\x41\n\x0eReportGathered\x12\x14.swarmloco.v1.Signed\x1a\x19.swarmloco.v1.CommitReply2\xce\x01\n\x04Peer\x12\x41\n\x0c\x46\x65tchPayload\x12\x1a.swarmloco.v1.FetchRequest\x1a\x13.swarmloco.v1.Chunk0\x01\x12\x41\n\x0bPushPayload\x12\x17.swarmloco.v1.PushChunk\x1a\x17.swarmloco.v1.PushReply(\x01\x12@\n\nPushSlices\x12\x17.swarmloco.v1.SlicePush\x1a\x17.swarmloco.v1.PushReply(\x01\x32\xa1\x02\n\tPreflight\x12:\n\x04Ping\x12\x19.swarmloco.v1.PingRequest\x1a\x17.swarmloco.v1.PingReply\x12J\n\rProbeDownload\x12\".swarmloco.v1.ProbeDownloadRequest\x1a\x13.swarmloco.v1.Chunk0\x01\x12\x44\n\x0bProbeUpload\x12\x13.swarmloco.v1.Chunk\x1a\x1e.swarmloco.v1.ProbeUploadReply(\x01\x12\x46\n\x08\x44ialBack\x12\x1d.swarmloco.v1.DialBackRequest\x1a\x1b.swarmloco.v1.DialBackReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0bswarm.proto\x12\x0cswarmloco.v1\"=\n\x06Signed\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x12\x12\n\npublic_key\x18\x03 \x01(\x0c\"E\n\x0eRunInfoRequest\x12\x10\n\x08\x61t_round\x18\x01 \x01(\x08\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x12\n\nstate_only\x18\x03 \x01(\x08\"\xc1\x02\n\x07RunInfo\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x1e\n\x16\x63oordinator_public_key\x18\x03 \x01(\x0c\x12\x18\n\x10software_version\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\x03\x12\x12\n\nparam_hash\x18\x06 \x01(\t\x12\x15\n\rinitial_peers\x18\x07 \x03(\t\x12\x10\n\x08\x66inished\x18\x08 \x01(\x08\x12,\n\x0estate_manifest\x18\t \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x15\n\rstate_holders\x18\n \x03(\t\x12\'\n\trun_state\x18\x0b \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x1d\n\x15\x63oordinator_endpoints\x18\x0c \x03(\t\"\x89\x01\n\tJoinReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\x03\x12\x12\n\nparam_hash\x18\x05 \x01(\t\x12&\n\x07refusal\x18\x06 \x01(\x0e\x32\x15.swarmloco.v1.Refusal\"\xb0\x01\n\x0eHeartbeatReply\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x12\n\nparam_hash\x18\x02 \x01(\t\x12\x0e\n\x06\x62\x61nned\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12&\n\x07refusal\x18\x07 \x01(\x0e\x32\x15.swarmloco.v1.Refusal\x12\x13\n\x0bunreachable\x18\x08 \x01(\tJ\x04\x08\x03\x10\x04R\x06resync\"G\n\rCommitRequest\x12$\n\x06header\x18\x01 \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\"n\n\x0b\x43ommitReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x15\n\rcurrent_round\x18\x03 \x01(\x03\x12&\n\x07refusal\x18\x04 \x01(\x0e\x32\x15.swarmloco.v1.Refusal\"A\n\x0fManifestRequest\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\x12\x0f\n\x07\x63ompact\x18\x03 \x01(\x08\"o\n\rManifestReply\x12\r\n\x05ready\x18\x01 \x01(\x08\x12&\n\x08manifest\x18\x02 \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x15\n\rcurrent_round\x18\x03 \x01(\x03\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\"#\n\x11\x43heckpointRequest\x12\x0e\n\x06offset\x18\x01 \x01(\x03\"\x86\x01\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x12\n\ntotal_size\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\r\n\x05round\x18\x05 \x01(\x03\x12\r\n\x05proof\x18\x06 \x03(\x0c\x12\x0c\n\x04item\x18\x07 \x01(\x05\x12\x0f\n\x07missing\x18\x08 \x01(\x08\"\x0f\n\rStatusRequest\"\x1b\n\x0bStatusReply\x12\x0c\n\x04json\x18\x01 \x01(\t\"\xc4\x01\n\x0c\x46\x65tchRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x12\n\x05slice\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x0bslices_root\x18\x04 \x01(\x0c\x12\x14\n\x0cproof_levels\x18\x05 \x01(\x05\x12\x13\n\x0bomit_sha256\x18\x06 \x01(\x08\x12\x0e\n\x06\x64igest\x18\x07 \x01(\x0c\x12&\n\x05items\x18\x08 \x03(\x0b\x32\x17.swarmloco.v1.FetchItemB\x08\n\x06_slice\"d\n\tFetchItem\x12\x12\n\x05slice\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x0bslices_root\x18\x02 \x01(\x0c\x12\x14\n\x0cproof_levels\x18\x03 \x01(\x05\x12\x0e\n\x06\x64igest\x18\x04 \x01(\x0c\x42\x08\n\x06_slice\"?\n\tPushChunk\x12$\n\x06header\x18\x01 \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"l\n\tSlicePush\x12$\n\x06header\x18\x01 \x01(\x0b\x32\x14.swarmloco.v1.Signed\x12\r\n\x05slice\x18\x02 \x01(\x05\x12\r\n\x05start\x18\x03 \x01(\x08\x12\r\n\x05proof\x18\x04 \x03(\x0c\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"e\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12&\n\x07refusal\x18\x04 \x01(\x0e\x32\x15.swarmloco.v1.Refusal\"K\n\x13SliceResultsRequest\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0e\n\x06wait_s\x18\x02 \x01(\x01\x12\x15\n\runtil_applied\x18\x03 \x01(\x08\"\x97\x01\n\x11SliceResultsReply\x12\r\n\x05ready\x18\x01 \x01(\x08\x12%\n\x07results\x18\x02 \x03(\x0b\x32\x14.swarmloco.v1.Signed\x12\x0f\n\x07\x61pplied\x18\x03 \x01(\x08\x12\x12\n\nparam_hash\x18\x04 \x01(\t\x12\x15\n\rcurrent_round\x18\x05 \x01(\x03\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\"\r\n\x0bPingRequest\"\x1a\n\tPingReply\x12\r\n\x05round\x18\x01 \x01(\x03\"9\n\x14ProbeDownloadRequest\x12\x0c\n\x04size\x18\x01 \x01(\x03\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\x05\"M\n\x10ProbeUploadReply\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\x19\n\x11\x66irst_chunk_bytes\x18\x03 \x01(\x03\".\n\x0f\x44ialBackRequest\x12\x0c\n\x04port\x18\x01 \x01(\x05\x12\r\n\x05nonce\x18\x02 \x01(\x0c\"S\n\rDialBackReply\x12\x11\n\tconnected\x18\x01 \x01(\x08\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0f\n\x07seconds\x18\x04 \x01(\x01*\x91\x03\n\x07Refusal\x12\x17\n\x13REFUSAL_UNSPECIFIED\x10\x00\x12\x10\n\x0cUNKNOWN_PEER\x10\x01\x12\x12\n\x0eWRONG_ENDPOINT\x10\x02\x12\x0f\n\x0bSTALE_ROUND\x10\x03\x12\x0e\n\nWRONG_BASE\x10\x04\x12\x10\n\x0c\x45QUIVOCATION\x10\x05\x12\n\n\x06\x42\x41NNED\x10\x06\x12\x10\n\x0cRUN_FINISHED\x10\x07\x12\r\n\tWRONG_RUN\x10\x08\x12\x0e\n\nCLOCK_SKEW\x10\t\x12\x0f\n\x0bNOT_ALLOWED\x10\n\x12\x11\n\rBAD_SIGNATURE\x10\x0b\x12\x12\n\x0eINVALID_UPDATE\x10\x0c\x12\r\n\tMALFORMED\x10\r\x12\x10\n\x0cRATE_LIMITED\x10\x0e\x12\x11\n\rREGISTRY_FULL\x10\x0f\x12\x0c\n\x08NOT_HELD\x10\x10\x12\x0c\n\x08NO_RELAY\x10\x11\x12\r\n\tNOT_OWNER\x10\x12\x12\x08\n\x04\x42USY\x10\x13\x12\x0e\n\nNOT_ACTIVE\x10\x14\x12\x15\n\x11\x44UPLICATE_SESSION\x10\x15\x12\x0f\n\x0bUNREACHABLE\x10\x16\x32\x90\x06\n\x0b\x43oordinator\x12\x41\n\nGetRunInfo\x12\x1c.swarmloco.v1.RunInfoRequest\x1a\x15.swarmloco.v1.RunInfo\x12\x35\n\x04Join\x12\x14.swarmloco.v1.Signed\x1a\x17.swarmloco.v1.JoinReply\x12?\n\tHeartbeat\x12\x14.swarmloco.v1.Signed\x1a\x1c.swarmloco.v1.HeartbeatReply\x12J\n\x10SubmitCommitment\x12\x1b.swarmloco.v1.CommitRequest\x1a\x19.swarmloco.v1.CommitReply\x12I\n\x0bGetManifest\x12\x1d.swarmloco.v1.ManifestRequest\x1a\x1b.swarmloco.v1.ManifestReply\x12J\n\x10StreamCheckpoint\x12\x1f.swarmloco.v1.CheckpointRequest\x1a\x13.swarmloco.v1.Chunk0\x01\x12@\n\x06Status\x12\x1b.swarmloco.v1.StatusRequest\x1a\x19.swarmloco.v1.StatusReply\x12\x44\n\x11SubmitSliceResult\x12\x14.swarmloco.v1.Signed\x1a\x19.swarmloco.v1.CommitReply\x12U\n\x0fGetSliceResults\x12!.swarmloco.v1.SliceResultsRequest\x1a\x1f.swarmloco.v1.SliceResultsReply\x12\x41\n\x0eReportEvidence\x12\x14.swarmloco.v1.Signed\x1a\x19.swarmloco.v1.CommitReply\x12\x41\n\x0eReportGathered\x12\x14.swarmloco.v1.Signed\x1a\x19.swarmloco.v1.CommitReply2\xce\x01\n\x04Peer\x12\x41\n\x0c\x46\x65tchPayload\x12\x1a.swarmloco.v1.FetchRequest\x1a\x13.swarmloco.v1.Chunk0\x01\x12\x41\n\x0bPushPayload\x12\x17.swarmloco.v1.PushChunk\x1a\x17.swarmloco.v1.PushReply(\x01\x12@\n\nPushSlices\x12\x17.swarmloco.v1.SlicePush\x1a\x17.swarmloco.v1.PushReply(\x01\x32\xa1\x02\n\tPreflight\x12:\n\x04Ping\x12\x19.swarmloco.v1.PingRequest\x1a\x17.swarmloco.v1.PingReply\x12J\n\rProbeDownload\x12\".swarmloco.v1.ProbeDownloadRequest\x1a\x13.swarmloco.v1.Chunk0\x01\x12\x44\n\x0bProbeUpload\x12\x13.swarmloco.v1.Chunk\x1a\x1e.swarmloco.v1.ProbeUploadReply(\x01\x12\x46\n\x08\x44ialBack\x12\x1d.swarmloco.v1.DialBackRequest\x1a\x1b.swarmloco.v1.DialBackReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'swarm_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REFUSAL']._serialized_start=2499
-  _globals['_REFUSAL']._serialized_end=2900
+  _globals['_REFUSAL']._serialized_start=2516
+  _globals['_REFUSAL']._serialized_end=2917
   _globals['_SIGNED']._serialized_start=29
   _globals['_SIGNED']._serialized_end=90
   _globals['_RUNINFOREQUEST']._serialized_start=92
@@ -48,47 +48,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMMITREPLY']._serialized_start=879
   _globals['_COMMITREPLY']._serialized_end=989
   _globals['_MANIFESTREQUEST']._serialized_start=991
-  _globals['_MANIFESTREQUEST']._serialized_end=1039
-  _globals['_MANIFESTREPLY']._serialized_start=1041
-  _globals['_MANIFESTREPLY']._serialized_end=1152
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1154
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1189
-  _globals['_CHUNK']._serialized_start=1192
-  _globals['_CHUNK']._serialized_end=1326
-  _globals['_STATUSREQUEST']._serialized_start=1328
-  _globals['_STATUSREQUEST']._serialized_end=1343
-  _globals['_STATUSREPLY']._serialized_start=1345
-  _globals['_STATUSREPLY']._serialized_end=1372
-  _globals['_FETCHREQUEST']._serialized_start=1375
-  _globals['_FETCHREQUEST']._serialized_end=1571
-  _globals['_FETCHITEM']._serialized_start=1573
-  _globals['_FETCHITEM']._serialized_end=1673
-  _globals['_PUSHCHUNK']._serialized_start=1675
-  _globals['_PUSHCHUNK']._serialized_end=1738
-  _globals['_SLICEPUSH']._serialized_start=1740
-  _globals['_SLICEPUSH']._serialized_end=1848
-  _globals['_PUSHREPLY']._serialized_start=1850
-  _globals['_PUSHREPLY']._serialized_end=1951
-  _globals['_SLICERESULTSREQUEST']._serialized_start=1953
-  _globals['_SLICERESULTSREQUEST']._serialized_end=2028
-  _globals['_SLICERESULTSREPLY']._serialized_start=2031
-  _globals['_SLICERESULTSREPLY']._serialized_end=2182
-  _globals['_PINGREQUEST']._serialized_start=2184
-  _globals['_PINGREQUEST']._serialized_end=2197
-  _globals['_PINGREPLY']._serialized_start=2199
-  _globals['_PINGREPLY']._serialized_end=2225
-  _globals['_PROBEDOWNLOADREQUEST']._serialized_start=2227
-  _globals['_PROBEDOWNLOADREQUEST']._serialized_end=2284
-  _globals['_PROBEUPLOADREPLY']._serialized_start=2286
-  _globals['_PROBEUPLOADREPLY']._serialized_end=2363
-  _globals['_DIALBACKREQUEST']._serialized_start=2365
-  _globals['_DIALBACKREQUEST']._serialized_end=2411
-  _globals['_DIALBACKREPLY']._serialized_start=2413
-  _globals['_DIALBACKREPLY']._serialized_end=2496
-  _globals['_COORDINATOR']._serialized_start=2903
-  _globals['_COORDINATOR']._serialized_end=3687
-  _globals['_PEER']._serialized_start=3690
-  _globals['_PEER']._serialized_end=3896
-  _globals['_PREFLIGHT']._serialized_start=3899
-  _globals['_PREFLIGHT']._serialized_end=4188
+  _globals['_MANIFESTREQUEST']._serialized_end=1056
+  _globals['_MANIFESTREPLY']._serialized_start=1058
+  _globals['_MANIFESTREPLY']._serialized_end=1169
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1171
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1206
+  _globals['_CHUNK']._serialized_start=1209
+  _globals['_CHUNK']._serialized_end=1343
+  _globals['_STATUSREQUEST']._serialized_start=1345
+  _globals['_STATUSREQUEST']._serialized_end=1360
+  _globals['_STATUSREPLY']._serialized_start=1362
+  _globals['_STATUSREPLY']._serialized_end=1389
+  _globals['_FETCHREQUEST']._serialized_start=1392
+  _globals['_FETCHREQUEST']._serialized_end=1588
+  _globals['_FETCHITEM']._serialized_start=1590
+  _globals['_FETCHITEM']._serialized_end=1690
+  _globals['_PUSHCHUNK']._serialized_start=1692
+  _globals['_PUSHCHUNK']._serialized_end=1755
+  _globals['_SLICEPUSH']._serialized_start=1757
+  _globals['_SLICEPUSH']._serialized_end=1865
+  _globals['_PUSHREPLY']._serialized_start=1867
+  _globals['_PUSHREPLY']._serialized_end=1968
+  _globals['_SLICERESULTSREQUEST']._serialized_start=1970
+  _globals['_SLICERESULTSREQUEST']._serialized_end=2045
+  _globals['_SLICERESULTSREPLY']._serialized_start=2048
+  _globals['_SLICERESULTSREPLY']._serialized_end=2199
+  _globals['_PINGREQUEST']._serialized_start=2201
+  _globals['_PINGREQUEST']._serialized_end=2214
+  _globals['_PINGREPLY']._serialized_start=2216
+  _globals['_PINGREPLY']._serialized_end=2242
+  _globals['_PROBEDOWNLOADREQUEST']._serialized_start=2244
+  _globals['_PROBEDOWNLOADREQUEST']._serialized_end=2301
+  _globals['_PROBEUPLOADREPLY']._serialized_start=2303
+  _globals['_PROBEUPLOADREPLY']._serialized_end=2380
+  _globals['_DIALBACKREQUEST']._serialized_start=2382
+  _globals['_DIALBACKREQUEST']._serialized_end=2428
+  _globals['_DIALBACKREPLY']._serialized_start=2430
+  _globals['_DIALBACKREPLY']._serialized_end=2513
+  _globals['_COORDINATOR']._serialized_start=2920
+  _globals['_COORDINATOR']._serialized_end=3704
+  _globals['_PEER']._serialized_start=3707
+  _globals['_PEER']._serialized_end=3913
+  _globals['_PREFLIGHT']._serialized_start=3916
+  _globals['_PREFLIGHT']._serialized_end=4205
 # @@protoc_insertion_point(module_scope)

@@ -159,12 +159,14 @@ class CommitReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., current_round: _Optional[int] = ..., refusal: _Optional[_Union[Refusal, str]] = ...) -> None: ...
 
 class ManifestRequest(_message.Message):
-    __slots__ = ("round", "wait_s")
+    __slots__ = ("round", "wait_s", "compact")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    COMPACT_FIELD_NUMBER: _ClassVar[int]
     round: int
     wait_s: float
-    def __init__(self, round: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
+    compact: bool
+    def __init__(self, round: _Optional[int] = ..., wait_s: _Optional[float] = ..., compact: _Optional[bool] = ...) -> None: ...
 
 class ManifestReply(_message.Message):
     __slots__ = ("ready", "manifest", "current_round", "finished")
