@@ -27,7 +27,8 @@ coordinate"; f = num_byzantine.
      against 4 of the 5 strongest attacks at no cost without one: docs/compressed-exchange.md).
 
   d) screening (option `screen`, on by default): before a) to c), the rows that fewer than f
-     other rows vouch for in sign are set aside (optim/sparse_screen.py), at most f of them, and
+     other rows vouch for in sign, that copy another row bit for bit, or whose norm is under
+     half the median's are set aside (optim/sparse_screen.py), at most f of them, and
      a) to c) run on the rest with f lowered by as many: attackers no honest row agrees with
      (index poisoning, sign flips) cost only their missing work, and when all f are set aside the
      rest is aggregated as with f = 0 (docs/robust-compressed.md).
@@ -50,6 +51,7 @@ import torch
 
 from optim import aggregate, sparse_screen
 from optim.aggregate_rules import RuleResult, _in_content_order
+from optim.sparse_screen import row_norms  # noqa: F401  (this module's name for it before the screen had it)
 
 NAME = "sparse-trimmed-mean"
 DEFAULT_CLIP_RATIO = 2.0
@@ -59,16 +61,9 @@ VOTES_FROM_ROWS = 8
 DEFAULT_VALUE_CLIP = 2.0  # a sent value's magnitude, in units of the median sender's RMS in its chunk (see a)
 DEFAULT_CHUNK = 4096  # the chunk value clipping works in: the sparse codec's (chunk-topk:4096:K)
 _OPTIONS: dict[str, Any] = {"clip_ratio": DEFAULT_CLIP_RATIO, "value_clip": DEFAULT_VALUE_CLIP, "chunk": DEFAULT_CHUNK,
-                            "min_votes": None, "screen": True, "bucket_size": None, "seed": 0, "nnm": False}
-
-
-def row_norms(rows: torch.Tensor) -> torch.Tensor:
-    """(n,) float64 L2 norms, each a sequential float64 sum of squares (the same bits whatever the
-    thread count; float64: Byzantine entries near the float32 limit would overflow a float32 square)."""
-    out = torch.empty(rows.shape[0], dtype=torch.float64)
-    for i, row in enumerate(rows):
-        out[i] = torch.cumsum(row.double().square_(), dim=0)[-1].sqrt() if row.numel() else 0.0
-    return out
+                            "min_votes": None, "screen": True, "screen_net": sparse_screen.DEFAULT_MIN_NET,
+                            "screen_floor": sparse_screen.DEFAULT_FLOOR, "screen_copies": True,
+                            "bucket_size": None, "seed": 0, "nnm": False}
 
 
 def default_min_votes(n: int, f: int) -> int:
@@ -109,14 +104,18 @@ def clip_scales(norms: torch.Tensor, clip_ratio: float | None) -> torch.Tensor:
 def sparse_trimmed_mean(
     rows: torch.Tensor, num_byzantine: int, *, clip_ratio: float | None = DEFAULT_CLIP_RATIO, min_votes: int | None = None,
     value_clip: float | None = DEFAULT_VALUE_CLIP, chunk: int = DEFAULT_CHUNK, screen: bool = True,
+    screen_net: int = sparse_screen.DEFAULT_MIN_NET, screen_floor: float | None = sparse_screen.DEFAULT_FLOOR,
+    screen_copies: bool = True,
 ) -> RuleResult:
     """(n, d) float32 -> RuleResult: output (d,) float32 as in the module docstring. weights: each
     row's share averaged over the aggregated coordinates (sum 1 when any is); selected: the row is
     kept in at least one coordinate and was not clipped; clip_scale: each row's clip factor (0 for a
-    row the screen set aside). screen: first set aside the rows no other row vouches for
-    (optim/sparse_screen.py), each one of the f, and run on the rest with f lowered by as many."""
+    row the screen set aside). screen: first set aside the short rows (optim/sparse_screen.py: fewer
+    than f vouchers with net agreement >= screen_net, tiny below the median norm / screen_floor, a
+    bit-identical copy when screen_copies), each one of the f, and run on the rest with f lowered
+    by as many."""
     def rule(r: torch.Tensor) -> RuleResult:
-        kept = sparse_screen.screen(r, num_byzantine) if screen else None
+        kept = sparse_screen.screen(r, num_byzantine, screen_net, screen_floor, screen_copies) if screen else None
         if kept is None or bool(kept.all()):
             return _vote_gated(clip_values(r, value_clip, chunk), num_byzantine, clip_ratio, min_votes)
         f = num_byzantine - int((~kept).sum())
@@ -186,8 +185,8 @@ def _vote_gated(rows: torch.Tensor, f: int, clip_ratio: float | None, min_votes:
 class SparseTrimmedMean(aggregate.Aggregator):
     """optim.aggregate.Aggregator running sparse_trimmed_mean; needs 2f+1 rows like trimmed-mean.
     Options: clip_ratio (2.0; None: no clipping), value_clip (2.0; None: off) and chunk (4096),
-    min_votes (None: default_min_votes), screen (True; False: no row screening), and bucket_size, seed,
-    nnm as for any rule."""
+    min_votes (None: default_min_votes), screen (True; False: no row screening) with screen_net (2),
+    screen_floor (2.0; None: off) and screen_copies (True), and bucket_size, seed, nnm as for any rule."""
 
     def __init__(self, num_byzantine: int = 0, **options: Any) -> None:
         if isinstance(num_byzantine, bool) or not isinstance(num_byzantine, int) or num_byzantine < 0:
@@ -208,8 +207,16 @@ class SparseTrimmedMean(aggregate.Aggregator):
         votes = options.get("min_votes")
         if votes is not None and (isinstance(votes, bool) or not isinstance(votes, int) or votes < 1):
             raise ValueError(f"{NAME}: option min_votes must be an integer >= 1 (or None: default_min_votes), got {votes!r}")
-        if not isinstance(options.get("screen", True), bool):
-            raise ValueError(f"{NAME}: option screen must be true or false, got {options['screen']!r}")
+        for key in ("screen", "screen_copies"):
+            if not isinstance(options.get(key, True), bool):
+                raise ValueError(f"{NAME}: option {key} must be true or false, got {options[key]!r}")
+        net = options.get("screen_net", sparse_screen.DEFAULT_MIN_NET)
+        if isinstance(net, bool) or not isinstance(net, int) or net < 1:
+            raise ValueError(f"{NAME}: option screen_net must be an integer >= 1, got {net!r}")
+        floor = options.get("screen_floor", sparse_screen.DEFAULT_FLOOR)
+        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float))
+                                  or not (math.isfinite(floor) and floor >= 1)):
+            raise ValueError(f"{NAME}: option screen_floor must be a finite number >= 1 (or None: no tiny-row test), got {floor!r}")
         for key in ("bucket_size", "seed", "nnm"):
             if key in options:
                 aggregate._check_option(NAME, key, options[key])
@@ -218,4 +225,5 @@ class SparseTrimmedMean(aggregate.Aggregator):
     def _rule(self, rows: torch.Tensor, f: int, center: torch.Tensor | None, seed: int) -> RuleResult:
         o = self.options
         return sparse_trimmed_mean(rows, f, clip_ratio=o["clip_ratio"], min_votes=o["min_votes"], value_clip=o["value_clip"],
-                                   chunk=o["chunk"], screen=o["screen"])
+                                   chunk=o["chunk"], screen=o["screen"], screen_net=o["screen_net"],
+                                   screen_floor=o["screen_floor"], screen_copies=o["screen_copies"])
