@@ -10,8 +10,9 @@ H = 30. benchmarks/fidelity.md measures each one; README "Recipes" says which li
     sparseloco  the public-swarm recipe: SparseLoCo's payloads (Templar 2025, CCLoco: top-64 per
                 chunk of 4096, 2-bit statistical values, error feedback decay 0.9, outer SGD lr 2,
                 H = 15), aggregated robustly with sparse-trimmed-mean (f = 1 declared, raise it with
-                --num-byzantine; rows no other row vouches for in sign are set aside first, the screen
-                of optim/sparse_screen.py; a coordinate needs 2 senders) and gathered compressed (each aggregated slice as its top-192
+                --num-byzantine; rows too few others vouch for in sign, bit-identical copies and rows
+                under half the median norm are set aside first, the screen of optim/sparse_screen.py;
+                a coordinate needs 2 senders) and gathered compressed (each aggregated slice as its top-192
                 per chunk of 4096, 2-bit; what it drops returns to the senders' error feedback):
                 docs/compressed-exchange.md says why and what it measured.
     demo        DeMo (Peng et al. 2024) as Psyche runs it: decoupled momentum (decay 0.999),
