@@ -158,6 +158,17 @@ def simulate(**options) -> dict:
     return run_simulation(SimulationOptions(**options))
 
 
+def assert_md_regenerates(main, args: list[str], md_name: str, tmp_path: Path, out_flag: str = "--md") -> str:
+    """benchmarks/<md_name>'s tables (all above its `<!-- notes -->`) come out exactly from its JSON:
+    `main([*args, out_flag, TMP])` writes them again. Returns the committed tables."""
+    notes = "<!-- notes -->"
+    out = tmp_path / md_name
+    assert main([*args, out_flag, str(out)]) == 0
+    committed = (ROOT / "benchmarks" / md_name).read_text().split(notes)[0]
+    assert out.read_text().split(notes)[0] == committed
+    return committed
+
+
 def write_run_config(path: Path, **sections) -> Path:
     """tiny_run_config(**sections) written as a config file for the CLI (`--config PATH`)."""
     path.write_text(json.dumps(tiny_run_config(**sections).to_dict()))

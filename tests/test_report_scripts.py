@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, assert_md_regenerates
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -97,9 +97,8 @@ def test_vs_hivemind_md_is_generated_from_its_json(tmp_path):
     sources = committed.split(" from ", 1)[1].split(". One row")[0]
     json_paths = [name.strip(" `") for name in sources.split(",")]
     assert "benchmarks/vs_hivemind.json" in json_paths and len(json_paths) >= 2  # the newest run first
-    out = tmp_path / "vs.md"
-    assert bench_vs_hivemind.main(["--report-only", *(str(ROOT / p) for p in json_paths), "--write-md", str(out)]) == 0
-    assert out.read_text().split("<!-- notes -->")[0] == committed
+    assert_md_regenerates(bench_vs_hivemind.main, ["--report-only", *(str(ROOT / p) for p in json_paths)], "vs_hivemind.md",
+                          tmp_path, out_flag="--write-md")
     rows = [row for p in json_paths for row in json.loads((ROOT / p).read_text())["rows"]]
     assert {(r["peers"], r["numel"], r["mode"]) for r in rows} >= {(8, 1_000_000, "sliced"), (8, 10_000_000, "sliced")}
     assert all(r["swarmloco_identical_on_every_peer"] for r in rows)
@@ -109,10 +108,8 @@ def test_scale_md_is_generated_from_its_json(tmp_path):
     """benchmarks/scale.md's tables and verdicts come from benchmarks/scale.json, and every run in it finished in sync."""
     import measure_scale
 
-    out = tmp_path / "scale.md"
-    assert measure_scale.main(["--report-only", "--json", str(ROOT / "benchmarks/scale.json"), "--write-md", str(out)]) == 0
-    committed = (ROOT / "benchmarks/scale.md").read_text().split("<!-- notes -->")[0]
-    assert out.read_text().split("<!-- notes -->")[0] == committed
+    assert_md_regenerates(measure_scale.main, ["--report-only", "--json", str(ROOT / "benchmarks/scale.json")], "scale.md",
+                          tmp_path, out_flag="--write-md")
     runs = json.loads((ROOT / "benchmarks/scale.json").read_text())["runs"]
     assert {(r["mode"], r["peers"]) for r in runs} >= {("sliced", n) for n in (3, 6, 9, 12)} | {("all-to-all", 3), ("all-to-all", 12)}
     assert all(r["ok"] for r in runs)
