@@ -339,28 +339,24 @@ class ChaosRun:
                 self.note(f"run finished at round {self.record.finished['round']}", current)
                 return
             if not self.coordinator.alive() and not (self.standby and self.standby.alive()):
-                self._last_lines(current)
-                self.note("no coordinator left running", current)
-                return
-            if not any(c.alive() for c in self.peers.values()):
-                self._last_lines(current)
-                self.note("every peer has exited: " + ", ".join(f"{c.name} rc {c.process.returncode}" for c in self.peers.values()), current)
+                ended = "no coordinator left running"
+            elif not any(c.alive() for c in self.peers.values()):
+                ended = "every peer has exited: " + ", ".join(f"{c.name} rc {c.process.returncode}" for c in self.peers.values())
+            else:
+                ended = ""
+            if ended:
+                self._last_lines()
+                self.note(ended, current)
                 return
             time.sleep(0.25)
         self.note(f"gave up after {timeout:.0f} s", current)
 
-    def _last_lines(self, current: int) -> None:
-        """The run log's last lines: a coordinator logs the last round and `finished` as it stops
-        (its run log's final poll), which can come after every peer left with the final state,
-        or between this loop's read and its check that the coordinator is alive."""
-        for child in (self.coordinator, self.standby):
-            if child is not None:
-                try:
-                    self.swarm.wait(child, 60.0)
-                except Exception:  # noqa: BLE001 - finish() stops what is still running
-                    pass
-        for r in self._read_logs():
-            current = max(current, r)
+    def _last_lines(self) -> None:
+        """The run log's last round and `finished`, which a coordinator logs as it stops (after its peers left)."""
+        for child in filter(None, (self.coordinator, self.standby)):
+            with contextlib.suppress(Exception):  # finish() stops what is still running
+                self.swarm.wait(child, 60.0)
+        self._read_logs()
 
     # --- ending ---------------------------------------------------------------------------
     def finish(self) -> None:
