@@ -9,6 +9,7 @@ metadata header so a server can attribute what it receives.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
@@ -199,69 +200,101 @@ def counting_interceptors(counter: ByteCounter, remote: str) -> list[Any]:
     return [_ClientCounter(counter, remote)]
 
 
+def _counted_handler(handler: Any, counter: ByteCounter, handler_call_details: Any) -> Any:
+    """`handler` with every message it receives and sends counted (a server interceptor's work,
+    sync or aio: an `async def` unary handler, one that waits on the loop, stays one)."""
+    if handler is None:
+        return None
+    remote = "anonymous"
+    for key, value in handler_call_details.invocation_metadata or ():
+        if key == PEER_HEADER:
+            remote = str(value)[:64]
+    method = "served:" + _method_name(handler_call_details.method)
+
+    def received(n: int) -> None:
+        counter.add(remote, received=n, method=method)
+
+    def sent(n: int) -> None:
+        counter.add(remote, sent=n, method=method)
+
+    def wrap_unary_in(fn):
+        def inner(request, context):
+            counter.add(remote, received=_size(request), call=True, method=method)
+            return fn(request, context)
+
+        return inner
+
+    def wrap_stream_in(fn):
+        def inner(request_iterator, context):
+            counter.add(remote, call=True, method=method)
+            return fn(_CountedIterator(iter(request_iterator), received), context)
+
+        return inner
+
+    def count_unary_out(fn):
+        def inner(request, context):
+            response = fn(request, context)
+            sent(_size(response))
+            return response
+
+        return inner
+
+    def count_async_unary(fn):
+        async def inner(request, context):
+            counter.add(remote, received=_size(request), call=True, method=method)
+            response = await fn(request, context)
+            sent(_size(response))
+            return response
+
+        return inner
+
+    def count_stream_out(fn):
+        def inner(request, context) -> Iterator[Any]:
+            for response in fn(request, context):
+                sent(_size(response))
+                yield response
+
+        return inner
+
+    if handler.unary_unary:
+        if inspect.iscoroutinefunction(handler.unary_unary):
+            fn = count_async_unary(handler.unary_unary)
+        else:
+            fn = count_unary_out(wrap_unary_in(handler.unary_unary))
+        return grpc.unary_unary_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
+    for kind in ("unary_stream", "stream_unary", "stream_stream"):
+        if inspect.iscoroutinefunction(getattr(handler, kind)) or inspect.isasyncgenfunction(getattr(handler, kind)):
+            raise TypeError(f"{method}: only unary-unary handlers may be async (a counted {kind} one must be a plain function)")
+    if handler.unary_stream:
+        fn = count_stream_out(wrap_unary_in(handler.unary_stream))
+        return grpc.unary_stream_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
+    if handler.stream_unary:
+        fn = count_unary_out(wrap_stream_in(handler.stream_unary))
+        return grpc.stream_unary_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
+    fn = count_stream_out(wrap_stream_in(handler.stream_stream))
+    return grpc.stream_stream_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
+
+
 class _ServerCounter(grpc.ServerInterceptor):
     def __init__(self, counter: ByteCounter) -> None:
         self.counter = counter
 
     def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        remote = "anonymous"
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == PEER_HEADER:
-                remote = str(value)[:64]
-        counter = self.counter
-        method = "served:" + _method_name(handler_call_details.method)
+        return _counted_handler(continuation(handler_call_details), self.counter, handler_call_details)
 
-        def received(n: int) -> None:
-            counter.add(remote, received=n, method=method)
 
-        def sent(n: int) -> None:
-            counter.add(remote, sent=n, method=method)
+class _AsyncServerCounter(grpc.aio.ServerInterceptor):
+    def __init__(self, counter: ByteCounter) -> None:
+        self.counter = counter
 
-        def wrap_unary_in(fn):
-            def inner(request, context):
-                counter.add(remote, received=_size(request), call=True, method=method)
-                return fn(request, context)
-
-            return inner
-
-        def wrap_stream_in(fn):
-            def inner(request_iterator, context):
-                counter.add(remote, call=True, method=method)
-                return fn(_CountedIterator(iter(request_iterator), received), context)
-
-            return inner
-
-        def count_unary_out(fn):
-            def inner(request, context):
-                response = fn(request, context)
-                sent(_size(response))
-                return response
-
-            return inner
-
-        def count_stream_out(fn):
-            def inner(request, context) -> Iterator[Any]:
-                for response in fn(request, context):
-                    sent(_size(response))
-                    yield response
-
-            return inner
-
-        if handler.unary_unary:
-            fn = count_unary_out(wrap_unary_in(handler.unary_unary))
-            return grpc.unary_unary_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
-        if handler.unary_stream:
-            fn = count_stream_out(wrap_unary_in(handler.unary_stream))
-            return grpc.unary_stream_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
-        if handler.stream_unary:
-            fn = count_unary_out(wrap_stream_in(handler.stream_unary))
-            return grpc.stream_unary_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
-        fn = count_stream_out(wrap_stream_in(handler.stream_stream))
-        return grpc.stream_stream_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
+    async def intercept_service(self, continuation, handler_call_details):
+        return _counted_handler(await continuation(handler_call_details), self.counter, handler_call_details)
 
 
 def server_counting_interceptor(counter: ByteCounter) -> grpc.ServerInterceptor:
     return _ServerCounter(counter)
+
+
+def async_server_counting_interceptor(counter: ByteCounter) -> grpc.aio.ServerInterceptor:
+    """server_counting_interceptor for a grpc.aio server (protocol/aio_server.py)."""
+    return _AsyncServerCounter(counter)

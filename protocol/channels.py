@@ -30,7 +30,8 @@ from pathlib import Path
 
 import grpc
 
-from protocol.accounting import ByteCounter, counting_interceptors, server_counting_interceptor
+from protocol.accounting import ByteCounter, async_server_counting_interceptor, counting_interceptors, server_counting_interceptor
+from protocol.aio_server import AsyncServer
 
 CHUNK_BYTES = 1 << 20  # 1 MiB of data per streamed message (DESIGN.md: chunks <= 1 MiB)
 MAX_MESSAGE_BYTES = CHUNK_BYTES + (64 << 10)  # one chunk plus room for headers and signatures
@@ -189,6 +190,39 @@ def create_server(
         options=_options(),
         maximum_concurrent_rpcs=max_workers * 4,
     )
+    return server, _bind(server, host, port, tls)
+
+
+MAX_ASYNC_CALLS = 16_384  # calls an async server holds at once (parked long-polls included); more: RESOURCE_EXHAUSTED
+
+
+def create_async_server(
+    counter: ByteCounter | None = None,
+    *,
+    max_workers: int = 16,
+    tls: TlsConfig | None = None,
+    host: str = "0.0.0.0",
+    port: int = 0,
+) -> tuple[AsyncServer, int]:
+    """create_server's twin for a server whose `async def` handlers wait without a thread
+    (protocol/aio_server.py: the coordinator's long-polls); plain handlers run on a pool of
+    `max_workers` threads as on create_server's server. Same options, TLS, byte accounting and
+    errors; returns (server, bound port), the server not started."""
+    interceptors = [async_server_counting_interceptor(counter)] if counter is not None else []
+    pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="swarmloco-rpc")
+    bound: list[int] = []
+
+    def build() -> grpc.aio.Server:
+        server = grpc.aio.server(migration_thread_pool=pool, interceptors=interceptors, options=_options(),
+                                 maximum_concurrent_rpcs=MAX_ASYNC_CALLS)
+        bound.append(_bind(server, host, port, tls))
+        return server
+
+    return AsyncServer(build, pool), bound[0]
+
+
+def _bind(server: grpc.Server | grpc.aio.Server, host: str, port: int, tls: TlsConfig | None) -> int:
+    """Add the port (TLS per `tls`, None = the process-wide setting); OSError with advice when it cannot be bound."""
     address = f"{host}:{port}"
     tls = _tls_for(tls)
     try:
@@ -204,7 +238,7 @@ def create_server(
                       + ("? pick another --port (0: any free port)" if wildcard else
                          f", or {host} not an address of this machine? pick another --port (0: any free port) or --host")
                       + " (swarmloco -v shows gRPC's own reason)")
-    return server, bound
+    return bound
 
 
 def create_channel(

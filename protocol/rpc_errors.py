@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import inspect
 import itertools
 import logging
 import threading
@@ -183,7 +184,20 @@ class StreamWatchdog:
                 heapq.heappop(self._heap)
                 if not token[0]:
                     self.cancelled += 1
-                    context.cancel()
+                    _cut_off(context)
+
+
+def _cut_off(context: Any) -> None:
+    """End a call from another thread: cancel() on a sync server; on a grpc.aio server (whose plain
+    handlers' contexts have no cancel(): protocol/aio_server.py) an abort with CANCELLED, which
+    sends the status at once and makes the handler's next read of the stream raise."""
+    if hasattr(context, "cancel"):
+        context.cancel()
+        return
+    try:
+        context.abort(grpc.StatusCode.CANCELLED, "the stream ran past the server's limit: cut off")
+    except Exception:  # noqa: BLE001 - abort raises by design (and fails harmlessly on a call already over)
+        pass
 
 
 WATCHDOG = StreamWatchdog()
@@ -202,25 +216,46 @@ def guarded(
     `max_stream_s(self)` bounds, server-side, how long a (request or response) stream may run."""
 
     def decorate(method: Callable) -> Callable:
-        def fail(self: Any, context: grpc.ServicerContext, exc: Exception) -> None:
+        def failure(self: Any, context: grpc.ServicerContext, exc: Exception) -> tuple[grpc.StatusCode, str]:
+            """The status to abort with (its refusal set in the trailing metadata)."""
             if isinstance(exc, RpcAbort):
                 if exc.refusal != swarm_pb2.REFUSAL_UNSPECIFIED:
                     context.set_trailing_metadata(((REFUSAL_KEY, swarm_pb2.Refusal.Name(exc.refusal)),))
-                context.abort(exc.code, exc.message)
+                return exc.code, exc.message
             on_reject(self, "internal-error")
             log.exception("handler %s failed", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(exc).__name__}: {exc}")
+            return grpc.StatusCode.INTERNAL, f"{method.__name__} failed: {type(exc).__name__}: {exc}"
+
+        def refused(self: Any, context: grpc.ServicerContext) -> tuple[grpc.StatusCode, str] | None:
+            """The status to abort with when the caller is over its rate limit, else None."""
+            if limits(self).allow(caller_of(context), host_of(context), cost):
+                return None
+            on_reject(self, "rate-limited")
+            context.set_trailing_metadata(((REFUSAL_KEY, "RATE_LIMITED"),))
+            return grpc.StatusCode.RESOURCE_EXHAUSTED, "too many requests from this peer: slow down and retry"
 
         def admit(self: Any, context: grpc.ServicerContext) -> list[bool] | None:
-            if not limits(self).allow(caller_of(context), host_of(context), cost):
-                on_reject(self, "rate-limited")
-                context.set_trailing_metadata(((REFUSAL_KEY, "RATE_LIMITED"),))
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many requests from this peer: slow down and retry")
+            if (status := refused(self, context)) is not None:
+                context.abort(*status)
             return WATCHDOG.watch(context, max_stream_s(self)) if max_stream_s is not None else None
 
         def finish(token: list[bool] | None) -> None:
             if token is not None:
                 token[0] = True
+
+        if inspect.iscoroutinefunction(method):  # a unary handler that waits on a grpc.aio loop (protocol/aio_server.py)
+            assert not streaming and max_stream_s is None, "async handlers here are unary and hold no thread to watch"
+
+            @functools.wraps(method)
+            async def async_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+                if (status := refused(self, context)) is not None:
+                    await context.abort(*status)
+                try:
+                    return await method(self, request, context)
+                except Exception as exc:  # noqa: BLE001 - every failure becomes a status
+                    await context.abort(*failure(self, context, exc))
+
+            return async_wrapper
 
         if streaming:
 
@@ -230,7 +265,7 @@ def guarded(
                 try:
                     yield from method(self, request, context)
                 except Exception as exc:  # noqa: BLE001 - every failure becomes a status
-                    fail(self, context, exc)
+                    context.abort(*failure(self, context, exc))
                 finally:
                     finish(token)
 
@@ -242,7 +277,7 @@ def guarded(
             try:
                 return method(self, request, context)
             except Exception as exc:  # noqa: BLE001
-                fail(self, context, exc)
+                context.abort(*failure(self, context, exc))
             finally:
                 finish(token)
 

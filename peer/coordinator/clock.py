@@ -177,12 +177,19 @@ class RoundClock:
         self.ctx.round_closed.notify_all()
         return result
 
+    def manifest_news(self, round_: int) -> bool:
+        """Whether a GetManifest for round_ has its answer (the manifest, or a round past it, or the
+        end). Reads only, and only ever turns true: a long-poll on the server's loop asks it without
+        the lock (protocol/async_wait.py)."""
+        now_open = self.ctx.open
+        return round_ in self.manifests or round_ < now_open.round or now_open.finished
+
     def wait_manifest(self, round_: int, wait_s: float, *, compact: bool = False) -> swarm_pb2.ManifestReply:
         """compact: the manifest's body zlib-compressed (the caller asked: ManifestRequest.compact)."""
         now_open = self.ctx.open
         deadline = time.monotonic() + max(0.0, min(wait_s, 60.0))
         with self.ctx.round_closed:
-            while round_ not in self.manifests and round_ >= now_open.round and not now_open.finished:
+            while not self.manifest_news(round_):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break

@@ -9,7 +9,8 @@ import grpc
 from peer.coordinator.preflight_service import PreflightServicer
 from peer.coordinator.service import CoordinatorServicer
 from peer.coordinator.state import Coordinator
-from protocol.channels import create_server
+from protocol.aio_server import AsyncServer
+from protocol.channels import create_async_server
 from protocol.payload_service import PayloadServicer
 from protocol.ratelimit import CallerLimits
 from protocol.wire import swarm_pb2_grpc
@@ -17,7 +18,7 @@ from protocol.wire import swarm_pb2_grpc
 
 @dataclass(frozen=True, slots=True)
 class CoordinatorServer:
-    server: grpc.Server  # not started yet
+    server: AsyncServer  # not started yet; long-polls wait on its loop, holding no thread
     port: int
     servicer: CoordinatorServicer
     payloads: PayloadServicer
@@ -37,7 +38,7 @@ def build_coordinator_server(
     `coordinator.endpoint` to announce_host:port. Bytes are counted on coordinator.counter.
     `limits` and `max_stream_s` apply to both services; other options go to CoordinatorServicer.
     The caller starts the server (and stops it)."""
-    server, bound = create_server(coordinator.counter, host=host, port=port)
+    server, bound = create_async_server(coordinator.counter, host=host, port=port)
     coordinator.endpoint = f"{announce_host}:{bound}"
     servicer = CoordinatorServicer(coordinator, limits=limits, max_stream_s=max_stream_s, **servicer_options)
     payloads = PayloadServicer(

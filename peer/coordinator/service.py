@@ -14,6 +14,7 @@ endpoint.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import logging
@@ -36,12 +37,14 @@ from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol.ratelimit import CallerLimits, RateLimiter
 from protocol.reasons import Reason
 from protocol.rpc_errors import RpcAbort, guarded, host_of, refusal_for
+from protocol.async_wait import LoopNews
 from protocol.keys import CoordinatorKeys
 from protocol.signing import SignatureError, open_signed
 
 log = logging.getLogger("swarmloco.coordinator")
 
 MAX_CLOCK_SKEW_S = 300.0
+MAX_LONG_POLL_S = 60.0  # the longest one long-poll waits, whatever it asks (as the sync waits bound it)
 
 
 ENDPOINT_RE = re.compile(r"^[A-Za-z0-9.\-]{1,253}:[0-9]{1,5}$|^\[[0-9A-Fa-f:.]{2,45}\]:[0-9]{1,5}$")
@@ -101,7 +104,7 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
         limits: CallerLimits | None = None,
         new_peers_per_s: float = 5.0,
         new_peers_burst: float = 200.0,
-        max_long_polls: int = 8,
+        max_long_polls: int = 4096,
         max_stream_s: float = 120.0,
         dial_back: bool = True,
     ) -> None:
@@ -110,8 +113,11 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
         self.limits = limits or CallerLimits(per_peer_rate=100.0, per_peer_burst=400.0)
         # Admission of *new* identities is one global bucket: keys are free to make (Sybil flood).
         self.admission = RateLimiter(rate_per_s=new_peers_per_s, burst=new_peers_burst)
-        # Long-polls park a server thread; keep some threads free for every other call.
+        # Long-polls wait on the server's event loop, holding no thread (protocol/aio_server.py); a
+        # bound still caps what a flood of them may hold (the excess is answered at once).
         self.long_polls = threading.BoundedSemaphore(max_long_polls)
+        self.news = LoopNews()  # wakes them: every notify of the coordinator's round_closed
+        coordinator.round_closed.listen(self.news.wake)
         self.max_stream_s = max_stream_s
 
     @_guarded
@@ -335,18 +341,25 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
         return self.coordinator.submit(request.header, request.endpoint)
 
     @_guarded
-    def GetManifest(self, request, context):
-        wait_s = self._long_poll_s(request.wait_s, context)
-        if wait_s <= 0 or not self.long_polls.acquire(blocking=False):
-            # Every long-poll slot is taken: answer at once rather than starve other calls of threads.
-            return self.coordinator.wait_manifest(request.round, 0.0, compact=request.compact)
-        try:
-            return self.coordinator.wait_manifest(request.round, wait_s, compact=request.compact)
-        finally:
-            self.long_polls.release()
+    async def GetManifest(self, request, context):
+        c = self.coordinator
+        return await self._long_poll(request.wait_s, context, lambda: c.manifest_news(request.round),
+                                     lambda: c.wait_manifest(request.round, 0.0, compact=request.compact))
+
+    async def _long_poll(self, requested: float, context, news, answer):
+        """Wait on the server's loop, holding no thread, until `news()` or the wait's end, then
+        answer with `answer()` (it takes the coordinator's lock: on a pool thread, for that step
+        only). Asked not to wait, or with every long-poll slot taken: answered at once."""
+        wait_s = self._long_poll_s(requested, context)
+        if wait_s > 0 and self.long_polls.acquire(blocking=False):
+            try:
+                await self.news.until(news, min(wait_s, MAX_LONG_POLL_S))
+            finally:
+                self.long_polls.release()
+        return await asyncio.get_running_loop().run_in_executor(None, answer)
 
     def _long_poll_s(self, requested: float, context) -> float:
-        """How long a long-poll may park this thread: 0 when every slot is taken (then answer at once)."""
+        """How long a long-poll may wait: what it asked, within its deadline."""
         wait_s = requested if math.isfinite(requested) else 0.0  # NaN, ±inf -> answer now
         remaining = context.time_remaining()
         if remaining is not None:
@@ -361,15 +374,10 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
         return self.coordinator.exchange.submit_result(request)
 
     @_guarded
-    def GetSliceResults(self, request, context):
+    async def GetSliceResults(self, request, context):
         exchange = self.coordinator.exchange
-        wait_s = self._long_poll_s(request.wait_s, context)
-        if wait_s <= 0 or not self.long_polls.acquire(blocking=False):
-            return exchange.wait_results(request.round, 0.0, request.until_applied)
-        try:
-            return exchange.wait_results(request.round, wait_s, request.until_applied)
-        finally:
-            self.long_polls.release()
+        return await self._long_poll(request.wait_s, context, lambda: exchange.results_news(request.round, request.until_applied),
+                                     lambda: exchange.wait_results(request.round, 0.0, request.until_applied))
 
     @_guarded
     def ReportEvidence(self, request, context):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from peer.coordinator.clock import RoundClock
+from protocol.async_wait import Announcing
 from peer.coordinator.commitments import Admission
 from peer.coordinator.followers import Followers
 from peer.coordinator.lease import ActGuard
@@ -75,7 +76,7 @@ class Coordinator:
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
         self.counter = counter or ByteCounter(identity.peer_id)
         self.lock = threading.RLock()
-        self.round_closed = threading.Condition(self.lock)
+        self.round_closed = Announcing(self.lock)  # also wakes the long-polls that wait on the server's loop
 
         restoring = self.checkpoint_path is not None and self.checkpoint_path.exists()
         # θ_0: the seeded init or model.init_from's checkpoint; a checkpoint of this run restores θ_r below instead
@@ -229,6 +230,9 @@ class Coordinator:
 
     def wait_manifest(self, round_: int, wait_s: float, *, compact: bool = False) -> swarm_pb2.ManifestReply:
         return self.clock.wait_manifest(round_, wait_s, compact=compact)
+
+    def manifest_news(self, round_: int) -> bool:
+        return self.clock.manifest_news(round_)
 
     def _persist(self, result: RoundResult) -> RoundResult:
         """The slow part of a close, beside the RPC handlers (only the clock thread runs it):

@@ -176,6 +176,11 @@ class CoordinatorExchange(ABC):
         """GetSliceResults: a long-poll, and a read only (takes the lock)."""
         raise self._no_slice_results()
 
+    def results_news(self, r: int, until_applied: bool) -> bool:
+        """Whether wait_results(r, ...) has its answer now: reads only, without the lock, and only
+        ever turns true (an async long-poll's predicate). Here: at once (the answer is the refusal)."""
+        return True
+
     def report_evidence(self, signed: swarm_pb2.Signed) -> swarm_pb2.CommitReply:
         """ReportEvidence: a peer's signed report of results that did not recompute (takes the lock)."""
         raise self._no_slice_results()

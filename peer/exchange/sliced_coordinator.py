@@ -298,6 +298,10 @@ class SlicedCoordinator(CoordinatorExchange):
 
     # --- long-poll (takes the lock itself) ---------------------------------------------------------
 
+    def results_news(self, r: int, until_applied: bool) -> bool:
+        state = self.rounds.get(r)
+        return state is None or bool(state.applied_hash if until_applied else state.final)
+
     def wait_results(self, r: int, wait_s: float, until_applied: bool) -> swarm_pb2.SliceResultsReply:
         """Long-poll for round r's final results, or (until_applied) for its θ_{r+1}. A read only:
         a peer says it gathered with a signed ReportGathered (report_gathered)."""
@@ -306,9 +310,8 @@ class SlicedCoordinator(CoordinatorExchange):
         with ctx.round_closed:
             while True:
                 state = self.rounds.get(r)
-                done = state is None or (state.applied_hash if until_applied else state.final)
                 remaining = deadline - time.monotonic()
-                if done or remaining <= 0:
+                if self.results_news(r, until_applied) or remaining <= 0:
                     break
                 ctx.round_closed.wait(remaining)
             if state is None:
