@@ -29,6 +29,7 @@ import torch
 
 from peer.coordinator.round_book import Commitment, RoundBook
 from peer.exchange.coordinator_side import Aggregated, CoordinatorExchange, RoundContext
+from peer.exchange.spot_budget import SpotBudget
 from peer.run.slice_exchange import Lie, SliceExchange, SliceRound, sliced_manifest
 from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest
 from protocol.payload_service import StoredPayload
@@ -83,6 +84,7 @@ class SlicedCoordinator(CoordinatorExchange):
         super().__init__(ctx)
         self.slices = SliceExchange(ctx.math, ctx.channels, ctx.store, ctx.fetchers, identity=ctx.identity)
         self.rounds: dict[int, SlicedRoundState] = {}
+        self.spot_budget = SpotBudget(ctx.channels.counter, ctx.math.layout.numel)  # ctx.channels counts on our ledger
         self.evidence_checks = threading.Semaphore(2)  # late reports checked at once (each may fetch a slice's inputs)
         self._final: dict[int, tuple[list[swarm_pb2.Signed], Reports]] = {}  # taken by ready_to_apply for aggregate
 
@@ -254,9 +256,11 @@ class SlicedCoordinator(CoordinatorExchange):
                 with ctx.lock:
                     self.ban_liar(rnd.round, lie, f" (reported by {reporter[:8]})")
         kept = [s for s in batches if s.signature not in false]  # a liar's word counts for none of its slices
-        # Our own spot checks are sampled like a peer's (bytes bounded in n, docs/sliced-exchange.md).
-        outcome = self.slices.gather(rnd, kept, spot_checks=ctx.cfg.exchange.spot_checks,
-                                     coverage=ctx.cfg.exchange.spot_check_coverage)
+        # Our own spot checks are sampled like a peer's (bytes bounded in n, docs/sliced-exchange.md),
+        # and drawn only where they fit our byte budget (peer/exchange/spot_budget.py).
+        spot_checks = self.spot_budget.spot_checks(book.round, ctx.cfg.exchange.spot_checks,
+                                                   [e.payload_size for e in rnd.manifest.entries], ctx.math.layout.num_slices)
+        outcome = self.slices.gather(rnd, kept, spot_checks=spot_checks, coverage=ctx.cfg.exchange.spot_check_coverage)
         params = params.clone()
         ctx.math.step_with_aggregate(params, outcome.combined, round_=book.round)  # θ_r -> θ_{r+1}
         with ctx.lock:
@@ -269,6 +273,7 @@ class SlicedCoordinator(CoordinatorExchange):
 
     def applied(self, book: RoundBook, aggregated: Aggregated, param_hash: str) -> None:
         verified, outcome = aggregated.detail
+        self.spot_budget.applied(outcome.result_bytes)
         self.ctx.registry.record_slices(book.round, verified, outcome.excluded, self.ctx.math.layout.num_slices)
         state = self.rounds.get(book.round)
         if state is not None:
