@@ -71,6 +71,8 @@ def analyze(peer_summaries: list[dict], *, codec: str, numel: int, coordinator_k
                 "utilization": record["compute_s"] / round_s if round_s > 0 else None,
                 # overlapped rounds: inner steps of the next phase run when this round's average landed
                 "landed_after_steps": record.get("landed_after_steps"),
+                # sliced exchange: wall-clock end of each exchange step (peer/exchange/sliced_peer.py)
+                "timeline": record.get("timeline") or None,
             })
 
     def median(key: str) -> float | None:

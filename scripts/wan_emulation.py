@@ -43,6 +43,10 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
 from netns_testbed import BURST, Testbed, measure_link_mbit, namespaces_permitted, netem_available, run_ip  # noqa: E402
 
 COORD_GRPC, COORD_DHT, PEER_GRPC = 31338, 31337, 31400
+# docs/sliced-exchange.md "Round trips": the sequential round trips of one sliced round (commit,
+# manifest, reduce-scatter, submit, results, all-gather with its spot checks, gathered, applied).
+# Stored in each run's JSON, so that the md stays a function of the JSON when the count changes.
+SLICED_ROUND_TRIPS = 8
 
 
 # --- one swarm run on the testbed ------------------------------------------------------------
@@ -128,6 +132,57 @@ def landing_spread(result: dict) -> str:
     return f"{statistics.median(shares):.2f} ({min(shares):.2f}–{max(shares):.2f})"
 
 
+def link_bound_s(result: dict) -> float | None:
+    """What the link allows one sliced round: the bytes a peer moves per round (the larger of the
+    median sent and received: each direction has its own tbf) at the link rate, plus the
+    documented sequential round trips x RTT. None where the JSON has no documented count."""
+    trips, rate = result.get("round_trips"), result.get("rate_mbit")
+    if trips is None or not rate:
+        return None
+    m = result["median"]
+    return max(m["bytes_sent"], m["bytes_received"]) * 8 / (rate * 1e6) + trips * result.get("rtt_ms", 0.0) / 1000
+
+
+def after_last_commit(result: dict) -> dict[str, float]:
+    """Each exchange step's end (the peers' timelines, peer/exchange/sliced_peer.py) as seconds
+    after the round's last commit (any peer's), median over peers and rounds, in the order the
+    steps run; {} for JSONs without timelines."""
+    by_round: dict[int, list[dict]] = {}
+    for row in result["rows"]:
+        if row.get("timeline"):
+            by_round.setdefault(row["round"], []).append(row["timeline"])
+    offsets: dict[str, list[float]] = {}
+    for marks in by_round.values():
+        last = max(m["committed"] for m in marks)
+        for m in marks:
+            for step, at in m.items():
+                if step != "committed":
+                    offsets.setdefault(step, []).append(at - last)
+    return {step: statistics.median(values) for step, values in sorted(offsets.items(), key=lambda kv: statistics.median(kv[1]))}
+
+
+def exchange_span_s(result: dict) -> float | None:
+    """The exchange as the link sees it: the round's last commit to a peer's applied θ_{r+1},
+    median over peers and rounds. It leaves out the wait for the slowest peer's commit (compute,
+    not network); None for JSONs without timelines."""
+    return after_last_commit(result).get("applied")
+
+
+def timeline_text(result: dict) -> str:
+    return ", ".join(f"{step} {at:.3f}" for step, at in after_last_commit(result).items())
+
+
+def bound_cells(result: dict) -> list[str]:
+    """The md's bound columns: the bound, fetch / bound and span / bound (target: fetch <= 1.5x)."""
+    bound, span = link_bound_s(result), exchange_span_s(result)
+    if bound is None:
+        return ["-", "-", "-" if span is None else f"{span:.2f}", "-"]
+    fetch = result["median"]["fetch_s"]
+    verdict = "reached" if fetch <= 1.5 * bound else "**NOT reached**"
+    return [f"{bound:.2f} ({result['round_trips']} RT)", f"{fetch / bound:.2f}x: {verdict}",
+            "-" if span is None else f"{span:.2f}", "-" if span is None else f"{span / bound:.2f}x"]
+
+
 def write_markdown(path: Path, sources: list[dict]) -> None:
     """`sources`: one dict per JSON ({"json": its path as shown, "runs", "command", "load_before",
     "load_after", optional "versions"}); every table row names the JSON it comes from, and the
@@ -141,6 +196,11 @@ def write_markdown(path: Path, sources: list[dict]) -> None:
              "lands after (overlapped rounds): where a round's average landed in the next inner phase, as landed_after_steps / H",
              "from the peers' round records, median (min–max) over peers and rounds (the last round has no next phase);",
              "`-` for synchronous runs and for JSONs written before the peers recorded it.",
+             "bound (sliced runs whose JSON names the documented round trips): a peer's bytes per round (the larger of median",
+             "sent and received) at the link rate + the round trips docs/sliced-exchange.md counts x RTT; the issue-24 target is",
+             "fetch <= 1.5x bound. span: the round's last commit (any peer) to a peer's applied mark, from the peers' timelines,",
+             "median over peers and rounds: the whole exchange as the link sees it (it covers every counted round trip, fetch only",
+             "reduce-scatter to gathered), without the wait for the slowest peer's commit.",
              "Every row names the JSON it is generated from; each JSON's command and the load around it:", ""]
     recorded = {json.dumps(s["versions"], sort_keys=True) for s in sources if s.get("versions")}
     lines.append("- machine and library versions: " + (", ".join(sorted(recorded)) if recorded else
@@ -151,8 +211,8 @@ def write_markdown(path: Path, sources: list[dict]) -> None:
     lines += ["",
               "| JSON | codec | shaping | peers | rounds x H | payload (B) | recv/peer/round (B) | compute (s) | wait (s) "
               "| fetch (s) | aggregate (s) | round (s) | goodput (MB/s) | utilization | per peer-round utilization "
-              "| lands after (steps of H) |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+              "| lands after (steps of H) | bound (s) | fetch / bound | span (s) | span / bound |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|"]
     results = [(s["json"], r) for s in sources for r in s["runs"]]
     for source, r in results:
         m = r["median"]
@@ -160,12 +220,14 @@ def write_markdown(path: Path, sources: list[dict]) -> None:
                      f"{', '.join(f'{p:,}' for p in r['payload_bytes_measured'])} | {m['bytes_received']:,.0f} | {m['compute_s']:.2f} | "
                      f"{m['wait_s']:.2f} | {m['fetch_s']:.2f} | {m['aggregate_s']:.3f} | {m['round_s']:.2f} | "
                      f"{(m['goodput_MBps'] or 0):.2f} | **{100 * r['utilization']:.1f}%** | {utilization_spread(r)} | "
-                     f"{landing_spread(r)} |")
+                     f"{landing_spread(r)} | {' | '.join(bound_cells(r))} |")
     lines += ["", "Per-peer per-round detail (`scripts/measure_bandwidth.py` format):", ""]
     from measure_bandwidth import format_table
 
     for source, r in results:
         lines += [f"### {r['codec']}: {r['shaping']} ({Path(source).name})", "", "```", format_table(r), "```", ""]
+        if after_last_commit(r):
+            lines += ["Each step's end after the round's last commit (s, median over peers and rounds): " + timeline_text(r), ""]
     write_keeping_notes(path, "\n".join(lines))
 
 
@@ -225,10 +287,15 @@ def main(argv: list[str] | None = None) -> int:
             result = run_swarm(bed, peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, codec=codec,
                                workdir=base / codec.replace(":", "_").replace("+", "_"), timeout_s=args.timeout,
                                overlap=args.overlap, exchange=args.exchange)
-            results.append({**result, "shaping": shaping, "measured_link_mbit": link, "delay_mode": bed.delay_mode, "rate_mbit": args.rate_mbit, "rtt_ms": args.rtt_ms})
+            exchange = args.exchange or "sliced"
+            results.append({**result, "shaping": shaping, "measured_link_mbit": link, "delay_mode": bed.delay_mode, "rate_mbit": args.rate_mbit,
+                            "rtt_ms": args.rtt_ms, "exchange": exchange,
+                            "round_trips": SLICED_ROUND_TRIPS if exchange == "sliced" else None})
             from measure_bandwidth import format_table
 
             print(format_table(result) + "\n", flush=True)
+            print("bound | fetch / bound | span | span / bound: " + " | ".join(bound_cells(results[-1])), flush=True)
+            print("after the last commit (s): " + timeline_text(results[-1]), flush=True)
         finally:
             bed.close()
             for s, handler in previous.items():

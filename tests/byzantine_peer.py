@@ -36,9 +36,9 @@ class LyingOwner(SliceExchange):
 
     colluders: frozenset[str] = frozenset()
 
-    def reduce_owned(self, rnd: SliceRound) -> list[swarm_pb2.Signed]:
+    def reduce_owned(self, rnd: SliceRound, marks: dict[str, float] | None = None) -> list[swarm_pb2.Signed]:
         results = []
-        for data, result in self.reduce_owned_slices(rnd):
+        for data, result in self.reduce_owned_slices(rnd, marks):
             lie = not self.colluders or set(rnd.owners[result.slice]) <= self.colluders
             results.append(false_result(self.math, self.store, result.slice, data, result) if lie else result)
         return [sign_slice_results(self.identity, results)] if results else []

@@ -74,9 +74,25 @@ def test_wan_report_names_the_json_behind_each_row(tmp_path):
     text = (tmp_path / "wan.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| wan_sync_h25_r6.json | fp16 |"))
     # 6 rounds x 4 peers: rounds 1-5 ranged 59-79% per peer, the last round 67-72%
-    assert row.endswith("| **68.2%** | 59–79% (last: 67–72%) | - |")  # synchronous: no landing
+    # synchronous: no landing; written before JSONs named the documented round trips: no bound
+    assert row.endswith("| **68.2%** | 59–79% (last: 67–72%) | - | - | - | - | - |")
     assert f"`benchmarks/wan_sync_h25_r6.json`: `{saved['command']}`" in text
     assert "not recorded in these JSONs" in text  # not this machine's versions passed off as the run's
+
+
+def test_wan_bound_is_bytes_at_the_link_rate_plus_the_documented_round_trips():
+    # 2 peers x 2 rounds; medians: sent 1.25 MB, received 1.5 MB -> 1.5 MB at 100 Mbit/s = 0.12 s, + 8 x 50 ms
+    rows = [{"round": r, "timeline": {"committed": 100.0 * r + c, "applied": 100.0 * r + a}}
+            for r, marks in ((0, ((0.0, 1.0), (0.5, 1.1))), (1, ((0.2, 0.9), (0.0, 0.8)))) for c, a in marks]
+    result = {"round_trips": 8, "rate_mbit": 100.0, "rtt_ms": 50.0, "rows": rows,
+              "median": {"bytes_sent": 1_250_000, "bytes_received": 1_500_000, "fetch_s": 0.78}}
+    assert wan_emulation.link_bound_s(result) == pytest.approx(0.52)
+    # from each round's last commit (0.5, 0.2) to each peer's applied: 0.5, 0.6, 0.7, 0.6
+    assert wan_emulation.exchange_span_s(result) == pytest.approx(0.6)
+    assert wan_emulation.bound_cells(result) == ["0.52 (8 RT)", "1.50x: reached", "0.60", "1.15x"]
+    result["median"]["fetch_s"] = 0.79
+    assert wan_emulation.bound_cells(result)[1] == "1.52x: **NOT reached**"
+    assert wan_emulation.bound_cells({**result, "round_trips": None}) == ["-", "-", "0.60", "-"]  # all-to-all: no documented count
 
 
 def test_vs_hivemind_report_from_a_run_that_stopped_early_has_no_nan(tmp_path):

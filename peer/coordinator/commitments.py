@@ -113,6 +113,8 @@ class Admission:
                 record.state = "committed"
             pushed = ctx.store.get(header.payload_sha256)
         self.exchange.admit(commitment, pushed)
+        with ctx.round_closed:  # the clock may close the commit phase now (peer/coordinator/main.py)
+            ctx.round_closed.notify_all()
         return swarm_pb2.CommitReply(accepted=True, current_round=now_open.round)
 
     def _equivocation(self, existing: Commitment, header: UpdateHeader, signed: swarm_pb2.Signed) -> None:

@@ -209,7 +209,7 @@ def _lead(options: CoordinatorOptions, identity: Identity, dht, cfg: RunConfig, 
                 waited = time.monotonic() - finished_at
                 if (coordinator.final_state_delivered() and waited > options.linger_s) or waited > cfg.control.end_grace_s:
                     break
-            stop.wait(0.1)
+            coordinator.wait_for_change(0.1)
         if lease is not None and coordinator.finished and demoted is None:
             lease.close_run(coordinator.endpoint)  # standbys stop following; newcomers learn the run is over
         summary = coordinator.status()

@@ -26,6 +26,9 @@ class Applied:
     fetch_s: float = 0.0
     aggregate_s: float = 0.0
     slices: dict[str, int] = field(default_factory=dict)  # sliced exchange: owned, recomputed, spot-checked, liars
+    # sliced exchange: when each step of the exchange ended, wall clock (time.time(), comparable
+    # across the processes of one machine: scripts/wan_emulation.py lines peers up with it)
+    timeline: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

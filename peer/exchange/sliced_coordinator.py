@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,8 @@ class SlicedRoundState:
     reports: Reports = field(default_factory=list)
     applied_hash: str = ""
     packed: list[swarm_pb2.Signed] | None = None  # the final batches as GetSliceResults sends them (made once)
+    spot: list[int] = field(default_factory=list)  # our spot checks, drawn when the results became final
+    ahead: Future | None = None  # fetching what aggregate() will gather, from then on (while the peers gather)
 
     def owners_missing(self) -> int:
         """Owners (of at least one slice) whose batch has not come."""
@@ -87,6 +90,7 @@ class SlicedCoordinator(CoordinatorExchange):
         self.spot_budget = SpotBudget(ctx.channels.counter, ctx.math.layout.numel)  # ctx.channels counts on our ledger
         self.evidence_checks = threading.Semaphore(2)  # late reports checked at once (each may fetch a slice's inputs)
         self._final: dict[int, tuple[list[swarm_pb2.Signed], Reports]] = {}  # taken by ready_to_apply for aggregate
+        self.ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-gather-ahead")
 
     # --- commitments and the manifest ----------------------------------------------------------
 
@@ -188,6 +192,17 @@ class SlicedCoordinator(CoordinatorExchange):
         state = self.rounds[self.ctx.open.book.round]
         state.final, state.final_at = True, time.monotonic()
         self.ctx.round_closed.notify_all()
+        # Fetch what we will gather now, beside the peers: applying the round then waits on no
+        # round trip (docs/sliced-exchange.md "Round trips"). Bytes only: which claims count is
+        # still decided in aggregate(), after the peers' reports.
+        # Our own spot checks are sampled like a peer's (bytes bounded in n, docs/sliced-exchange.md),
+        # and drawn only where they fit our byte budget (peer/exchange/spot_budget.py: what the
+        # ledger moved so far; the results sent to the peers from here on are control).
+        cfg, rnd = self.ctx.cfg.exchange, state.slice_round
+        spot_checks = self.spot_budget.spot_checks(rnd.round, cfg.spot_checks, [e.payload_size for e in rnd.manifest.entries],
+                                                   self.ctx.math.layout.num_slices)
+        state.spot = self.slices.draw_spot_checks(rnd, spot_checks, cfg.spot_check_coverage)
+        state.ahead = self.ahead.submit(self.slices.prefetch, state.slice_round, state.signed_batches(), state.spot)
 
     def ready_to_apply(self, now: float) -> tuple[bool, str]:
         """Under the lock: finalize the results when due, then wait for the live listed peers to
@@ -247,8 +262,14 @@ class SlicedCoordinator(CoordinatorExchange):
         """Check the peers' reports (recompute the slice; ban whoever signed a false result and
         drop their results), gather what is left with our own spot checks, take the outer step."""
         ctx = self.ctx
-        rnd = self.rounds[book.round].slice_round
+        state = self.rounds[book.round]
+        rnd = state.slice_round
         batches, reports = self._final.pop(book.round)
+        if state.ahead is not None:
+            try:
+                state.ahead.result()
+            except Exception as exc:  # noqa: BLE001 - what did not come ahead is fetched by gather
+                log.info("fetching round %d's results ahead failed: %s", book.round, exc)
         false: set[bytes] = set()  # the signatures of batches holding a result that did not recompute
         for reporter, j, disputed in reports:
             for lie in self._verify_report(rnd, j, disputed):
@@ -256,11 +277,7 @@ class SlicedCoordinator(CoordinatorExchange):
                 with ctx.lock:
                     self.ban_liar(rnd.round, lie, f" (reported by {reporter[:8]})")
         kept = [s for s in batches if s.signature not in false]  # a liar's word counts for none of its slices
-        # Our own spot checks are sampled like a peer's (bytes bounded in n, docs/sliced-exchange.md),
-        # and drawn only where they fit our byte budget (peer/exchange/spot_budget.py).
-        spot_checks = self.spot_budget.spot_checks(book.round, ctx.cfg.exchange.spot_checks,
-                                                   [e.payload_size for e in rnd.manifest.entries], ctx.math.layout.num_slices)
-        outcome = self.slices.gather(rnd, kept, spot_checks=spot_checks, coverage=ctx.cfg.exchange.spot_check_coverage)
+        outcome = self.slices.gather(rnd, kept, spot=state.spot)  # drawn and fetched ahead (finalize)
         params = params.clone()
         ctx.math.step_with_aggregate(params, outcome.combined, round_=book.round)  # θ_r -> θ_{r+1}
         with ctx.lock:

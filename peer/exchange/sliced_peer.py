@@ -50,6 +50,8 @@ class SlicedPeer(PeerExchange):
     def run(self, round_: ManifestInHand) -> RoundOutcome:
         ctx, r, wait_s = self.ctx, round_.r, round_.wait_s
         t_fetch = time.monotonic()
+        now = time.time()  # wall clock: the timeline lines up with other processes' (scripts/wan_emulation.py)
+        marks = {"committed": now - wait_s, "manifest": now}
         try:
             rnd = self.engine.open_round(round_.manifest, round_.signed, r, ctx.verify_header)
         except EnvelopeError as exc:
@@ -60,10 +62,12 @@ class SlicedPeer(PeerExchange):
             if own is not None:
                 self.engine.push_own_slices(rnd, ctx.identity.peer_id, own.signed_header)
 
-        for signed in rnd.pack(self.engine.reduce_owned(rnd)):  # reduce-scatter: our slices, one signed batch
+        for signed in rnd.pack(self.engine.reduce_owned(rnd, marks)):  # reduce-scatter: our slices, one signed batch
+            marks["reduced"] = time.time()
             reply = ctx.client.submit_slice_results(signed)
             if not reply.accepted:
                 log.warning("round %d: our slice results were refused: %s", r, reply.reason)
+        marks["submitted"] = time.time()
         fail_point("reduced", r)
         reduce_s = time.monotonic() - t_fetch
 
@@ -77,8 +81,10 @@ class SlicedPeer(PeerExchange):
             return Resync(f"the results of round {r} never became final", wait_s=wait_s)
 
         t_gather = time.monotonic()
+        marks["final"] = time.time()
         outcome = self.engine.gather(rnd, list(reply.results), spot_checks=ctx.math.cfg.exchange.spot_checks,
-                                     coverage=ctx.math.cfg.exchange.spot_check_coverage)
+                                     coverage=ctx.math.cfg.exchange.spot_check_coverage, marks=marks)
+        marks["gathered"] = time.time()
         fail_point("gathered", r)
         by_slice: dict[int, list[swarm_pb2.Signed]] = {}  # slice -> the batches whose result for it did not recompute
         for lie in outcome.liars:
@@ -94,6 +100,7 @@ class SlicedPeer(PeerExchange):
         if not gathered.accepted:
             log.warning("round %d: our gathered report was refused: %s", r, gathered.reason)
         fetch_s = reduce_s + time.monotonic() - t_gather
+        marks["reported"] = time.time()
 
         t_agg = time.monotonic()
         new_params = round_.base.clone()
@@ -104,12 +111,14 @@ class SlicedPeer(PeerExchange):
         # state it signs for round r + 1.
         if self._wait(round_, until_applied=True).end is PollEnd.MOVED:
             return Resync("coordinator changed")
+        marks["applied"] = time.time()
         return Applied(
             params=new_params, updates=len(rnd.headers), excluded={**round_.manifest.excluded, **outcome.excluded_by_peer()},
             wait_s=wait_s + final.waited_s, fetch_s=fetch_s, aggregate_s=aggregate_s,
             slices={"owned": len(slice_plan.owned_by(rnd.owners, ctx.identity.peer_id)),
                     "recomputed": len(outcome.recomputed), "spot_checked": len(outcome.spot_checked), "liars": len(outcome.liars),
                     "result_bytes": outcome.result_bytes},
+            timeline=marks,
         )
 
     def _wait(self, round_: ManifestInHand, *, until_applied: bool):

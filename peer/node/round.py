@@ -45,6 +45,6 @@ def round_record(rnd: PeerRound, result: Any, *, traffic: dict[str, int], in_syn
         "payload_bytes": len(rnd.update.payload), "compute_s": rnd.compute_s, "encode_s": rnd.update.encode_s,
         "wait_s": result.wait_s, "fetch_s": result.fetch_s, "aggregate_s": result.aggregate_s,
         "round_s": round_s, "in_sync": in_sync, "exchange_s": result.exchange_s, "utilization": utilization,
-        "slices": result.slices, "landed_after_steps": result.landed_after_steps,
+        "slices": result.slices, "timeline": result.timeline, "landed_after_steps": result.landed_after_steps,
         "inner_steps": rnd.stats.steps, "tokens": rnd.stats.tokens,
     }

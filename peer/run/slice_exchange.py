@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
@@ -227,8 +228,9 @@ class SliceExchange(SliceFetching):
             result_sha256=sha, result_size=len(result), inputs=tuple(used), excluded=excluded,
         )
 
-    def reduce_owned_slices(self, rnd: SliceRound) -> list[tuple[bytes, SliceResult]]:
-        """Every slice this node owns, reduced: (result bytes, its result), by slice."""
+    def reduce_owned_slices(self, rnd: SliceRound, marks: dict[str, float] | None = None) -> list[tuple[bytes, SliceResult]]:
+        """Every slice this node owns, reduced: (result bytes, its result), by slice. `marks`
+        gets the wall-clock time its inputs were in ("inputs_fetched")."""
         assert self.identity is not None
         owned = slice_plan.owned_by(rnd.owners, self.identity.peer_id)
         # Every input of every owned slice fetched at once: ONE stream per holder carrying all the
@@ -236,11 +238,13 @@ class SliceExchange(SliceFetching):
         # fetched alone from the next holders; the slices are then reduced one after another.
         peers = rnd.peer_ids
         fetched = self._fetch_inputs(rnd, [(p, j) for j in owned for p in peers])
+        if marks is not None:
+            marks["inputs_fetched"] = time.time()
         return [self.reduce(rnd, j, fetched=[fetched[(p, j)] for p in peers]) for j in owned]
 
-    def reduce_owned(self, rnd: SliceRound) -> list[swarm_pb2.Signed]:
+    def reduce_owned(self, rnd: SliceRound, marks: dict[str, float] | None = None) -> list[swarm_pb2.Signed]:
         """What this node submits: its owned slices reduced and signed as one batch (none when it owns none)."""
-        results = [result for _, result in self.reduce_owned_slices(rnd)]
+        results = [result for _, result in self.reduce_owned_slices(rnd, marks)]
         return [sign_slice_results(self.identity, results)] if results else []
 
     # --- all-gather ----------------------------------------------------------------------
@@ -276,21 +280,22 @@ class SliceExchange(SliceFetching):
         ), full
 
     def gather(self, rnd: SliceRound, batches: list[swarm_pb2.Signed], *, spot_checks: int = 0,
-               coverage: float | None = None, rng: random.Random | None = None) -> GatherOutcome:
+               coverage: float | None = None, rng: random.Random | None = None,
+               marks: dict[str, float] | None = None, spot: list[int] | None = None) -> GatherOutcome:
         """The (d,) aggregate from the owners' signed batches; recomputes where it must.
         `coverage`: run the spot checks only with probability spot_check_probability (peers and
-        the coordinator, so that a node's spot-check bytes stay bounded in n); None: always."""
+        the coordinator, so that a node's spot-check bytes stay bounded in n); None: always.
+        `marks` gets the wall-clock time the agreed results were in ("results_fetched").
+        `spot`: the slices to spot-check, drawn already (draw_spot_checks; prefetch fetched for
+        them); None: drawn here from spot_checks and coverage."""
         by_slice = self.open_results(rnd, batches)
         layout = self.math.layout
-        me = self.identity.peer_id if self.identity is not None else ""
-        not_mine = [j for j in range(layout.num_slices) if me not in rnd.owners[j]]
-        rng = rng or random.SystemRandom()  # unpredictable to the owners
-        if coverage is not None and rng.random() >= slice_plan.spot_check_probability(
-                spot_checks, coverage, layout.num_slices, len(rnd.peer_ids)):
-            spot_checks = 0
-        spot = sorted(rng.sample(not_mine, min(spot_checks, len(not_mine))))
+        if spot is None:
+            spot = self.draw_spot_checks(rnd, spot_checks, coverage, rng)
         outcome = GatherOutcome(combined=torch.empty(layout.numel), spot_checked=spot)
-        self._prefetch_results(rnd, by_slice, [j for j in range(layout.num_slices) if j not in spot])
+        self._prefetch(rnd, by_slice, spot)
+        if marks is not None:
+            marks["results_fetched"] = time.time()
 
         def one(j: int) -> tuple[int, bytes, torch.Tensor, list[Lie], bool, dict[str, str]]:
             results = by_slice.get(j, [])
@@ -315,6 +320,37 @@ class SliceExchange(SliceFetching):
             if recomputed:
                 outcome.recomputed.append(j)
         return outcome
+
+    def draw_spot_checks(self, rnd: SliceRound, spot_checks: int, coverage: float | None = None,
+                         rng: random.Random | None = None) -> list[int]:
+        """The slices this node recomputes although their owners agree: `spot_checks` of the ones
+        it does not own, run with probability spot_check_probability when `coverage` is given
+        (None: always). Drawn once the results are final, so unpredictable to the owners."""
+        me = self.identity.peer_id if self.identity is not None else ""
+        not_mine = [j for j in range(self.math.layout.num_slices) if me not in rnd.owners[j]]
+        rng = rng or random.SystemRandom()
+        if coverage is not None and rng.random() >= slice_plan.spot_check_probability(
+                spot_checks, coverage, self.math.layout.num_slices, len(rnd.peer_ids)):
+            return []
+        return sorted(rng.sample(not_mine, min(spot_checks, len(not_mine))))
+
+    def prefetch(self, rnd: SliceRound, batches: list[swarm_pb2.Signed], spot: list[int]) -> None:
+        """Bytes only, nothing believed yet: what gather(rnd, batches, spot=spot) will want, into
+        the store (the coordinator runs it as soon as the results are final, while the peers
+        gather, so that applying the round costs no round trip of its own)."""
+        self._prefetch(rnd, self.open_results(rnd, batches), spot)
+
+    def _prefetch(self, rnd: SliceRound, by_slice: dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]],
+                  spot: list[int]) -> None:
+        """The agreed results of every slice but `spot` and the inputs of the `spot` slices, all in
+        flight at once: one wave of round trips, not one for the results and then one for the
+        spot checks. Inputs of client-mode authors (pushed to the slice's owners) are left to
+        settle(), which fetches them from the owners."""
+        inputs = [(p, j) for j in spot for p in rnd.peer_ids if any(rnd.holders[p])]
+        pending = self.slice_workers.submit(self._fetch_inputs, rnd, inputs) if inputs else None
+        self._prefetch_results(rnd, by_slice, [j for j in range(self.math.layout.num_slices) if j not in spot])
+        if pending is not None:
+            pending.result()
 
     def settle(self, rnd: SliceRound, j: int,
                results: list[tuple[SliceResult, swarm_pb2.Signed]]) -> tuple[bytes, list[Lie], dict[str, str]]:
