@@ -10,6 +10,7 @@ import statistics
 
 LINK_BITS_PER_S = 100e6
 COVERAGE = 0.5  # exchange.spot_check_coverage's default (peer/run/config_sections.ExchangeConfig)
+BUDGET_MODELS = 2.0  # the coordinator's own spot check runs only within this (peer/exchange/spot_budget.py)
 
 
 def expected(mode: str, n: int, payload: float, result: float, replicas: int, slices: int = 32, spot_checks: int = 0,
@@ -87,14 +88,29 @@ def projection(data: dict, link_bits_per_s: float = LINK_BITS_PER_S) -> list[dic
                     busiest_received = owned * (n - 1) * P / S + (S - owned) * A / S + exp["spot"] + control
                     busiest_sent = (rep - rep / n) * P + owned * n / rep * A / S + exp["spot"]
                     mean = exp["received"] + control
-                    coordinator = n * (t0 + t1 * n * (S / 32 if per_slice else 1)) + expected_coordinator("sliced", n, P, A, S, k)
+                    coordinator_control = n * (t0 + t1 * n * (S / 32 if per_slice else 1))
+                    # its own spot check only where it fits 2 fp32 models with the rest (peer/exchange/spot_budget.py)
+                    checks = coordinator_control + A + k * (n - 1) * P / S <= BUDGET_MODELS * 4 * params
+                    coordinator = coordinator_control + expected_coordinator("sliced", n, P, A, S, k if checks else 0)
                     rows.append({"codec": codec, "params": params, "peers": n, "slices": S, "owned_busiest": owned,
                                  "sliced_bytes": mean, "spot_bytes": exp["spot"], "control_bytes": control,
                                  "busiest_received": busiest_received, "busiest_sent": busiest_sent, "all_to_all_bytes": a2a,
                                  "sliced_s": mean * 8 / link_bits_per_s, "busiest_s": max(busiest_received, busiest_sent) * 8 / link_bits_per_s,
                                  "all_to_all_s": a2a * 8 / link_bits_per_s, "coordinator_bytes": coordinator,
-                                 "coordinator_models": coordinator / (4 * params)})
+                                 "coordinator_models": coordinator / (4 * params), "coordinator_control_bytes": coordinator_control,
+                                 "coordinator_checks": checks})
     return rows
+
+
+def cpu_fit(data: dict) -> tuple[float, float]:
+    """Least-squares coordinator CPU seconds per round = c0 + c1·n over the scale lab's rows."""
+    points = [(r["peers"], r["coordinator_cpu_s_per_round"]) for r in data.get("lab_runs", [])
+              if r["ok"] and r.get("coordinator_cpu_s_per_round") == r.get("coordinator_cpu_s_per_round")]
+    if len({n for n, _ in points}) < 2:
+        return (points[0][1] if points else 0.0), 0.0
+    mean_n, mean_c = statistics.fmean(n for n, _ in points), statistics.fmean(c for _, c in points)
+    c1 = sum((n - mean_n) * (c - mean_c) for n, c in points) / sum((n - mean_n) ** 2 for n, _ in points)
+    return mean_c - c1 * mean_n, c1
 
 
 def with_projection(data: dict) -> dict:
@@ -102,4 +118,5 @@ def with_projection(data: dict) -> dict:
     written back, so the JSON beside the md holds every figure the md shows."""
     data["projection"], data["control_fit"] = projection(data), control_fit(control_runs(data))
     data["control_fit_both_ways"] = control_fit(control_runs(data), both_ways=True)
+    data["coordinator_cpu_fit"] = cpu_fit(data)
     return data

@@ -7,6 +7,7 @@ Imports nothing from the measurement (a report can be rewritten without a swarm)
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -87,9 +88,15 @@ def projection_lines(data: dict) -> list[str]:
     c0, c1 = data.get("control_fit", (0.0, 0.0))
     lab = [r for r in data.get("lab_runs", []) if r["ok"]]
     t0, t1 = data.get("control_fit_both_ways", (0.0, 0.0))
+    cpu0, cpu1 = data.get("coordinator_cpu_fit", (math.nan, math.nan))
     coordinator = [f"The coordinator: n peers' control both ways (each ≈ {t0 / 1e3:,.1f} KB + {t1 / 1e3:,.3f} KB·n, fitted like the",
-                   "control above: O(n) per peer, O(n²) in all) plus what it fetches (θ_{r+1}'s slices A, and its k spot checks'",
-                   "n inputs: A + p·k·(n·P − A)/S, sampled with the peers' probability p since issue 24).", ""]
+                   "control above: O(n) per peer, O(n²) in all: every peer fetches the signed manifest, n entries, from it) plus",
+                   "what it fetches (θ_{r+1}'s slices A, and its k spot checks' n inputs: A + p·k·(n·P − A)/S, sampled with the",
+                   "peers' probability p since issue 24, and only where control + A + k·(n − 1)·P/S fit 2 fp32 models:",
+                   "peer/exchange/spot_budget.py; 'own check' says whether it does). Its CPU per round, fitted linearly on the",
+                   f"lab's rows: {cpu0:.2f} s + {cpu1 * 1e3:.1f} ms·n (a shared 2-core machine; the demo model): "
+                   f"{cpu0 + cpu1 * 100:.1f} s at 100 peers, {cpu0 + cpu1 * 1000:.1f} s at 1,000. Its long-polls",
+                   "hold no thread (protocol/aio_server.py): 1,000 peers waiting for a manifest are 1,000 parked coroutines.", ""]
     control = ([f"control received per peer per round ≈ {c0 / 1e3:,.1f} KB + {c1 / 1e3:,.3f} KB·n, fitted on the scale lab's rows",
                 f"(n = {', '.join(str(r['peers']) for r in lab)}, S = 32): O(n), one Merkle root per header and bitmaps for input sets;",
                 "the signed results list (S·r results) is in the constant at S = 32 and not scaled with S here. Every peer"]
@@ -109,14 +116,15 @@ def projection_lines(data: dict) -> list[str]:
              "0.5 since issue 24: the swarm recomputes each slice about every other round), so their share stays below",
              "coverage·P per node however large n grows; the formula table's runs (n ≤ 12 at S = 32) ran with probability 1.", "",
              *coordinator,
-             "| codec | model | peers | S | mean peer received | of which spot checks | of which control | mean peer time | busiest peer recv / sent | busiest peer time | all-to-all received | all-to-all time | coordinator | = fp32 models |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| codec | model | peers | S | mean peer received | of which spot checks | of which control | mean peer time | busiest peer recv / sent | busiest peer time | all-to-all received | all-to-all time | coordinator | of which control | own check | = fp32 models |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for p in proj:
         lines.append(f"| {p['codec']} | {p['params'] / 1e6:,.0f}M | {p['peers']:,} | {p['slices']:,} | {p['sliced_bytes'] / 1e9:,.2f} GB | "
                      f"{p['spot_bytes'] / 1e9:,.2f} GB | {p['control_bytes'] / 1e6:,.2f} MB | {p['sliced_s']:,.0f} s | "
                      f"{p['busiest_received'] / 1e9:,.2f} / {p['busiest_sent'] / 1e9:,.2f} GB | {p['busiest_s']:,.0f} s | "
                      f"{p['all_to_all_bytes'] / 1e9:,.1f} GB | {p['all_to_all_s']:,.0f} s | "
-                     f"{p['coordinator_bytes'] / 1e9:,.2f} GB | {p['coordinator_models']:.2f} |" if "coordinator_bytes" in p else "- | - |")
+                     f"{p['coordinator_bytes'] / 1e9:,.2f} GB | {p['coordinator_control_bytes'] / 1e9:,.2f} GB | "
+                     f"{'yes' if p['coordinator_checks'] else 'no'} | {p['coordinator_models']:.2f} |")
     return lines + [""]
 
 
