@@ -71,7 +71,8 @@ def test_groups_spread_the_nodes_evenly():
 
 def _lab_run(n: int, received: float, control: float, cpu_s: float) -> dict:
     """A lab row as measure_scale.summarize stores it, with two counted peer-rounds."""
-    row = {"round": 1, "owned": 2, "recomputed": 1, "by_method": {"FetchPayload": [1_000, received - control],
+    row = {"round": 1, "owned": 2, "recomputed": 1, "control_sent": 0, "control_received": control, "to_coordinator_sent": 500_000,
+           "to_coordinator_received": 0, "by_method": {"FetchPayload": [1_000, received - control],
                                                                    "GetManifest": [10, control], "served:FetchPayload": [9, 9]}}
     return {"codec": "fp16", "mode": "sliced", "peers": n, "slices": 32, "replicas": 2, "spot_checks": 1, "inner_steps": 2,
             "rounds": 3, "skip_rounds": 1, "numel": 1_000_000, "payload_bytes": 2_000_000, "result_bytes": 2_000_000,
@@ -101,5 +102,7 @@ def test_lab_report_states_every_target_with_its_figure(tmp_path):
     assert "control ≤ 5% of a peer's bytes at every n: **reached** (largest 0.6% at n = 48)" in text
     assert "coordinator's bytes per round ≤ 2 fp32 models: **NOT reached** (largest 9.00 at n = 48)" in text
     assert "CPU per round grows at most linearly in n: **reached** (0.50 s at n = 4, 3.00 s at n = 48" in text
+    # round 1's two peer-rounds at n = 48: 2 x (100 KB control + 500 KB served to it) = 1.2 MB = 0.30 fp32 models of 1M params
+    assert "spot-check rounds included): **reached** (largest 0.30 at n = 48)" in text
     assert "| fp16 | 48 | 7,900 | 100 | 5,875 | 2,938 | 1,812 | 1.00 |" in text
     assert "nan" not in text.lower()
