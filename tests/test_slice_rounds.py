@@ -15,6 +15,7 @@ from typing import Iterator
 
 import grpc
 import pytest
+import torch
 
 from peer.run.config import RunConfig
 from protocol.accounting import PEER_HEADER
@@ -250,3 +251,20 @@ def test_a_second_different_batch_from_one_owner_is_equivocation_and_bans_it():
             signed_to_text(first), signed_to_text(owner_batch(c, state, a, manifest_sha, result_sha256="cd" * 32))}
         assert list(state.batches) == [a.peer_id]  # the first batch stands; b's still counts when it comes
         assert served.stub.SubmitSliceResult(owner_batch(c, state, b, manifest_sha), timeout=10).accepted
+
+
+def test_an_applied_round_is_announced_once_its_hash_is_set():
+    """A long-poll on the server's loop reads the state without the lock when woken: the round's
+    applied hash must be set when the notification that wakes it goes out, or it parks until
+    some later news (on 8 WAN peers: 2.5 s late)."""
+    from peer.exchange.coordinator_side import Aggregated
+    from peer.run.slice_exchange import GatherOutcome
+
+    with final_sliced_round() as fr:
+        c, side = fr.served.coordinator, sliced_side(fr.served)
+        seen: list[str] = []
+        c.round_closed.listen(lambda: seen.append(fr.state.applied_hash))
+        aggregated = Aggregated(params=torch.zeros(1), used=[], detail=([], GatherOutcome(combined=torch.zeros(1))))
+        with c.lock:
+            side.applied(c.book, aggregated, "cd" * 32)
+        assert seen and seen[-1] == "cd" * 32
