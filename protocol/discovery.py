@@ -222,22 +222,25 @@ def visible_maddrs(dht: DHT) -> list[str]:
     return [str(m) for m in dht.get_visible_maddrs()]
 
 
-def _store(dht: DHT, key: str, identity: Identity, value: dict[str, Any], ttl_s: float) -> bool:
+def _store(dht: DHT, key: str, identity: Identity, value: dict[str, Any], ttl_s: float, *, first_replica: bool = False) -> bool:
+    # first_replica: return once one replica stored it (hivemind's await_all_replicas=False), not after
+    # every replica answered or timed out (an unreachable one costs hivemind's wait_timeout).
+    extra = {"await_all_replicas": False, "await_all_tasks": False} if first_replica else {}
     return bool(
-        dht.store(key, json.dumps(value, sort_keys=True).encode(), get_dht_time() + ttl_s, subkey=identity.peer_id)
+        dht.store(key, json.dumps(value, sort_keys=True).encode(), get_dht_time() + ttl_s, subkey=identity.peer_id, **extra)
     )
 
 
 def announce_run(
     dht: DHT, identity: Identity, *, run_id: str, endpoint: str, role: str = "active", term: int = 0,
-    coordinators: Sequence[str] = (), ttl_s: float = RECORD_TTL_S,
+    coordinators: Sequence[str] = (), ttl_s: float = RECORD_TTL_S, first_replica: bool = False,
 ) -> bool:
     """A coordinator's run record. The active one's doubles as its lease (peer/coordinator/lease.py):
     it is written with a TTL of the lease, which it names (`lease_s`: standbys derive their own
     deadlines from it), and renewed every third of it, so it lapses soon after the coordinator stops."""
     value = {"run_id": run_id, "endpoint": endpoint, "public_key": identity.public_key.hex(), "role": role, "term": term,
              "coordinators": sorted(coordinators), "lease_s": round(float(ttl_s), 3)}
-    return _store(dht, RUNS_KEY, identity, value, ttl_s)
+    return _store(dht, RUNS_KEY, identity, value, ttl_s, first_replica=first_replica)
 
 
 def announce_peer(

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from peer.coordinator.followers import ACK_WAIT_LEASES, GRACE_LEASES, Followers
-from peer.coordinator.lease import LATENCY_FACTOR, MARGIN, Demoted, Lease
+from peer.coordinator.lease import LATENCY_FACTOR, LATENCY_RANK, MARGIN, Demoted, Lease
 from peer.coordinator.state import Coordinator
 from peer.exchange.outcome import Applied, Resync
 from peer.node.round_exchange import RoundExchange
@@ -53,7 +53,7 @@ class FakeDHT:
         self.clock, self.store_s = clock, store_s
         self.values: dict[str, dict[str, bytes]] = {}
 
-    def store(self, key, value, expiration, subkey=None) -> bool:
+    def store(self, key, value, expiration, subkey=None, **hivemind_options) -> bool:
         self.clock.now += self.store_s
         self.values.setdefault(key, {})[subkey] = value
         return True
@@ -122,9 +122,14 @@ def test_the_lease_grows_with_slow_renewals_and_never_shrinks():
     lease = lease_for(dht, Identity.generate(), clock=clock, floor_s=2.0)
     lease.renew()
     assert lease.lease_s == 2.0  # the floor: 4 x 0.1 s is less
-    dht.store_s = 1.5  # a loaded machine
+    dht.store_s = 5.0  # one renewal waited on an unreachable node: an outlier, the lease stays
     lease.renew()
-    assert lease.lease_s == pytest.approx(LATENCY_FACTOR * 1.5)
+    assert lease.lease_s == 2.0
+    dht.store_s = 1.5  # a loaded machine: slow renewals become the rule
+    lease.renew()
+    assert lease.lease_s == 2.0  # two slow ones are still set aside
+    lease.renew()
+    assert LATENCY_RANK == 3 and lease.lease_s == pytest.approx(LATENCY_FACTOR * 1.5)  # the 3rd slowest
     record = discovery.run_records(dht, "r")[0]
     assert record.lease_s == 2.0  # that renewal was sent with the lease it had; the next one names the longer one
     dht.store_s = 0.01
@@ -132,6 +137,23 @@ def test_the_lease_grows_with_slow_renewals_and_never_shrinks():
         lease.renew()
     assert lease.lease_s == pytest.approx(LATENCY_FACTOR * 1.5)  # kept: a standby may have read it
     assert discovery.run_records(dht, "r")[0].lease_s == pytest.approx(6.0)
+
+
+def test_a_renewal_confirmed_late_or_out_of_order_never_moves_the_lease_back():
+    clock = FakeClock()
+    lease = lease_for(FakeDHT(clock), Identity.generate(), clock=clock, floor_s=2.0)
+    lapses = []
+    lease.on_lapse = lapses.append
+    newer = clock.now + 1.0
+    older = clock.now
+    clock.now = newer
+    assert lease.renew(sent=newer) and lease._confirmed[0] == newer
+    assert lease.renew(sent=older) and lease._confirmed[0] == newer  # the older one, back late: not counted
+    clock.now = newer + 2.0 * (1 - MARGIN) + 1.0  # nothing confirmed since the margin ran out
+    assert not lease.holds()
+    assert lease.renew(sent=newer + 0.5)  # sent before that, confirmed after: the lease was not held meanwhile
+    assert lapses == [newer + 2.0 * (1 - MARGIN)] and not lease.holds()
+    assert lease.renew() and lease.holds()
 
 
 # --- the round clock under the lease --------------------------------------------------------------
