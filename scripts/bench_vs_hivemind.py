@@ -21,7 +21,9 @@ swarmloco round, timed in every worker from a shared barrier until its θ_{r+1} 
   results   the signed slice results to the parent and the full list back (the coordinator's "results
             final"): includes waiting for the slowest owner
   gather    SliceExchange.gather (each aggregated slice fetched from one of its owners, 4 slices at a
-            time; `--spot-checks` slices recomputed from their inputs) + the outer step (fedavg, lr 1)
+            time; spot checks as a peer runs them: K slices recomputed from their inputs with probability
+            min(1, coverage·S / (n·K)), coverage the config's 0.5: every round at 8 peers, S = 32)
+            + the outer step (fedavg, lr 1)
 all-to-all: encode, manifest as above; gather = every other payload fetched in parallel (ManifestFetcher),
   decoded, RoundMath.apply; reduce and results are empty.
 hivemind round: matchmaking runs BEFORE the barrier (step(require_trigger=True) until the group of n
@@ -84,6 +86,7 @@ def run_config(n: int, numel: int, precision: str, repeats: int, specs: list, ma
     times: dict[str, list[float]] = {label: [] for label in labels} | {"hivemind": []}
     slowest: dict[str, list[dict]] = {label: [] for label in labels}
     coordinator_s: dict[str, list[float]] = {label: [] for label in labels}
+    cpu: dict[str, list[float]] = {label: [] for label in times}  # CPU seconds of all workers per round
     identical = {label: True for label in labels}
     groups: list[int] = []
     errors = {label: 0.0 for label in times}  # max |result - exact mean| over peers and repetitions
@@ -103,12 +106,14 @@ def run_config(n: int, numel: int, precision: str, repeats: int, specs: list, ma
                                                    "max_sent_bytes": max(r["sent_bytes"] for r in results),
                                                    "max_rss_mb": max(r["max_rss_mb"] for r in results)})
                     coordinator_s[label].append(coord_s)
+                    cpu[label].append(sum(r["cpu_s"] for r in results))
                     errors[label] = max(errors[label], *(r["max_abs_error"] for r in results))
             results = pool.hivemind_round()
             hive_s = max(r["round_s"] for r in results)
             if rep:
                 times["hivemind"].append(hive_s)
                 groups.append(min(r["group_size"] for r in results))
+                cpu["hivemind"].append(sum(r["cpu_s"] for r in results))
                 errors["hivemind"] = max(errors["hivemind"], *(r["max_abs_error"] for r in results))
             print(f"  {n} peers {numel:,} {precision} rep {rep}{' (warm-up)' if not rep else ''}: "
                   + ", ".join([*line, f"hivemind {hive_s:.3f}s"]), flush=True)
@@ -128,6 +133,8 @@ def run_config(n: int, numel: int, precision: str, repeats: int, specs: list, ma
             "swarmloco_identical_on_every_peer": identical[label],
             "swarmloco_split_s": {k: statistics.median(f[k] for f in figures) for k in SPLIT_KEYS},
             "coordinator_manifest_s": statistics.median(coordinator_s[label]),
+            "swarmloco_cpu_s": statistics.median(cpu[label]), "hivemind_cpu_s": statistics.median(cpu["hivemind"]),
+            "swarmloco_max_gc_s": max(f["gc_s"] for f in figures),
             "received_bytes_per_peer": statistics.median(f["max_received_bytes"] for f in figures),
             "sent_bytes_per_peer": statistics.median(f["max_sent_bytes"] for f in figures),
             "recomputed_slices": max(f["recomputed"] for f in figures), "liars": max(f["liars"] for f in figures),

@@ -178,7 +178,8 @@ class ExchangePeer:
         if self.sliced:
             assert self.round is not None
             signed = [swarm_pb2.Signed.FromString(b) for b in results]
-            self.outcome = self.exchange.gather(self.round, signed, spot_checks=self.math.cfg.exchange.spot_checks)
+            x = self.math.cfg.exchange  # spot checks as a peer runs them (peer/exchange/sliced_peer.py)
+            self.outcome = self.exchange.gather(self.round, signed, spot_checks=x.spot_checks, coverage=x.spot_check_coverage)
             self.math.step_with_aggregate(params, self.outcome.combined, round_=round_)
             return params
         assert self.manifest is not None

@@ -68,8 +68,9 @@ def split_lines(rows: list[dict]) -> list[str]:
     keys = [k for k in SPLIT_COLUMNS if any(k in r["swarmloco_split_s"] for r in rows)]
     lines = [
         "| peers | floats | swarmloco exchange | " + " | ".join(SPLIT_COLUMNS[k] for k in keys)
-        + " | coordinator's manifest | received / sent per peer (MB) | peak RSS per worker (MB) |",
-        "|---:|---:|---|" + "---:|" * len(keys) + "---:|---:|---:|",
+        + " | coordinator's manifest | received / sent per peer (MB) | peak RSS per worker (MB) "
+        "| CPU s per round, all workers: swarmloco / hivemind |",
+        "|---:|---:|---|" + "---:|" * len(keys) + "---:|---:|---:|---:|",
     ]
     for r in rows:
         s = r["swarmloco_split_s"]
@@ -77,7 +78,8 @@ def split_lines(rows: list[dict]) -> list[str]:
         coord = f"{r['coordinator_manifest_s']:.3f}" if "coordinator_manifest_s" in r else ""
         traffic = f"{_mb(r['received_bytes_per_peer'])} / {_mb(r['sent_bytes_per_peer'])}" if "received_bytes_per_peer" in r else ""
         rss = f"{r['max_rss_mb']:.0f}" if "max_rss_mb" in r else ""
-        lines.append(f"| {r['peers']} | {r['numel']:,} | {how_it_ran(r)} | " + " | ".join(cells) + f" | {coord} | {traffic} | {rss} |")
+        cpu = f"{r['swarmloco_cpu_s']:.2f} / {r['hivemind_cpu_s']:.2f}" if "swarmloco_cpu_s" in r else ""
+        lines.append(f"| {r['peers']} | {r['numel']:,} | {how_it_ran(r)} | " + " | ".join(cells) + f" | {coord} | {traffic} | {rss} | {cpu} |")
     return lines
 
 
@@ -114,7 +116,10 @@ def write_markdown(path: Path, runs: list[tuple[str | None, dict]]) -> None:
         "",
         "swarmloco round split (median over the repetitions of the slowest peer's figures, seconds; relays include",
         "waiting for the slowest peer); the coordinator's manifest = verifying the n headers, the owner draw,",
-        "signing, in the parent process; bytes counted by the transport's interceptors, the peer that received most.",
+        "signing, in the parent process; bytes counted by the transport's interceptors, the peer that received most;",
+        "CPU = user + system seconds of every process of every worker's session (the worker's threads, hivemind's",
+        "DHT and averager processes and p2pd daemons) from the round's start to its end, summed over the workers,",
+        "median over the repetitions (runs before this column lack it).",
         "",
         *split_lines(rows),
     ]

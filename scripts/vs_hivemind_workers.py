@@ -26,6 +26,7 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
             profile_path: str) -> None:
     os.setsid()  # own process group: the parent can kill hivemind's p2pd with us
     mp.set_start_method("fork", force=True)  # hivemind forks its DHT and averager processes
+    import gc
     import hashlib
     import resource
 
@@ -57,12 +58,26 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
     specs = [ExchangeSpec(**fields) for fields in spec_fields]
     peers = [ExchangePeer(local, spec) for spec in specs]
     profiles = [ThreadProfiles.attach(p) if profile_path and rank == 0 else None for p in peers]
+    gc.freeze()  # as peer/node/node.py's Node.run does once the node is set up
+    pids = session_pids()  # whose CPU a round is charged
     conn.send(("ready", [(p.peer_id, p.endpoint) for p in peers]))
+
+    gc_s = [0.0, 0.0]  # [start of the collection under way, seconds collected this round]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_s[0] = time.perf_counter()
+        else:
+            gc_s[1] += time.perf_counter() - gc_s[0]
+
+    gc.callbacks.append(on_gc)
 
     def swarm_round(i: int, round_: int, coordinator_key: bytes) -> dict:
         peer, profile = peers[i], profiles[i]
         barrier.wait()
         before = peer.counter.total()
+        gc_s[:] = [0.0, 0.0]
+        s0 = cpu_s(pids)
         t0 = time.perf_counter()
         with profile or _nothing():
             conn.send(("header", *peer.commit(round_)))
@@ -76,6 +91,7 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
             t_results = time.perf_counter()
             params = peer.gather(results, round_)
             t_end = time.perf_counter()
+        s1 = cpu_s(pids)
         after = peer.counter.total()
         outcome = peer.outcome
         return {
@@ -88,6 +104,7 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
             "recomputed": len(outcome.recomputed) if outcome is not None else 0,
             "liars": len(outcome.liars) if outcome is not None else 0,
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "cpu_s": s1 - s0, "gc_s": gc_s[1],
         }
 
     def hivemind_round() -> dict:
@@ -97,13 +114,15 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
         while control.stage != AveragingStage.AWAITING_TRIGGER and not control.done():
             time.sleep(0.005)
         barrier.wait()
+        s0 = cpu_s(pids)
         t0 = time.perf_counter()
         control.allow_allreduce()
         group = control.result()
         t_end = time.perf_counter()
+        s1 = cpu_s(pids)
         with averager.get_tensors() as tensors:
             error = float((tensors[0] - exact_mean).abs().max())
-        return {"round_s": t_end - t0, "group_size": len(group) if group else 0, "max_abs_error": error}
+        return {"round_s": t_end - t0, "group_size": len(group) if group else 0, "max_abs_error": error, "cpu_s": s1 - s0}
 
     try:
         while True:
@@ -122,6 +141,38 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
             p.close()
         averager.shutdown()
         dht.shutdown()
+
+
+def session_pids() -> list[int]:
+    """The processes of this worker's session (it calls setsid): the worker, hivemind's DHT and
+    averager children, their p2pd daemons; read once they are all started."""
+    sid, pids = os.getsid(0), []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and int(_stat_fields(int(entry))[3]) == sid:  # field 6 of stat: the session
+                pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system, every thread) these processes used so far. Both systems' rounds
+    are charged the same background (the other system's idle processes)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = _stat_fields(pid)
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after the command name: fields[0] is the state (field 3)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
 
 
 class _nothing:
