@@ -24,3 +24,10 @@ def test_our_spot_check_runs_where_it_fits_and_is_skipped_where_it_would_not():
     assert budget.spot_checks(2, 1, [20_000] * 64, 32) == 1  # 0 + 20 + 39.4 KB
     assert budget.spot_checks(2, 0, [20_000] * 64, 32) == 0  # none wanted, none drawn
     assert SpotBudget(None, NUMEL).spot_checks(2, 1, [10**9] * 64, 32) == 1  # no ledger: unbounded (as before)
+
+
+def test_what_is_still_to_send_counts_against_the_budget():
+    budget = SpotBudget(ByteCounter("coordinator"), NUMEL)
+    budget.applied(20_000)
+    assert budget.spot_checks(1, 1, [20_000] * 64, 32) == 1  # 0 + 20 + 39.4 KB <= 80 KB
+    assert budget.spot_checks(1, 1, [20_000] * 64, 32, still_to_send=64 * 400) == 0  # + 25.6 KB of results to 64 peers

@@ -197,10 +197,11 @@ class SlicedCoordinator(CoordinatorExchange):
         # still decided in aggregate(), after the peers' reports.
         # Our own spot checks are sampled like a peer's (bytes bounded in n, docs/sliced-exchange.md),
         # and drawn only where they fit our byte budget (peer/exchange/spot_budget.py: what the
-        # ledger moved so far; the results sent to the peers from here on are control).
+        # ledger moved so far, and the final results every listed peer is about to fetch from us).
         cfg, rnd = self.ctx.cfg.exchange, state.slice_round
+        results_out = len(rnd.peer_ids) * sum(b.ByteSize() for b in state.packed_batches())
         spot_checks = self.spot_budget.spot_checks(rnd.round, cfg.spot_checks, [e.payload_size for e in rnd.manifest.entries],
-                                                   self.ctx.math.layout.num_slices)
+                                                   self.ctx.math.layout.num_slices, still_to_send=results_out)
         state.spot = self.slices.draw_spot_checks(rnd, spot_checks, cfg.spot_check_coverage)
         state.ahead = self.ahead.submit(self.slices.prefetch, state.slice_round, state.signed_batches(), state.spot)
 

@@ -39,17 +39,18 @@ class SpotBudget:
         total = self.ledger.total()
         return total.sent + total.received
 
-    def spot_checks(self, round_: int, wanted: int, payload_bytes: list[int], num_slices: int) -> int:
+    def spot_checks(self, round_: int, wanted: int, payload_bytes: list[int], num_slices: int, *, still_to_send: int = 0) -> int:
         """How many of our `wanted` spot checks this round may draw (wanted, or 0 when they do
-        not fit). payload_bytes: each manifest entry's payload size."""
+        not fit). payload_bytes: each manifest entry's payload size; still_to_send: the control
+        this round will still move after the decision (the final results every peer fetches)."""
         if wanted <= 0 or self.ledger is None:
             return wanted
         check = wanted * max(0, sum(payload_bytes) - min(payload_bytes, default=0)) / max(1, num_slices)  # n − 1 inputs each
-        spent = self._moved() - self._mark
+        spent = self._moved() - self._mark + still_to_send
         if spent + self.gathered + check <= self.budget:
             return wanted
         self.skipped += 1
-        log.info("round %d: no spot check of our own this round: %.0f KB moved so far + %.0f KB to gather + %.0f KB for the check "
+        log.info("round %d: no spot check of our own this round: %.0f KB moved so far or still to send + %.0f KB to gather + %.0f KB for the check "
                  "> %.0f KB (%.1f fp32 models); the peers' spot checks cover it", round_, spent / 1e3, self.gathered / 1e3,
                  check / 1e3, self.budget / 1e3, BUDGET_MODELS)
         return 0
