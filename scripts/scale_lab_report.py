@@ -152,7 +152,8 @@ def byte_targets(codec: str, ok: list[dict]) -> list[str]:
     worst = max(ok, key=coordinator_worst_round)
     lines.append(f"- {codec}: ... and in every round (the heaviest counted round of each row, the coordinator's own spot-check rounds "
                  f"included): **{'reached' if coordinator_worst_round(worst) <= 2 else 'NOT reached'}** (largest "
-                 f"{coordinator_worst_round(worst):.2f} at n = {worst['peers']})")
+                 f"{coordinator_worst_round(worst):.2f} at n = {worst['peers']}; within 2 at n = "
+                 f"{', '.join(str(r['peers']) for r in ok if coordinator_worst_round(r) <= 2) or 'none'})")
     return lines
 
 

@@ -123,7 +123,7 @@ def projection_lines(data: dict) -> list[str]:
                      f"{p['spot_bytes'] / 1e9:,.2f} GB | {p['control_bytes'] / 1e6:,.2f} MB | {p['sliced_s']:,.0f} s | "
                      f"{p['busiest_received'] / 1e9:,.2f} / {p['busiest_sent'] / 1e9:,.2f} GB | {p['busiest_s']:,.0f} s | "
                      f"{p['all_to_all_bytes'] / 1e9:,.1f} GB | {p['all_to_all_s']:,.0f} s | "
-                     f"{p['coordinator_bytes'] / 1e9:,.2f} GB | {p['coordinator_control_bytes'] / 1e9:,.2f} GB | "
+                     f"{p['coordinator_bytes'] / 1e9:,.2f} GB | {p['coordinator_control_bytes'] / 1e6:,.0f} MB | "
                      f"{'yes' if p['coordinator_checks'] else 'no'} | {p['coordinator_models']:.2f} |")
     return lines + [""]
 
