@@ -88,15 +88,16 @@ def projection_lines(data: dict) -> list[str]:
     c0, c1 = data.get("control_fit", (0.0, 0.0))
     lab = [r for r in data.get("lab_runs", []) if r["ok"]]
     t0, t1 = data.get("control_fit_both_ways", (0.0, 0.0))
-    cpu0, cpu1 = data.get("coordinator_cpu_fit", (math.nan, math.nan))
+    cpu0, cpu1 = data.get("coordinator_cpu_fit") or (math.nan, math.nan)
+    cpu = (f"Its CPU per round, fitted linearly on the lab's rows: {cpu0:.2f} s + {cpu1 * 1e3:.1f} ms·n (a shared 2-core machine; "
+           f"the demo model): {cpu0 + cpu1 * 100:.1f} s at 100 peers, {cpu0 + cpu1 * 1000:.1f} s at 1,000. " if lab and cpu1 == cpu1 else "")
     coordinator = [f"The coordinator: n peers' control both ways (each ≈ {t0 / 1e3:,.1f} KB + {t1 / 1e3:,.3f} KB·n, fitted like the",
                    "control above: O(n) per peer, O(n²) in all: every peer fetches the signed manifest, n entries, from it) plus",
                    "what it fetches (θ_{r+1}'s slices A, and its k spot checks' n inputs: A + p·k·(n·P − A)/S, sampled with the",
                    "peers' probability p since issue 24, and only where control + A + k·(n − 1)·P/S fit 2 fp32 models:",
-                   "peer/exchange/spot_budget.py; 'own check' says whether it does). Its CPU per round, fitted linearly on the",
-                   f"lab's rows: {cpu0:.2f} s + {cpu1 * 1e3:.1f} ms·n (a shared 2-core machine; the demo model): "
-                   f"{cpu0 + cpu1 * 100:.1f} s at 100 peers, {cpu0 + cpu1 * 1000:.1f} s at 1,000. Its long-polls",
-                   "hold no thread (protocol/aio_server.py): 1,000 peers waiting for a manifest are 1,000 parked coroutines.", ""]
+                   "peer/exchange/spot_budget.py; 'own check' says whether it does).",
+                   f"{cpu}Its long-polls hold no thread (protocol/aio_server.py): 1,000 peers waiting for a manifest are",
+                   "1,000 parked coroutines.", ""]
     control = ([f"control received per peer per round ≈ {c0 / 1e3:,.1f} KB + {c1 / 1e3:,.3f} KB·n, fitted on the scale lab's rows",
                 f"(n = {', '.join(str(r['peers']) for r in lab)}, S = 32): O(n), one Merkle root per header and bitmaps for input sets;",
                 "the signed results list (S·r results) is in the constant at S = 32 and not scaled with S here. Every peer"]
