@@ -34,20 +34,52 @@ class Announcing(threading.Condition):
 
 class LoopNews:
     """Wakes the coroutines waiting in `until` on the event loop they wait on; `wake` may be
-    called from any thread (an Announcing condition's listener)."""
+    called from any thread (an Announcing condition's listener).
 
-    def __init__(self) -> None:
+    `lock`: the lock the notifier holds when it calls `wake` (the Condition's). A notifier may
+    still be changing the state after its notify_all, within the same hold of the lock (a round
+    opens, then its predecessor's hash is set), and the waiters read without the lock: so they
+    are woken only once the lock is free again, by one pool thread that takes and releases it
+    (one hop a notification, coalesced, whatever the number of waiters; the loop's default
+    executor, protocol/aio_server.py). Without `lock` they are woken at once."""
+
+    def __init__(self, lock: threading.Lock | threading.RLock | None = None) -> None:
+        self._lock = lock
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event: asyncio.Event | None = None
+        self._hop = False  # a wake waits for the lock to be released
         self.waiting = 0  # coroutines in `until` now
 
     def wake(self) -> None:
         loop = self._loop
-        if loop is not None and self.waiting and not loop.is_closed():
+        if loop is None or not self.waiting or loop.is_closed():
+            return
+        if self._lock is not None:
+            if self._hop:
+                return  # the hop on its way takes the lock after this notifier lets it go
+            self._hop = True
+        try:
+            loop.call_soon_threadsafe(self._bump if self._lock is None else self._after_lock)
+        except RuntimeError:  # the loop closed meanwhile: nobody waits there any more
+            self._hop = False
+
+    def _after_lock(self) -> None:  # on the loop
+        assert self._loop is not None and self._lock is not None
+        lock, loop = self._lock, self._loop
+
+        def released() -> None:  # a pool thread
+            self._hop = False  # before taking the lock: a notify from here on sends its own hop
+            with lock:
+                pass
             try:
                 loop.call_soon_threadsafe(self._bump)
-            except RuntimeError:  # the loop closed meanwhile: nobody waits there any more
+            except RuntimeError:
                 pass
+
+        try:
+            loop.run_in_executor(None, released)
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            self._hop = False
 
     def _bump(self) -> None:  # on the loop
         if self._event is not None:

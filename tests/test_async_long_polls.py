@@ -43,3 +43,40 @@ def test_hundreds_of_waiting_long_polls_hold_no_thread_and_the_round_still_close
         assert served.servicer.news.waiting == 0
         for _ in range(WAITERS):  # every slot given back
             assert served.servicer.long_polls.acquire(blocking=False)
+
+
+def test_a_waiter_sees_what_its_notifier_changed_after_notify_all_under_the_same_lock():
+    """A notifier that notifies and then finishes its change, in one hold of the lock (the clock
+    opens the next round, then the applied hash is set), must not leave a lock-free waiter parked
+    until the next notification: it is woken once the lock is free."""
+    import asyncio
+    from concurrent import futures
+
+    from protocol.async_wait import Announcing, LoopNews
+
+    lock = threading.RLock()
+    changed = Announcing(lock)
+    news = LoopNews(lock)
+    changed.listen(news.wake)
+    state = {"applied": False}
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(futures.ThreadPoolExecutor(2))
+    try:
+        waiting = loop.create_task(news.until(lambda: state["applied"], 30.0))
+        loop.run_until_complete(asyncio.sleep(0))  # parked
+        assert news.waiting == 1
+
+        def notify_then_change() -> None:
+            with lock:
+                changed.notify_all()
+                time.sleep(0.2)  # the loop is free meanwhile: a waiter woken now would find nothing and park again
+                state["applied"] = True
+
+        notifier = threading.Thread(target=notify_then_change)
+        notifier.start()
+        started = time.monotonic()
+        assert loop.run_until_complete(waiting) is True
+        assert time.monotonic() - started < 20  # woken by that notification, not at its 30 s deadline
+        notifier.join()
+    finally:
+        loop.close()

@@ -116,7 +116,7 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
         # Long-polls wait on the server's event loop, holding no thread (protocol/aio_server.py); a
         # bound still caps what a flood of them may hold (the excess is answered at once).
         self.long_polls = threading.BoundedSemaphore(max_long_polls)
-        self.news = LoopNews()  # wakes them: every notify of the coordinator's round_closed
+        self.news = LoopNews(coordinator.lock)  # wakes them: every notify of round_closed, once the lock is free
         coordinator.round_closed.listen(self.news.wake)
         self.max_stream_s = max_stream_s
 
