@@ -11,12 +11,27 @@ every peer computes the same weights:
   at most the same 2x;
 - the peer's history: at most ``growth`` x the work accepted for it last round, when there was
   one, so a peer cannot jump from its usual share to the cap in one round;
-- the rule: the f heaviest rows hold less than ``max_heavy_share`` of the total, lowering the
-  largest weights together (water-filling) until they do. The robust rules need f rows to hold
-  less than half the mass (optim/aggregate_weighted.py); this keeps a margin below that.
+- the rule: the f heaviest rows hold at most ``max_heavy_share`` (a third) of the total, lowering
+  the largest weights together (water-filling) until they do. The robust rules need f rows to
+  hold less than half the mass (optim/aggregate_weighted.py); a median with f rows holding s of
+  it, all on one side, lands at the honest rows' (1/2 - s)/(1 - s) quantile: 1/4 at a third
+  (1/6 at 0.4, which benchmarks/byzantine_mixed.md measured 2-3 points worse).
 
 A claim that is not a finite number >= 0 counts 0. Weights are returned raw (tokens, after the
 caps); the rules normalise them.
+
+Rows on one scale (``per_work_scales``). A pseudo-gradient grows with the steps behind it: in a
+window, a fast peer's row is several times a slow one's. The mean weighs that correctly, but a rule
+that compares rows by value (a median, a trimmed mean, a distance) then mostly compares work, not
+direction: its middle lands among the small rows, and f heavy rows pushing to one side pull it
+down to the slow peers' scale. So those rules see each row per unit of the work it claims, times
+the round's typical work (FedNova's normalised averaging, Wang et al. 2020, there with tau the
+weights' mean of the local steps): row_i x tau / claim_i, tau = the weighted median of the claims
+after the median and history caps, by the weights above. A liar controls its row and its claim, so
+it gains nothing it could not send anyway; while f rows hold less than half the weight, tau stays
+within the honest rows' claims (a weighted mean of claims would move with every capped lie: +25%
+with f = 2 of 8 claiming 4x in benchmarks/byzantine_mixed.md). Where the fast peers hold most of
+the weight, tau is their work: the scale the median took from them on raw rows in a clean round.
 """
 
 from __future__ import annotations
@@ -31,7 +46,7 @@ from dataclasses import dataclass
 class WorkCaps:
     median_factor: float = 2.0  # no claim counts more than this x the round's median claim
     growth: float = 2.0  # nor more than this x the peer's accepted work last round
-    max_heavy_share: float = 0.4  # the f heaviest rows' share of the total weight, at most
+    max_heavy_share: float = 1 / 3  # the f heaviest rows' share of the total weight, at most
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.median_factor) and self.median_factor >= 1.0):
@@ -49,6 +64,7 @@ class WorkCaps:
 class WorkWeights:
     weights: tuple[float, ...]  # per row, after every cap
     claimed: tuple[float, ...]  # per row, as claimed (invalid claims as 0)
+    credible: tuple[float, ...]  # per row, after the median and history caps (before the minority one)
     capped_by: tuple[str, ...]  # per row: "" (as claimed), "invalid", "median", "history" or "minority"
 
 
@@ -116,9 +132,38 @@ def capped_work(
             bound, why = caps.growth * before, "history"
         if w > bound:
             weights[i], reasons[i] = bound, why
+    credible = tuple(weights)
     level = minority_level(weights, num_byzantine, caps.max_heavy_share)
     if math.isfinite(level):
         for i, w in enumerate(weights):
             if w > level:
                 weights[i], reasons[i] = level, "minority"
-    return WorkWeights(weights=tuple(weights), claimed=tuple(claimed), capped_by=tuple(reasons))
+    return WorkWeights(weights=tuple(weights), claimed=tuple(claimed), credible=credible, capped_by=tuple(reasons))
+
+
+def per_work_scales(shares: WorkWeights) -> tuple[float, ...] | None:
+    """Each row's factor onto one scale, tau / claim_i (see the module's "Rows on one scale"), or
+    None where every row carrying work claims the same (nothing to rescale: the rule's bits stay
+    those of the unscaled rows). A row that claims nothing keeps its values (factor 1): its weight
+    is 0."""
+    positive = {c for c in shares.claimed if c > 0}
+    if len(positive) <= 1:
+        return None
+    tau = weighted_median(shares.credible, shares.weights)
+    return tuple(tau / c if c > 0 else 1.0 for c in shares.claimed)
+
+
+def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
+    """The value at the middle of the weight mass (values sorted, each holding its weight); where
+    the middle falls on the boundary between two values, their mean. Needs a positive total."""
+    ranked = sorted((v, w) for v, w in zip(values, weights) if w > 0)
+    half = math.fsum(w for _, w in ranked) / 2
+    eps = 1e-9 * half
+    mass = 0.0
+    for k, (value, weight) in enumerate(ranked):
+        mass += weight
+        if mass > half + eps:
+            return value
+        if mass >= half - eps:  # the middle sits on this value's upper boundary
+            return (value + ranked[k + 1][0]) / 2 if k + 1 < len(ranked) else value
+    return ranked[-1][0]

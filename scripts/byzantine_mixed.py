@@ -33,7 +33,8 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
 
 from peer.cli.simulate import SimulationOptions, run_simulation  # noqa: E402
 from peer.run.config import RunConfig  # noqa: E402
-from scripts.byzantine_cases import ATTACK_OPTIONS, CLASSIC_ATTACKS, CLEAN, PROFILES, Case, Profile, gap, load, save  # noqa: E402
+from peer.run.work_math import PER_WORK_RULES  # noqa: E402
+from scripts.byzantine_cases import ATTACK_OPTIONS, CLASSIC_ATTACKS, CLEAN, HONEST_ONLY, PROFILES, Case, Profile, gap, load, save  # noqa: E402
 from scripts.byzantine_runs import run_all  # noqa: E402
 from machine_info import command_line, load_average, machine_facts, machine_lines, write_keeping_notes  # noqa: E402
 
@@ -53,13 +54,14 @@ def window_config(profile: Profile, case: Case) -> RunConfig:
 
 def run_mixed(case: Case, profile: Profile) -> dict[str, Any]:
     """One cell: simulate with the mixed speeds, the window, and (attack cells) the 4x claim."""
+    speeds = SPEEDS[case.f:] if case.attack == HONEST_ONLY else SPEEDS  # honest-only: the attackers' peers gone
     record: dict[str, Any] = {"key": case.key, **dataclasses.asdict(case), "attack_options": dict(case.attack_options),
-                              "peer_speeds": list(SPEEDS)}
-    attacked = case.attack != CLEAN
+                              "peer_speeds": list(speeds)}
+    attacked = case.attack not in (CLEAN, HONEST_ONLY)
     opts = SimulationOptions(
-        peers=len(SPEEDS), rounds=profile.rounds, byzantine=case.f if attacked else 0,
+        peers=len(speeds), rounds=profile.rounds, byzantine=case.f if attacked else 0,
         attack=case.attack if attacked else None, attack_options=dict(case.attack_options), seed=case.seed, threads=1,
-        config=window_config(profile, case), peer_speeds=SPEEDS, claim_work=CLAIM if attacked else 1.0,
+        config=window_config(profile, case), peer_speeds=speeds, claim_work=CLAIM if attacked else 1.0,
     )
     record["claim_work"] = opts.claim_work
     started = time.perf_counter()
@@ -80,8 +82,10 @@ def plan(seeds: list[int], rules: list[str]) -> list[Case]:
     for s in seeds:
         cases.append(Case("control", "mean", F, "sign-flip", s, attack_options=tuple(ATTACK_OPTIONS["sign-flip"].items()),
                           exchange=EXCHANGE))
+        cases.append(Case("mixed", "mean", F, HONEST_ONLY, s, exchange=EXCHANGE))
         for rule in rules:
             cases.append(Case("mixed", rule, F, CLEAN, s, exchange=EXCHANGE))
+            cases.append(Case("mixed", rule, F, HONEST_ONLY, s, exchange=EXCHANGE))
             cases += [Case("mixed", rule, F, a, s, attack_options=tuple(sorted(ATTACK_OPTIONS.get(a, {}).items())),
                            exchange=EXCHANGE) for a in CLASSIC_ATTACKS]
     return cases
@@ -103,14 +107,16 @@ def render(doc: dict[str, Any]) -> str:
              f"- command: `{meta.get('command')}`", "",
              f"Every run: `swarmloco simulate`, {len(SPEEDS)} peers with speeds {', '.join(f'{s:g}' for s in SPEEDS)}, a compute window "
              f"of {meta.get('window_s')} simulated s (a speed-1 peer takes that many steps), updates weighed by their capped claimed "
-             f"work (optim/work_weights.py), exchange {EXCHANGE}, codec fp16, outer fedavg, {meta.get('rounds')} rounds, seeds "
+             f"work (optim/work_weights.py){_per_work(meta)}, exchange {EXCHANGE}, codec fp16, outer fedavg, {meta.get('rounds')} rounds, seeds "
              f"{meta.get('seeds')}. Attackers: the first f = {F} peers (speed 1 each, the heaviest rows), omniscient, each running "
              f"the column's attack and claiming {CLAIM:g}x the work it did. A cell is the final val loss's gap to the clean mixed run "
-             "(mean, f = 0, honest claims) of the same seed, averaged over seeds.", ""]
+             "(mean, f = 0, honest claims) of the same seed, averaged over seeds. The honest-only column: no attacker and only the "
+             f"{len(SPEEDS) - F} honest peers (speeds {', '.join(f'{s:g}' for s in SPEEDS[F:])}), f = {F} still declared: what the "
+             "attackers' missing work alone costs.", ""]
     refs = [results.get(Case("clean", "mean", 0, CLEAN, s, exchange=EXCHANGE).key) for s in meta.get("seeds", [])]
     lines.append("Clean mixed reference per seed: " + ", ".join(f"{r['final_val_loss']:.4f}" for r in refs if r and r["status"] == "ok"))
-    lines += ["", "| rule | no attacker (f=2 declared) | " + " | ".join(CLASSIC_ATTACKS) + " | worst case |",
-              "|---|---|" + "---|" * len(CLASSIC_ATTACKS) + "---|"]
+    lines += ["", "| rule | no attacker (f=2 declared) | honest only | " + " | ".join(CLASSIC_ATTACKS) + " | worst case |",
+              "|---|---|---|" + "---|" * len(CLASSIC_ATTACKS) + "---|"]
     worst_by_rule: dict[str, tuple[float, str]] = {}
     for rule in meta.get("rules", RULES):
         cells = [_cell(results, rule, a) for a in (CLEAN, *CLASSIC_ATTACKS)]
@@ -118,19 +124,32 @@ def render(doc: dict[str, Any]) -> str:
         worst = max(done) if done else None
         if worst:
             worst_by_rule[rule] = worst
-        lines.append(f"| {rule} | " + " | ".join(text for text, _ in cells)
+        alone = _cell(results, rule, HONEST_ONLY)[0]
+        lines.append(f"| {rule} | {cells[0][0]} | {alone} | " + " | ".join(text for text, _ in cells[1:])
                      + f" | {'-' if worst is None else f'{worst[0] * 100:+.1f}% ({worst[1]})'} |")
     control, _ = _cell(results, "mean", "sign-flip")
-    lines += ["", f"Negative control: `mean` with f = 2 sign-flip (x4) attackers claiming {CLAIM:g}x: {control}.", "", "## Target", ""]
+    lines += ["", f"Negative control: `mean` with f = 2 sign-flip (x4) attackers claiming {CLAIM:g}x: {control}. "
+              f"`mean` over the honest peers alone (f = 2 declared): {_cell(results, 'mean', HONEST_ONLY)[0]}.", "", "## Target", ""]
     for rule, (g, attack) in worst_by_rule.items():
         verdict = "reached" if g <= 0.05 else "NOT reached"
-        lines.append(f"- {rule}: worst case {g * 100:+.1f}% ({attack}) vs the clean mixed run, within 5%: **{verdict}**")
-    shares = [r["counted_share"][:F] for r in results.values() if r["status"] == "ok" and r["attack"] != CLEAN and r["aggregator"] != "mean"]
+        alone = _cell(results, rule, HONEST_ONLY)[1]
+        beside = "" if alone is None else f"; {(1 + g) / (1 + alone) * 100 - 100:+.1f}% vs its own honest-only run"
+        lines.append(f"- {rule}: worst case {g * 100:+.1f}% ({attack}) vs the clean mixed run, within 5%: **{verdict}**{beside}")
+    shares = [r["counted_share"][:F] for r in results.values()
+              if r["status"] == "ok" and r["attack"] not in (CLEAN, HONEST_ONLY) and r["aggregator"] != "mean"]
     if shares:
         top = max(sum(s) for s in shares)
         lines.append(f"- the attackers' counted share (2 of 8 peers claiming {CLAIM:g}x; their real share of the tokens "
-                     f"{sum(SPEEDS[:F]) / sum(SPEEDS):.1%}): at most {top:.1%} in any run (the median cap: 2x the median claim)")
+                     f"{sum(SPEEDS[:F]) / sum(SPEEDS):.1%}): at most {top:.1%} in any run (2x the median claim, then the f heaviest "
+                     "rows' share cut to optim.work_weights.WorkCaps.max_heavy_share)")
     return "\n".join(lines) + "\n"
+
+
+def _per_work(meta: dict[str, Any]) -> str:
+    rules = meta.get("per_work_rules")
+    if not rules:
+        return " (the rules on the raw rows)"
+    return f"; {', '.join(rules)} see each row per unit of its claimed work (peer/run/work_math.PER_WORK_RULES), the mean the raw rows"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         results = load(path)
         meta = {"machine": machine_facts(), "load_before": load_average(), "command": command_line(), "seeds": seeds,
                 "rules": rules, "window_s": float(profile.inner_steps), "rounds": profile.rounds, "claim_work": CLAIM,
-                "peer_speeds": list(SPEEDS), "profile": dataclasses.asdict(profile)}
+                "peer_speeds": list(SPEEDS), "profile": dataclasses.asdict(profile), "per_work_rules": list(PER_WORK_RULES)}
         todo = [c for c in plan(seeds, rules) if c.key not in results]
         print(f"{len(todo)} runs to do", flush=True)
         run_all(todo, profile, args.workers, results, lambda: save(path, results, meta), runner=run_mixed)

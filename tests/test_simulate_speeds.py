@@ -65,10 +65,31 @@ def test_an_attacker_claiming_4x_its_work_is_capped_at_twice_the_median_claim():
     run = simulate(peers=4, rounds=2, byzantine=1, attack="gaussian", claim_work=4.0, config=window)
     work = run["work"]
     assert [r["steps"] for r in work["rounds"]] == [[H] * 4] * 2  # what was trained: the claim is not
-    # claims 4H, H, H, H: the median claim is H, so the attacker counts 2H of the 5H in every round
-    assert [r["weights"] for r in work["rounds"]] == [pytest.approx([0.4, 0.2, 0.2, 0.2])] * 2
+    # claims 4H, H, H, H: the median claim is H, so the attacker counts 2H, then the minority cap
+    # (f = 1 row holds at most a third) cuts it to 1.5H of 4.5H in every round
+    assert [r["weights"] for r in work["rounds"]] == [pytest.approx([1 / 3, 2 / 9, 2 / 9, 2 / 9])] * 2
     assert work["token_share"] == pytest.approx([0.25] * 4)
     with pytest.raises(ValueError, match="give --attack and --num-byzantine"):
         SimulationOptions(peers=4, claim_work=4.0)
     with pytest.raises(ValueError, match="a number > 0"):
         SimulationOptions(peers=4, byzantine=1, attack="gaussian", claim_work=float("nan"))
+
+
+def test_an_attacker_crafts_its_row_where_a_per_work_rule_looks_and_scales_it_by_its_claim():
+    # ipm: -eps x the honest mean. The median sees rows per unit of claimed work, so the attacker
+    # takes the honest rows per step, and pre-multiplies its row by its claimed steps: once the
+    # owners divide by that claim it is exactly the crafted row (the rescaling buys the defence nothing).
+    import torch
+
+    from optim import attacks
+    from peer.cli.simulate import VirtualPeer, _craft_attacks
+
+    opts = SimulationOptions(peers=3, byzantine=1, attack="ipm", claim_work=4.0)
+    peers = [VirtualPeer(i, None, None, None) for i in range(3)]  # type: ignore[arg-type]
+    deltas = [torch.full((5,), 9.0), torch.full((5,), 8.0), torch.full((5,), 2.0)]  # real steps 8, 4, 1
+    sent = _craft_attacks(opts, attacks.build("ipm"), peers, deltas, 0, 0, ([8, 4, 1], [32, 4, 1]))
+    eps = attacks.build("ipm").options["eps"]
+    assert torch.allclose(sent[0], torch.full((5,), -eps * (8 / 4 + 2 / 1) / 2 * 32))
+    assert sent[1] is deltas[1] and sent[2] is deltas[2]
+    raw = _craft_attacks(opts, attacks.build("ipm"), peers, deltas, 0, 0)  # a rule on raw rows
+    assert torch.allclose(raw[0], torch.full((5,), -eps * 5.0))

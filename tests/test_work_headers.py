@@ -154,15 +154,42 @@ def test_a_window_slice_reduces_by_work_and_equal_claims_give_the_unweighted_byt
     # the owners agree: the same rows and claims in another order give the same bytes
     order = [2, 0, 3, 1]
     assert math.reduce_slice(rows[order], 0, round_=2, work=mixed.subset(order)) == first
-    # the weighted median (the default rule) by hand, coordinate 0: mass 640, 640, 320, 160
-    values = rows[:, 0].tolist()
-    ranked = sorted(zip(values, [640, 640, 320, 160]))
+    # the weighted median (the default rule) by hand, coordinate 0: mass 640, 640, 320, 160, each row
+    # seen per unit of its claim at the round's typical work tau = the weighted median claim, 640
+    claims = [640, 640, 320, 160]
+    tau = 640
+    values = [v * tau / c for v, c in zip(rows[:, 0].tolist(), claims)]
+    ranked = sorted(zip(values, claims))
     mass, half = 0.0, 880.0
     for value, weight in ranked:
         if mass + weight > half:
             break
         mass += weight
     assert math.decode_result(first, 0)[0].item() == pytest.approx(value, abs=1e-3)  # fp16 result format
+
+
+def test_rows_that_differ_only_by_their_work_meet_on_one_scale_for_the_median_but_not_the_mean():
+    # Four rows of one direction g, each scaled by the steps behind it (640, 640, 320, 160 tokens):
+    # the median sees them per unit of work, all equal, and returns g at tau = 640 tokens (the
+    # weighted median claim). The mean weighs the raw rows: sum(c * c g) / sum(c) = 538.2 g.
+    claims = [640, 640, 320, 160]
+    tau = 640
+    g = torch.linspace(-1, 1, RoundMath(window_config(), 4000).layout.size(0)) / 1000
+    rows = torch.stack([g * c for c in claims])
+    work = RowWork.of(claims, {}, "abcd")
+    median = RoundMath(window_config(), 4000)
+    combined = median.decode_result(median.reduce_slice(rows, 0, round_=1, work=work), 0)
+    assert torch.allclose(combined, g * tau, rtol=2e-3, atol=1e-6)  # fp16 result format
+    data = window_config().to_dict()
+    data["aggregation"]["name"] = "mean"
+    mean = RoundMath(RunConfig.from_dict(data), 4000)
+    combined = mean.decode_result(mean.reduce_slice(rows, 0, round_=1, work=work), 0)
+    assert torch.allclose(combined, g * sum(c * c for c in claims) / sum(claims), rtol=2e-3, atol=1e-6)
+    skewed = rows.clone()
+    skewed[3] = -skewed[3] * 50  # one row off: the mean moves with it, the median stays on g * tau
+    assert not torch.allclose(mean.decode_result(mean.reduce_slice(skewed, 0, round_=1, work=work), 0), g * 538.2, rtol=0.1)
+    assert torch.allclose(median.decode_result(median.reduce_slice(skewed, 0, round_=1, work=work), 0), g * tau,
+                          rtol=2e-3, atol=1e-6)
 
 
 def test_the_manifest_signs_the_work_history_and_a_fixed_h_manifest_stays_without_it():

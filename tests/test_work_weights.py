@@ -12,7 +12,7 @@ import torch
 from optim import aggregate
 from optim import aggregate_rules as rules
 from optim import aggregate_weighted as weighted
-from optim.work_weights import WorkCaps, capped_work, minority_level
+from optim.work_weights import WorkCaps, capped_work, minority_level, per_work_scales
 
 
 def _rows(seed: int, n: int = 7, d: int = 33) -> torch.Tensor:
@@ -118,12 +118,34 @@ def test_claims_are_capped_by_the_median_the_history_and_the_minority_rule() -> 
     result = capped_work([100, 100, 180, 1000, 90, "lots", float("nan")], num_byzantine=0, previous=[None, None, 60, None, None, None, None])
     assert result.weights == (100.0, 100.0, 120.0, 200.0, 90.0, 0.0, 0.0)
     assert result.capped_by == ("", "", "history", "median", "", "invalid", "invalid")
-    # f = 2 of 6: two claims at the 2x-median cap would hold 400 of 900 (44%) > 40%: both are cut
-    # together until they hold exactly 40%
+    # f = 2 of 6: two claims at the 2x-median cap would hold 400 of 800 (50%) > a third: both are
+    # cut together until they hold exactly a third (to 100 each: all equal)
     result = capped_work([100, 100, 100, 100, 400, 400], num_byzantine=2)
     heavy = sum(sorted(result.weights)[-2:])
-    assert heavy / sum(result.weights) == pytest.approx(0.4)
+    assert heavy / sum(result.weights) == pytest.approx(1 / 3)
     assert result.capped_by[4:] == ("minority", "minority") and result.weights[:4] == (100.0,) * 4
+
+
+def test_rows_are_put_on_one_scale_by_their_claims_and_a_liar_moves_the_scale_only_within_the_caps() -> None:
+    # claims 100, 100, 50, 25 (mass 275, half 137.5): the middle of the mass is in the 100s: tau = 100
+    shares = capped_work([100, 100, 50, 25], num_byzantine=0)
+    assert per_work_scales(shares) == pytest.approx((1.0, 1.0, 2.0, 4.0))
+    # a liar claiming 1000 is divided by its whole claim; it counts at the 2x-median cap (200) and
+    # does not move tau: mass 25 | 50 | 100 100 | 200, the middle (225) falls in the 100s
+    shares = capped_work([25, 50, 100, 100, 1000], num_byzantine=0)
+    assert per_work_scales(shares) == pytest.approx((4.0, 2.0, 1.0, 1.0, 0.1))
+    # f = 1 liar claiming 1000 among 20, 20, 40: capped (median 30, cap 60) and cut by the minority
+    # rule, it still cannot carry the middle of the mass: tau is an honest claim
+    shares = capped_work([20, 20, 40, 1000], num_byzantine=1)
+    assert 20 * per_work_scales(shares)[0] in (20.0, 30.0, 40.0)
+    # the middle exactly on a boundary: the mean of the two claims around it
+    assert per_work_scales(capped_work([10, 30], num_byzantine=0)) == pytest.approx((3.0, 1.0))  # mass 10 | 30: in 30
+    assert per_work_scales(capped_work([20, 20, 40], num_byzantine=0)) == pytest.approx((1.5, 1.5, 0.75))  # 40 | 40
+    # equal claims: nothing to rescale (the rule's bits stay those of the rows); a row claiming
+    # nothing keeps its values (its weight is 0)
+    assert per_work_scales(capped_work([64, 64, 64], num_byzantine=0)) is None
+    assert per_work_scales(capped_work([64, 64, 0], num_byzantine=0)) is None
+    assert per_work_scales(capped_work([64, 32, "x"], num_byzantine=0)) == pytest.approx((1.0, 2.0, 1.0))
 
 
 def test_the_minority_cut_lowers_only_what_it_must() -> None:
@@ -160,7 +182,7 @@ def test_too_few_peers_to_weigh_fall_back_to_equal_weights() -> None:
 def test_an_inflated_claim_buys_at_most_the_cap_and_the_median_holds() -> None:
     """Six honest peers (updates near +1) and two attackers (at -50) claiming 4x the median work:
     weighted by their claims as given, the attackers hold 57% of the mass and own the median;
-    with the caps they hold at most 40% and the weighted median stays on the honest side."""
+    with the caps they hold at most a third and the weighted median stays on the honest side."""
     g = torch.Generator().manual_seed(0)
     honest = 1.0 + 0.1 * torch.randn(6, 64, generator=g)
     attackers = torch.full((2, 64), -50.0)
@@ -173,7 +195,7 @@ def test_an_inflated_claim_buys_at_most_the_cap_and_the_median_holds() -> None:
     taken_at_their_word = weighted._band(rows, raw, None).output  # the middle of the mass, unchecked
     assert float(taken_at_their_word.max()) == -50.0
     capped = torch.tensor(capped_work(claims, num_byzantine=2).weights, dtype=torch.float64)
-    assert float(capped[6:].sum() / capped.sum()) <= 0.4 + 1e-12
+    assert float(capped[6:].sum() / capped.sum()) <= 1 / 3 + 1e-12
     out = aggregate.build("median", num_byzantine=2)(rows, weights=capped)
     assert float(out.min()) > 0.5 and float(out.max()) < 1.5
     out = aggregate.build("trimmed-mean", num_byzantine=2)(rows, weights=capped)

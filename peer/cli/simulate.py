@@ -151,7 +151,8 @@ def _run_diloco(opts: SimulationOptions, cfg: RunConfig) -> Curve:
                         last_average=receiver.last_aggregate, own_previous=peer.own_previous,
                         peers=len(peers) if receiver.last_aggregate is not None else 0)  # as the node: none known yet
                     peer.own_previous = delta
-            sent = _craft_attacks(opts, attack, peers, deltas, r, cfg.seed)
+            view = speeds.rule_view(steps, receiver.aggregator.name)  # per unit of work, where the rule looks there
+            sent = _craft_attacks(opts, attack, peers, deltas, r, cfg.seed, view)
             if shared is not None:
                 shared.begin(r, sent)
 
@@ -222,18 +223,25 @@ def _craft_attacks(
     deltas: list[torch.Tensor],
     r: int,
     seed: int,
+    view: tuple[list[int], list[int]] | None = None,
 ) -> list[torch.Tensor]:
-    """Replace the first `byzantine` peers' Δ by the attack's, seeing this round's honest Δs."""
+    """Replace the first `byzantine` peers' Δ by the attack's, seeing this round's honest Δs.
+
+    `view` (each peer's real and claimed steps): the rule sees rows per unit of claimed work, so
+    the attacker crafts its row there (every Δ over its steps) and sends it times its claimed
+    steps: once the owners divide by its claim, the rule sees exactly the crafted row."""
     if attack is None or attack.data_poisoning:
         return deltas  # label-flip's poison is already in the attackers' training batches
-    honest = torch.stack(deltas[opts.byzantine :])  # (n - f, d)
+    real, claimed = view if view is not None else ([1] * len(deltas), [1] * len(deltas))
+    seen = deltas if view is None else [d / n for d, n in zip(deltas, real)]
+    honest = torch.stack(seen[opts.byzantine :])  # (n - f, d)
     sent = list(deltas)
     for i in range(opts.byzantine):
         rng = torch.Generator().manual_seed(seed * 1_000_003 + r * 1009 + i)
-        sent[i] = attack(
-            deltas[i], honest, round=r, rng=rng, num_byzantine=opts.byzantine, history=peers[i].history
-        )
-        peers[i].history.append(deltas[i])
+        sent[i] = attack(seen[i], honest, round=r, rng=rng, num_byzantine=opts.byzantine, history=peers[i].history)
+        if view is not None:
+            sent[i] = sent[i] * claimed[i]
+        peers[i].history.append(seen[i])
     return sent
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from peer.run.config import RunConfig
-from peer.run.work_math import RowWork, WorkLedger
+from peer.run.work_math import RowWork, WorkLedger, rows_per_work
 
 
 def parse_speeds(text: str) -> tuple[float, ...]:
@@ -72,6 +72,15 @@ class SpeedModel:
 
     def steps(self) -> list[int]:
         return round_steps(self.cfg, self.speeds)
+
+    def rule_view(self, steps: list[int], rule_name: str) -> tuple[list[int], list[int]] | None:
+        """(real, claimed) steps of every peer where the rule sees rows per unit of claimed work
+        (peer/run/work_math.py: a window run, a rule that compares values, claims that differ),
+        else None."""
+        claimed = [self.claimed_steps(i, n) for i, n in enumerate(steps)]
+        if not rows_per_work(self.cfg, rule_name) or len(set(claimed)) <= 1:
+            return None
+        return list(steps), claimed
 
     def work(self, authors: list[int], steps: list[int]) -> tuple[RowWork, dict[str, int]]:
         """The rows' claims (authors: the peers whose updates are aggregated, in row order) and

@@ -14,7 +14,7 @@ import torch
 from optim import codecs, slicing
 from peer.run.config import ConfigError, RunConfig
 from peer.run.slice_plan import expected_traffic
-from peer.run.work_math import row_weights
+from peer.run.work_math import weighted_rows
 
 # Rules whose per-row decisions need whole-vector distances: run slice by slice, each owner would
 # score rows on its slice alone, so different slices could keep different rows (and a row could
@@ -58,8 +58,8 @@ class AllToAllMath(ModeMath):
         seed = None if round_ is None else math.seed(round_)
         rule, f = math.rule_for(len(updates), excluded_for_cause)
         with math.single_thread():
-            stacked = torch.stack([u.float() for u in updates])  # (n, d)
-            combined = rule(stacked, seed=seed, num_byzantine=f, weights=row_weights(math.cfg, work, f))  # (d,)
+            stacked, weights = weighted_rows(math.cfg, work, f, torch.stack([u.float() for u in updates]), rule.name)  # (n, d)
+            combined = rule(stacked, seed=seed, num_byzantine=f, weights=weights)  # (d,)
             math.outer_step(params, combined, round_)
         return rule.last_report
 

@@ -19,7 +19,7 @@ import torch
 from optim import aggregate, codecs, outer, slicing, sparse_mean
 from peer.run.config import ConfigError, OuterConfig, RunConfig
 from peer.run.mode_math import mode_math
-from peer.run.work_math import RowWork, check_weighted_rule, claim_bounds, row_weights
+from peer.run.work_math import RowWork, check_weighted_rule, claim_bounds, weighted_rows
 from protocol.wire import swarm_pb2
 from protocol.envelope import UpdateHeader, open_update
 from protocol.reasons import Reason
@@ -172,9 +172,10 @@ class RoundMath:
             rule, f = self.rule_for(n, excluded_for_cause)
             previous = self.aggregator.previous
             center = None if previous is None else previous[self.layout.range(j)]
+            rows, weights = weighted_rows(self.cfg, work, f, rows, rule.name)  # a window run: rows by work
             with single_thread():
                 combined = rule.aggregate_part(rows, seed=seed, num_byzantine=f, center=center, report=False,
-                                               weights=row_weights(self.cfg, work, f))  # (s_j,)
+                                               weights=weights)  # (s_j,)
         result = slicing.encode_result(combined, self.result_format)
         self.result_bytes[j] = len(result)  # a compressed result's length varies (simulate counts the real one)
         return result

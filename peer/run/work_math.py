@@ -8,6 +8,10 @@ f and, as the history cap, the work the coordinator accepted for each author the
 (signed into the manifest: RoundManifest.work_history). Everything comes from signed bytes every
 node holds, so every owner computes bit-identical weights.
 
+The rules that compare rows by value (PER_WORK_RULES) see each row per unit of the work it claims,
+rescaled to the round's typical work (optim.work_weights.per_work_scales); the mean weighs the
+rows as they are.
+
 With the window off (the default) there are no weights: every rule runs unweighted, bit for bit
 as before.
 """
@@ -18,12 +22,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from optim.work_weights import WorkWeights, capped_work
+import torch
+
+from optim.work_weights import WorkWeights, capped_work, per_work_scales
 from peer.run.config import ConfigError, RunConfig
 
 # The rules optim/aggregate_weighted.py weighs (krum keeps one row and dnc filters by counts;
 # the sparse rules and nnm/bucketing mix rows before any weight could apply).
 WEIGHTED_RULES = ("mean", "median", "trimmed-mean", "multi-krum", "geometric-median", "centered-clip")
+# The weighted rules that compare rows by value (order statistics, distances): they see the rows per
+# unit of claimed work. Measured on benchmarks/byzantine_mixed.md: the weighted median on raw rows
+# lost +22.8% to two fast attackers (its middle pulled down to the slow peers' scale).
+PER_WORK_RULES = ("median", "trimmed-mean", "multi-krum", "geometric-median", "centered-clip")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +80,37 @@ def claim_bounds(cfg: RunConfig) -> tuple[int, int]:
     return most, cfg.data.batch_size * cfg.model.seq_len
 
 
-def row_weights(cfg: RunConfig, work: RowWork | None, num_byzantine: int) -> list[float] | None:
-    """The weights of one aggregation's rows, or None (unweighted): no window, no claims, or no
-    row carrying work (then every row counts the same)."""
+def _shares(cfg: RunConfig, work: RowWork | None, num_byzantine: int) -> WorkWeights | None:
     if not weighted(cfg) or work is None or not work.claims:
         return None
     shares = capped(work, num_byzantine)
-    return list(shares.weights) if any(w > 0 for w in shares.weights) else None
+    return shares if any(w > 0 for w in shares.weights) else None
+
+
+def row_weights(cfg: RunConfig, work: RowWork | None, num_byzantine: int) -> list[float] | None:
+    """The weights of one aggregation's rows, or None (unweighted): no window, no claims, or no
+    row carrying work (then every row counts the same)."""
+    shares = _shares(cfg, work, num_byzantine)
+    return None if shares is None else list(shares.weights)
+
+
+def rows_per_work(cfg: RunConfig, rule_name: str) -> bool:
+    """Whether this run's rule sees the rows per unit of claimed work."""
+    return weighted(cfg) and rule_name in PER_WORK_RULES
+
+
+def weighted_rows(cfg: RunConfig, work: RowWork | None, num_byzantine: int, rows: torch.Tensor,
+                  rule_name: str) -> tuple[torch.Tensor, list[float] | None]:
+    """(n, s) rows as rule `rule_name` sees them, and their weights (None: unweighted). Rescaled
+    (float64 factors, float32 rows: the same bits on every owner) only for PER_WORK_RULES and only
+    when the rows' claims differ; otherwise the rows themselves."""
+    shares = _shares(cfg, work, num_byzantine)
+    if shares is None:
+        return rows, None
+    scales = per_work_scales(shares) if rule_name in PER_WORK_RULES else None
+    if scales is not None:
+        rows = (rows.double() * torch.tensor(scales, dtype=torch.float64).unsqueeze(1)).float()  # (n, s)
+    return rows, list(shares.weights)
 
 
 def capped(work: RowWork, num_byzantine: int) -> WorkWeights:
