@@ -123,7 +123,8 @@ def test_a_takeover_continues_the_round_in_flight_under_the_manifest_the_peers_c
     closed = hashes_per_round({h["round"]: h["param_hash"] for h in new["history"]}, logged_rounds(logs["coordinator"]),
                               logged_rounds(logs["standby"]))
     assert all(len(hashes) == 1 for hashes in closed.values()), closed  # no round closed with two hashes
-    assert max(logged_rounds(logs["coordinator"])) <= 1  # the dead one recorded nothing past round 1 (its log may lag)
+    assert max(logged_rounds(logs["coordinator"]), default=-1) <= 1  # the dead one recorded nothing past round 1 (its log is
+    # written by a watcher polling twice a second, so it may lag, even hold no round at all)
     final = new["history"][-1]["param_hash"]
     for i, peer in enumerate(peers):
         summary = read_summary(swarm, f"peer{i}")
