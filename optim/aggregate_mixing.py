@@ -57,7 +57,11 @@ def canonical_order(rows: torch.Tensor) -> torch.Tensor:
     Cheap (it reads rows only up to where they first differ), so even plain
     mean can afford it; a hash of every row would cost more than the mean."""
     bits = rows.view(torch.int32)  # (n, d): same bytes, exact integer comparisons
-    order = sorted(range(rows.shape[0]), key=cmp_to_key(lambda i, j: _compare_bits(bits[i], bits[j])))
+    n = rows.shape[0]
+    first = bits[:, 0].tolist() if rows.shape[1] else []
+    if len(set(first)) == n:  # the usual case: the first values already decide the whole order
+        return torch.tensor(sorted(range(n), key=first.__getitem__), dtype=torch.int64)
+    order = sorted(range(n), key=cmp_to_key(lambda i, j: _compare_bits(bits[i], bits[j])))
     return torch.tensor(order, dtype=torch.int64)
 
 

@@ -230,6 +230,23 @@ def test_canonical_order_reads_past_long_equal_prefixes():
     assert canonical_order(torch.ones(3, 2000)).tolist() == [0, 1, 2]
 
 
+def test_canonical_order_by_first_values_matches_the_full_comparison():
+    """The shortcut (distinct first values decide the order) gives the comparator's order, and rows
+    that tie on their first value (+0.0 vs -0.0 are distinct bit patterns) still compare further."""
+    from functools import cmp_to_key
+
+    from optim.aggregate_mixing import _compare_bits
+
+    g = torch.Generator().manual_seed(3)
+    for trial in range(40):
+        rows = torch.randn(7, 50, generator=g)
+        if trial % 2:
+            rows[:, 0] = torch.tensor([0.0, -0.0, 1.0, 0.0, -1.0, 1.0, 2.0])[torch.randperm(7, generator=g)]
+        bits = rows.view(torch.int32)
+        expected = sorted(range(7), key=cmp_to_key(lambda i, j: _compare_bits(bits[i], bits[j])))
+        assert canonical_order(rows).tolist() == expected
+
+
 # ------------------------------------------------------------------- validation
 
 

@@ -173,3 +173,27 @@ def test_last_sent_survives_resume_and_old_states_load():
     assert resumed.last_sent is None and resumed.residual.tolist() == [1.0] * 8
     with pytest.raises(ValueError, match="last_sent"):
         resumed.load_state_dict({**old, "last_sent": torch.ones(7)})
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_restore_unapplied_keeps_the_dense_formulas_bits(seed):
+    """The sparse restore (only the aggregate's exact zeros touched) against the dense formula it
+    replaced, bit for bit, on vectors full of ±0.0, NaN and ±Inf in every operand."""
+    g = torch.Generator().manual_seed(seed)
+    specials = torch.tensor([0.0, -0.0, float("nan"), float("inf"), float("-inf"), 1e-45, -3.0])
+
+    def mixed(n: int) -> torch.Tensor:
+        x = torch.randn(n, generator=g)
+        pick = torch.rand(n, generator=g) < 0.4
+        return torch.where(pick, specials[torch.randint(len(specials), (n,), generator=g)], x)
+
+    n = 4096
+    feedback = ErrorFeedback(codecs.build("fp16"), n, keep_sent=True)
+    residual, sent, applied = mixed(n), mixed(n), mixed(n)
+    if seed % 2:
+        applied = applied.to(torch.bfloat16 if seed % 3 else torch.float64)
+    feedback.residual, feedback.last_sent = residual.clone(), sent.clone()
+    lost = (applied == 0) & (sent != 0)
+    expected = (residual + torch.where(lost, sent, 0.0)).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+    assert feedback.restore_unapplied(applied) == int(lost.sum())
+    assert torch.equal(feedback.residual.view(torch.int32), expected.view(torch.int32))
