@@ -194,10 +194,10 @@ def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *,
             items.append(swarm_pb2.FetchItem(digest=bytes.fromhex(w.sha256)))
     out: list[FetchedSlice | None] = [None] * len(wanted)
 
-    def finish(k: int, first: swarm_pb2.Chunk | None, buffer: bytearray) -> None:
+    def finish(k: int, first: swarm_pb2.Chunk | None, buffer: bytearray | bytes) -> None:
         if k < 0 or first is None or first.missing or len(buffer) != first.total_size:
             return
-        w, data = wanted[k], bytes(buffer)
+        w, data = wanted[k], buffer if isinstance(buffer, bytes) else bytes(buffer)
         digest = hashlib.sha256(data).digest()
         if w.slice is not None and w.proven is not None:
             if w.proven.accept(digest, w.slice, list(first.proof)):
@@ -205,7 +205,9 @@ def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *,
         elif digest.hex() == w.sha256:
             out[k] = FetchedSlice(data=data, digest=w.sha256, proof=())
 
-    current, first, buffer = -1, None, bytearray()
+    # An item that came whole in one chunk (every slice under CHUNK_BYTES) is its chunk's bytes as
+    # they are; a bytearray gathers only an item split over several chunks.
+    current, first, buffer = -1, None, b""
     stream = None
     try:
         stream = pool.peer_stub(holder).FetchPayload(swarm_pb2.FetchRequest(items=items), timeout=deadline.total_seconds())
@@ -214,16 +216,21 @@ def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *,
                 if not current < chunk.item < len(wanted):
                     raise TransferError(f"item {chunk.item} out of order (after {current} of {len(wanted)})")
                 finish(current, first, buffer)
-                current, first, buffer = chunk.item, chunk, bytearray()
+                current, first, buffer = chunk.item, chunk, b""
                 if chunk.missing:
                     continue
                 if not 0 <= chunk.total_size <= wanted[current].max_size:
                     raise TransferError(f"item {current}: {chunk.total_size} bytes declared, at most {wanted[current].max_size}")
             elif first is None or first.missing or chunk.total_size != first.total_size:
                 raise TransferError(f"item {current} changed its declared size midway")
-            if chunk.offset != len(buffer) or len(buffer) + len(chunk.data) > first.total_size:
+            data = chunk.data  # read once: each read of a bytes field makes a new copy
+            if chunk.offset != len(buffer) or len(buffer) + len(data) > first.total_size:
                 raise TransferError(f"item {current}: chunk at offset {chunk.offset} of {first.total_size}, expected {len(buffer)}")
-            buffer.extend(chunk.data)
+            if not buffer:
+                buffer = data
+            else:
+                buffer = buffer if isinstance(buffer, bytearray) else bytearray(buffer)
+                buffer.extend(data)
         finish(current, first, buffer)
     except Exception as exc:  # noqa: BLE001 - a broken or lying stream: keep what checked, the caller refetches the rest
         if stream is not None and hasattr(stream, "cancel"):

@@ -199,3 +199,23 @@ def test_in_a_round_an_update_whose_slice_does_not_prove_is_left_out_of_that_sli
     finally:
         for node in nodes:
             node.close()
+
+
+def test_a_batched_fetch_takes_objects_of_one_chunk_and_of_several(setup):
+    """fetch_items over real gRPC: an object of one chunk is taken as it came, one split over
+    several chunks (over CHUNK_BYTES) gathered whole; each checked against its sha256; a corrupt
+    one left out, the rest kept."""
+    from protocol.channels import CHUNK_BYTES
+    from protocol.payload_fetch import Wanted, fetch_items
+
+    _, (holder, *_), pool = setup
+    blobs = [b"a" * 1000, bytes(range(256)) * (CHUNK_BYTES // 256 * 2 + 3), b"c" * 10, b"d" * (CHUNK_BYTES + 1)]
+    for blob in blobs:
+        holder.store.put_blob(hashlib.sha256(blob).hexdigest(), 0, blob)
+    holder.store.put_blob(hashlib.sha256(b"wanted").hexdigest(), 0, b"served instead")  # corrupt
+    wanted = [Wanted(max_size=len(b), sha256=hashlib.sha256(b).hexdigest()) for b in blobs]
+    wanted.insert(2, Wanted(max_size=100, sha256=hashlib.sha256(b"wanted").hexdigest()))
+    got = fetch_items(pool, holder.endpoint, wanted)
+    assert got[2] is None
+    assert [g.data for g in got[:2] + got[3:]] == blobs
+    assert all(isinstance(g.data, bytes) for g in got if g is not None)

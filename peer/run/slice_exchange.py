@@ -154,6 +154,7 @@ class SliceExchange(SliceFetching):
         self.slice_workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="swarmloco-slice")
         # One batched stream per counterpart, all in flight at once (a phase's streams wait on the network, not the CPU).
         self.streams = ThreadPoolExecutor(max_workers=MAX_STREAMS, thread_name_prefix="swarmloco-stream")
+        self._hashed: tuple[bytes, list[bytes], list[bytes]] | None = None  # (payload, slices, digests)
 
     def close(self) -> None:
         self.slice_workers.shutdown(wait=False, cancel_futures=True)
@@ -162,14 +163,24 @@ class SliceExchange(SliceFetching):
     # --- the sender's side ---------------------------------------------------------------
 
     def slice_hashes(self, payload: bytes) -> list[str]:
-        return [hashlib.sha256(part).hexdigest() for part in self.math.sliced_codec.split(payload)]
+        parts = self.math.sliced_codec.split(payload)
+        digests = [hashlib.sha256(part).digest() for part in parts]
+        self._hashed = (payload, parts, digests)  # serve_slices of the same bytes object hashes nothing again
+        return [d.hex() for d in digests]
+
+    def _split_hashed(self, payload: bytes) -> tuple[list[bytes], list[bytes]]:
+        """(slices, their sha256 digests) of `payload`: slice_hashes' when it was this very object."""
+        done, self._hashed = self._hashed, None
+        if done is not None and done[0] is payload:
+            return done[1], done[2]
+        parts = self.math.sliced_codec.split(payload)
+        return parts, [hashlib.sha256(part).digest() for part in parts]
 
     def serve_slices(self, header: UpdateHeader, payload: bytes) -> None:
         """Make each slice of a (verified) payload fetchable by (its header's slices_root, index),
         with its Merkle proof. A header whose root is not its payload's (a client-mode peer's
         lie) gets nothing served: its slices are as unreachable as a wrong digest made them."""
-        parts = self.math.sliced_codec.split(payload)
-        digests = [hashlib.sha256(part).digest() for part in parts]
+        parts, digests = self._split_hashed(payload)
         root = header.root_bytes()
         if len(parts) != header.num_slices or merkle.root(digests) != root:
             log.warning("update of %s: its signed slices_root is not the Merkle root of its payload's slices; "
