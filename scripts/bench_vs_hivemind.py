@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if any(n < 2 for n in args.peers):
         parser.error("--peers: an all-reduce needs at least 2 peers")
+    _exit_cleanly_on_signals()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     from machine_info import load_average
@@ -242,6 +243,19 @@ def main(argv: list[str] | None = None) -> int:
         write_markdown(Path(args.write_md), [(_shown(Path(args.json)) if args.json else None, record)])
         print(f"wrote {args.write_md}")
     return 0
+
+
+def _exit_cleanly_on_signals() -> None:
+    """SIGTERM / SIGHUP (timeout, a closed terminal) raise SystemExit, so WorkerPool.close runs
+    and kills every worker's process group; SIGKILL is covered by the workers themselves, which
+    kill their group once this process is gone (vs_hivemind_workers._die_with)."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(f"stopped by signal {signum}: workers killed")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
 
 
 def _shown(path: Path) -> str:

@@ -24,7 +24,9 @@ SPLIT_KEYS = ("encode_s", "manifest_s", "reduce_s", "results_s", "gather_s")
 
 def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[dict], conn, barrier, match_s: float,
             profile_path: str) -> None:
+    parent = os.getppid()
     os.setsid()  # own process group: the parent can kill hivemind's p2pd with us
+    _die_with(parent)
     mp.set_start_method("fork", force=True)  # hivemind forks its DHT and averager processes
     import gc
     import hashlib
@@ -141,6 +143,20 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
             p.close()
         averager.shutdown()
         dht.shutdown()
+
+
+def _die_with(parent: int) -> None:
+    """Kill this worker's whole process group (hivemind's DHT, averager and p2pd children too)
+    once `parent` is gone: a bench killed by a signal it cannot catch (SIGKILL, a timeout's second
+    signal) must not leave setsid'd workers behind, out of reach of its terminal and its group."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.killpg(os.getpgid(0), 9)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def session_pids() -> list[int]:
