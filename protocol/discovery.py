@@ -13,6 +13,7 @@ child, and gRPC is not fork-safe.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from protocol.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, peer_
 
 RUNS_KEY = "swarmloco:runs"
 RECORD_TTL_S = 60.0
+RPC_WAIT_S = 5.0  # hivemind's wait for one DHT RPC (its wait_timeout), unless start_dht is given another
 SHUTDOWN_GRACE_S = 3.0  # `stop_dht`: the DHT process's own shutdown gets this long, then it is killed
 log = logging.getLogger("swarmloco.discovery")
 _MAGIC = b"\x00SLC-ED25519\x00"
@@ -136,8 +138,14 @@ def start_dht(
     announce_maddrs: Sequence[str] = (),
     client_mode: bool = False,
     timeout_s: float = 15.0,
+    rpc_wait_s: float = RPC_WAIT_S,
 ) -> DHT:
     """Start a hivemind DHT node; raise DiscoveryError with advice when initial peers don't answer.
+
+    `rpc_wait_s`: once the node has joined, how long one of its DHT RPCs may go unanswered before the
+    node it went to counts as lost (hivemind's wait_timeout: the bootstrap pings keep RPC_WAIT_S, a
+    loaded machine's first connections are slow). A call that meets an unreachable node (a peer whose
+    link went down, a frozen process) waits this long, once per step of the call (the traversal, the store).
 
     The node's process and its p2pd daemon end when this process ends, also on SIGKILL; stop them
     with `stop_dht`. A fixed port in `host_maddrs` that another process listens on is refused here,
@@ -167,13 +175,15 @@ def start_dht(
             record_validators=[Ed25519RecordValidator(private_bytes)],
             start=False,
             startup_timeout=timeout_s,
-            wait_timeout=5,
+            wait_timeout=RPC_WAIT_S,
             num_workers=4,
             shutdown_timeout=SHUTDOWN_GRACE_S,
         )
         # The DHT process and its p2pd die with this process, however it ends (protocol/lifetime.py).
         lifetime.bind_forked_process(dht)
         dht.run_in_background(await_ready=True)
+        if rpc_wait_s != RPC_WAIT_S:
+            dht.run_coroutine(functools.partial(_set_rpc_wait, rpc_wait_s))
         return dht
     except Exception as exc:  # hivemind raises a variety of errors for unreachable peers
         advice = bootstrap_advice(initial_peers)
@@ -184,6 +194,19 @@ def start_dht(
                                       f"{str(exc).rstrip('. ')}" + (f"; {advice}" if advice else "")) from None
         raise DiscoveryError(f"cannot start the DHT or reach {', '.join(initial_peers) or 'any peer'}: {str(exc).rstrip('. ')}"
                              + (f"; {advice}" if advice else "")) from None
+
+
+async def _set_rpc_wait(seconds: float, _dht, node) -> None:
+    node.protocol.wait_timeout = seconds  # runs in the DHT process (DHT.run_coroutine)
+
+
+async def _rpc_wait(_dht, node) -> float:
+    return float(node.protocol.wait_timeout)
+
+
+def rpc_wait_s(dht: DHT) -> float:
+    """How long the node's DHT RPCs wait for an answer now (start_dht's rpc_wait_s)."""
+    return dht.run_coroutine(_rpc_wait)
 
 
 def bootstrap_advice(initial_peers: Sequence[str]) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from peer.coordinator.lease import Lease
+from peer.coordinator.lease import Lease, dht_rpc_wait_s
 from protocol import discovery
 from protocol.identity import Identity
 
@@ -27,21 +27,27 @@ FAILSAFE_S = 120.0  # only a failing test waits this long
 
 
 class GatedDHT:
-    """The active's real DHT; once `armed`, the next store waits at a gate until `release()` (a
-    renewal stuck on an unreachable node for as long as the test wants)."""
+    """The active's real DHT; while `armed` (a count), the next stores wait at a gate until it is
+    set (renewals stuck on an unreachable node for as long as the test wants)."""
 
     def __init__(self, dht) -> None:
         self.dht = dht
-        self.armed = False
+        self.armed = 0
+        self.waiting = 0  # stores at the gate now
         self.held = threading.Event()  # a store is waiting at the gate
         self.gate = threading.Event()
-        self.returned = threading.Event()  # the gated store returned
-        self.held_at = 0.0  # monotonic: when the gated store reached the gate (its renewal was sent before)
+        self.returned = threading.Event()  # a gated store returned
+        self.held_at = 0.0  # monotonic: when the last gated store reached the gate (its renewal was sent before)
+        self._lock = threading.Lock()
 
     def store(self, *args, **kwargs):
-        if self.armed:
-            self.armed = False
-            self.held_at = time.monotonic()
+        with self._lock:
+            gated = self.armed > 0
+            if gated:
+                self.armed -= 1
+                self.waiting += 1
+                self.held_at = time.monotonic()
+        if gated:
             self.held.set()
             self.gate.wait(FAILSAFE_S)
             try:
@@ -105,7 +111,7 @@ def test_a_renewal_stuck_on_an_unreachable_node_holds_up_no_later_renewal(dht_wi
         assert lease.renewals == 1
         first_sent = lease._confirmed[0]
         freeze()
-        gated.armed = True
+        gated.armed = 1
         until(gated.held.is_set)  # the next renewal is stuck
         stuck_sent = gated.held_at  # the lease's clock is time.monotonic
         # Old code: one renewal at a time, so nothing after the stuck one was ever sent.
@@ -121,3 +127,59 @@ def test_a_renewal_stuck_on_an_unreachable_node_holds_up_no_later_renewal(dht_wi
     assert lease._confirmed[0] >= newest  # the stuck renewal, returning late, did not move it back
     records = discovery.run_records(dht, "r")
     assert [r.coordinator_id for r in records if r.role == "active"] == [identity.peer_id]
+
+
+class StepClock:
+    """The lease's clock, moved by the test: a renewal's measured latency is what the test says."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_renewals_stuck_while_later_ones_confirmed_do_not_lengthen_the_lease(dht_with_a_frozen_node):
+    """Issue 22's chaos run: while a peer was cut off, three renewals waited ~5 s each on its DHT node
+    while later ones confirmed, and the lease grew from 8 to 20 s (LATENCY_FACTOR x the 3rd slowest
+    renewal). A renewal that returns after a later one was confirmed held nothing up: not measured.
+    Real DHT nodes; each stuck renewal is held at a gate until 5 s (on the lease's clock) after it
+    was sent, and a later one has been confirmed meanwhile. Old code: lease 20 s."""
+    identity, dht, _ = dht_with_a_frozen_node
+    gated, clock = GatedDHT(dht), StepClock()
+    lease = Lease(gated, identity, run_id="r", term=0, endpoint="127.0.0.1:1", coordinators=(identity.peer_id,), floor_s=3.0,
+                  clock=clock)
+    assert lease.renew()
+    stuck: list[threading.Thread] = []
+    try:
+        for i in range(3):
+            gated.armed = 1
+            stuck.append(threading.Thread(target=lease.renew, args=(clock.t,), daemon=True))
+            stuck[-1].start()
+            until(lambda: gated.waiting == i + 1)  # sent, and stuck
+            clock.t += 1.0
+            assert lease.renew()  # sent later, confirmed at once
+            clock.t += 4.0  # the stuck one has waited 5 s when it returns
+    finally:
+        gated.gate.set()
+        for thread in stuck:
+            thread.join(FAILSAFE_S)
+    # The stuck ones came back refused: the DHT holds the later renewals' records, which expire later.
+    assert lease.renewals == 4 and lease.failures == 3
+    assert lease.lease_s == 3.0  # the floor: old code 4 x 5 s = 20 s
+    assert max(lease.latencies) == 0.0  # only the renewals that held the lease were measured
+    assert discovery.run_records(dht, "r")[0].lease_s == 3.0
+    clock.t += 2.0
+    lease.renew(sent=clock.t - 2.0)  # slow, and the newest when it returns (as renewals slow as a rule are): measured
+    assert 2.0 in lease.latencies
+
+
+def test_a_coordinators_dht_node_waits_a_quarter_of_the_lease_floor_for_an_rpc():
+    """hivemind waits 5 s for an unanswered DHT RPC; a coordinator's node waits a quarter of its lease
+    floor (1-2 s): a renewal stuck on a cut-off node ends before the next one is sent."""
+    assert dht_rpc_wait_s(8.0) == 2.0 and dht_rpc_wait_s(2.0) == 1.0 and dht_rpc_wait_s(6.0) == 1.5
+    node = discovery.start_dht(Identity.generate(), host_maddrs=LOOPBACK, rpc_wait_s=dht_rpc_wait_s(8.0))
+    try:
+        assert discovery.rpc_wait_s(node) == 2.0
+    finally:
+        discovery.stop_dht(node)

@@ -38,7 +38,16 @@ acks (docs/threat-model.md, "The lease is a DHT record").
 Adaptive: every renewal's round trip (the store and the read, side by side) is measured, and the lease is the largest of
 the configured floor (`control.lease_s`) and LATENCY_FACTOR × the LATENCY_RANK-th slowest of the last
 LATENCIES_KEPT renewals: one or two calls that waited on an unreachable node do not lengthen it
-(overlapping renewals make a single slow one harmless), renewals that are slow as a rule do. It
+(overlapping renewals make a single slow one harmless), renewals that are slow as a rule do. A
+renewal that returns after one sent later has been confirmed is not measured: the later one held
+the lease meanwhile, so its wait cost nothing; renewals slow as a rule are each the newest
+confirmed when they return, and still measured. And a coordinator's DHT node waits at most
+`dht_rpc_wait_s` (a quarter of the floor, 1-2 s) for one RPC, not hivemind's 5 s. Issue 22's chaos
+run measured why: while a peer was cut off, hivemind retried its DHT node each time its blacklist
+expired; each time, the renewal in flight and often the next one (sent before the first gave up)
+waited ~5 s on it, the lease went unheld for 1.7 s ("renewed 1.7s after it ran out") and grew from
+8 to 20 s (a takeover then would have waited 20 s). With a 2 s wait the stall ends before the next
+renewal is sent, the node is blacklisted by then, and 4 x the stall stays within an 8 s floor. It
 only grows within a process: a machine that was slow once is assumed slow again, and a standby that
 read a longer lease from the record must never be outrun by a shorter one. With renewals every
 RENEW_FRACTION of the lease, the lease stays held while the typical renewal takes less than
@@ -67,6 +76,13 @@ MAX_IN_FLIGHT = 4  # renewals at once (each a thread waiting on the DHT)
 MAX_LEASE_S = 120.0  # a DHT that slow is broken: waiting longer only delays a failover
 RETRY_S = 0.5  # after a renewal that was not confirmed
 STOP_WAIT_S = 1.0  # stop(): how long a renewal in flight is waited for
+RPC_WAIT_MIN_S, RPC_WAIT_MAX_S = 1.0, 2.0  # a coordinator's DHT node: one RPC's wait for an answer (peers: 5 s)
+
+
+def dht_rpc_wait_s(floor_s: float) -> float:
+    """How long one DHT RPC of a coordinator's node waits for an answer: a quarter of the lease
+    floor, within 1-2 s (see the module docstring)."""
+    return min(RPC_WAIT_MAX_S, max(RPC_WAIT_MIN_S, floor_s / 4))
 
 
 class Demoted(RuntimeError):
@@ -207,10 +223,13 @@ class Lease:
         rival = self._rival(records or [])
         lapsed_at: float | None = None
         with self._changed:
-            self.latencies.append(latency)
-            # Adaptive, and only ever longer (see the module docstring).
-            typical = sorted(self.latencies, reverse=True)[min(LATENCY_RANK, len(self.latencies)) - 1]
-            self.lease_s = min(MAX_LEASE_S, max(self.lease_s, self.floor_s, LATENCY_FACTOR * typical))
+            # Adaptive, and only ever longer (see the module docstring). A renewal that returns after
+            # one sent later was confirmed is not measured: the lease was held by that one meanwhile.
+            if self._confirmed is None or sent >= self._confirmed[0]:
+                self.latencies.append(latency)
+            if self.latencies:
+                typical = sorted(self.latencies, reverse=True)[min(LATENCY_RANK, len(self.latencies)) - 1]
+                self.lease_s = min(MAX_LEASE_S, max(self.lease_s, self.floor_s, LATENCY_FACTOR * typical))
             confirmed = rival is None and stored and records is not None
             if rival is not None:
                 self.rival = rival

@@ -13,7 +13,7 @@ from peer.run.config import RunConfig
 from peer.coordinator.operations import OperationsOptions, start_operations
 from peer.coordinator import standby
 from peer.coordinator.continuation import TAKEOVER_GRACE_S, continue_round
-from peer.coordinator.lease import Demoted, Halted, Lease
+from peer.coordinator.lease import Demoted, Halted, Lease, dht_rpc_wait_s
 from peer.coordinator.state import Coordinator
 from peer.coordinator.server import build_coordinator_server
 from peer.run import faults
@@ -105,7 +105,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
     if options.use_dht:
         # The DHT first: hivemind forks its worker, and gRPC is not fork-safe.
         dht = discovery.start_dht(identity, initial_peers=options.initial_peers, host_maddrs=options.host_maddrs,
-                                  announce_maddrs=options.announce_maddrs)
+                                  announce_maddrs=options.announce_maddrs, rpc_wait_s=dht_rpc_wait_s(cfg.control.lease_s))
     counter = ByteCounter(identity.peer_id)
     fence = TermFence()  # the highest term seen: a demoted coordinator follows no lower one
     summary: dict = {"role": "standby", "took_over": False}
