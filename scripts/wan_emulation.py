@@ -43,10 +43,12 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
 from netns_testbed import BURST, Testbed, measure_link_mbit, namespaces_permitted, netem_available, run_ip  # noqa: E402
 
 COORD_GRPC, COORD_DHT, PEER_GRPC = 31338, 31337, 31400
-# docs/sliced-exchange.md "Round trips": the sequential round trips of one sliced round (commit,
-# manifest, reduce-scatter, submit, results, all-gather with its spot checks, gathered, applied).
+# docs/sliced-exchange.md "Round trips": the sequential round trips of one sliced round (commit with
+# the manifest's long-poll beside it, reduce-scatter, submit with the final results' long-poll beside
+# it, all-gather with its spot checks, gathered with the applied long-poll beside it, whose answer
+# carries the signed state of θ_{r+1}). 8 before (plus an uncounted GetRunInfo after every round).
 # Stored in each run's JSON, so that the md stays a function of the JSON when the count changes.
-SLICED_ROUND_TRIPS = 8
+SLICED_ROUND_TRIPS = 5
 
 
 # --- one swarm run on the testbed ------------------------------------------------------------

@@ -20,6 +20,7 @@ from peer.coordinator.lease import LATENCY_FACTOR, LATENCY_RANK, MARGIN, Demoted
 from peer.coordinator.state import Coordinator
 from peer.exchange.outcome import Applied, Resync
 from peer.node.round_exchange import RoundExchange
+from peer.node.errors import PeerExit
 from peer.node.trust import RunAuthority
 from peer.run import checkpoint
 from peer.run.timeouts import PeerTimeouts
@@ -376,6 +377,34 @@ def test_the_run_authority_refuses_a_lower_term_state_and_moves_to_the_higher_te
     alone.fence.observe(1, new.peer_id)
     assert alone.state() is None  # superseded, and no successor answers: no state is believed
     assert open_run_state(run_state(old, 0), keys=keys, run_id="fake-run").term == 0  # (it verifies: only the term is refused)
+
+
+def test_a_run_state_carried_by_the_applied_reply_is_believed_without_asking_and_on_the_same_checks():
+    """The sliced exchange's applied long-poll carries the signed state of round r + 1
+    (SliceResultsReply.run_state): the peer checks θ_{r+1} against it with no GetRunInfo round trip,
+    but only when a run key signed it, for that round, in a term the fence accepts."""
+    old, new, stranger = Identity.generate(), Identity.generate(), Identity.generate()
+    keys = CoordinatorKeys.of([old.peer_id, new.peer_id])
+
+    class Counting(StateClient):
+        asked = 0
+
+        def run_info(self, round_=None, *, state_only=False) -> swarm_pb2.RunInfo:
+            self.asked += 1
+            return super().run_info(round_, state_only=state_only)
+
+    client = Counting(run_state(new, 1, round_=4))
+    authority = RunAuthority(keys=keys, run_id="fake-run", client=client, counter=ByteCounter("p"), endpoints=[])
+    state = authority.state(4, carried=run_state(old, 0, round_=4))
+    assert state is not None and (state.round, state.signer) == (4, old.peer_id) and client.asked == 0
+    # another round's state, an empty one, one the fence refuses: asked for instead
+    for carried in (run_state(old, 0, round_=3), swarm_pb2.Signed()):
+        assert authority.state(4, carried=carried).signer == new.peer_id
+    asked = client.asked
+    assert asked == 2 and authority.fence.term == 1
+    assert authority.state(4, carried=run_state(old, 0, round_=4)).signer == new.peer_id and client.asked == asked + 1
+    with pytest.raises(PeerExit):  # signed by a key that is not the run's: as loud as the asked-for state's
+        authority.state(4, carried=run_state(stranger, 2, round_=4))
 
 
 def test_a_takeovers_run_log_holds_the_rounds_it_inherited_and_not_twice(tmp_path):

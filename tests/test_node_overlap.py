@@ -61,7 +61,7 @@ class ToyPeer:
         self.sent.append((r, delta.tolist()))
         return Update(signed=None, payload=b"", encode_s=0.0)
 
-    def commit(self, update: Update, r: int) -> bool:
+    def commit(self, update: Update, r: int, *, resync: bool = True) -> bool:
         return True
 
     def exchange(self, rnd: PeerRound):
@@ -108,6 +108,24 @@ def test_a_resync_mid_overlap_drops_the_phase_progress_and_starts_from_the_swarm
     assert peer.records[0] == (0, "resync", None)
     # The phase that ran beside round 0 had no valid base: round 5 (the resynced one) trains anew
     # from θ = 100 and sends minus its 4 steps.
+    assert peer.sent[0] == (0, [-4.0] * 6) and peer.sent[1] == (5, [-4.0] * 6)
+
+
+def test_a_commit_refused_in_the_background_resyncs_like_any_round():
+    """Overlapped, the commit's round trip runs beside the next phase (not between two phases): a
+    refusal that needs the swarm's state comes back as the round's Resync, and no exchange runs."""
+    peer = ToyPeer(rounds=8, steps=4, land_after=2)
+    refused: list[int] = []
+
+    def commit(update, r, *, resync=True):
+        assert resync is False  # the main thread resynchronises, in finish_round
+        if r == 0:
+            refused.append(r)
+        return r != 0
+
+    peer.commit = commit
+    assert run_overlapped(peer, max_rounds=2) == 2
+    assert refused == [0] and peer.records[0] == (0, "resync", None)
     assert peer.sent[0] == (0, [-4.0] * 6) and peer.sent[1] == (5, [-4.0] * 6)
 
 

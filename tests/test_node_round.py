@@ -149,6 +149,28 @@ def test_manifest_after_polls_reaches_the_mode_with_the_round(fake, peer_identit
     assert [s.r for s in side.seen] == [0] and side.seen[0].manifest.round == 0
 
 
+def test_the_manifest_poll_goes_out_with_the_commit_and_run_takes_its_answer(fake, peer_identity):
+    """poll_ahead: the long-poll for the manifest is asked before the commit's answer is in (the
+    last peer to commit gets the manifest one round trip after its commit, not two); it commits
+    again between polls only once that commit is in; run() asks nothing more."""
+    side = AddOne()
+    exchange, _ = round_exchange(fake, peer_identity, side)
+    update = make_update(peer_identity)
+    published = threading.Event()
+    answered_during_commit: list[bool] = []
+    # The commit is answered only once the manifest is out: sequential (poll after the commit's
+    # answer), that would never happen; the poll beside it polls meanwhile without committing again.
+    fake.on_call(lambda method, n: method == "submit" and answered_during_commit.append(published.wait(30)))
+    fake.on_call(lambda method, n: method == "manifest" and n == 3 and (fake.publish_manifest(0), published.set()))
+    assert exchange.commit(update, 0, poll_ahead=True) is None
+    outcome = exchange.run(peer_round(update))
+    assert isinstance(outcome, Applied) and [s.r for s in side.seen] == [0]
+    assert answered_during_commit == [True] and fake.counts["submit"] == 1 and fake.counts["manifest"] == 3
+    # refused: the poll sent ahead ends, and run() polls afresh
+    fake.refuse("submit", swarm_pb2.STALE_ROUND)
+    assert exchange.commit(update, 1, poll_ahead=True) == "STALE_ROUND" and exchange.ahead is None
+
+
 def test_run_finished_while_waiting(fake, peer_identity):
     exchange, _ = round_exchange(fake, peer_identity)
     fake.finished = True

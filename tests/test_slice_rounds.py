@@ -268,3 +268,23 @@ def test_an_applied_round_is_announced_once_its_hash_is_set():
         with c.lock:
             side.applied(c.book, aggregated, "cd" * 32)
         assert seen and seen[-1] == "cd" * 32
+
+
+def test_the_applied_reply_carries_the_signed_state_of_the_next_round():
+    """A peer checks θ_{r+1} against the coordinator's signed state of round r + 1: the applied
+    long-poll brings it (no GetRunInfo round trip after every round); the final-results reply does not."""
+    from peer.exchange.coordinator_side import Aggregated
+    from peer.run.slice_exchange import GatherOutcome
+
+    with final_sliced_round() as fr:
+        c, side, stub = fr.served.coordinator, sliced_side(fr.served), fr.served.stub
+        aggregated = Aggregated(params=torch.zeros(1), used=[], detail=([], GatherOutcome(combined=torch.zeros(1))))
+        with c.lock:
+            book = c.book
+            c.open.round += 1  # as the clock's _advance does before it signs round r + 1's state
+            signed = c.sign_state()
+            side.applied(book, aggregated, "cd" * 32)
+        applied = stub.GetSliceResults(swarm_pb2.SliceResultsRequest(round=fr.round, wait_s=0.0, until_applied=True), timeout=10)
+        assert applied.applied and applied.param_hash == "cd" * 32 and applied.run_state == signed
+        final = stub.GetSliceResults(swarm_pb2.SliceResultsRequest(round=fr.round, wait_s=0.0), timeout=10)
+        assert final.ready and not final.HasField("run_state")

@@ -375,9 +375,19 @@ class CoordinatorServicer(swarm_pb2_grpc.CoordinatorServicer):
 
     @_guarded
     async def GetSliceResults(self, request, context):
-        exchange = self.coordinator.exchange
+        c = self.coordinator
+        exchange = c.exchange
+
+        def answer() -> swarm_pb2.SliceResultsReply:
+            reply = exchange.wait_results(request.round, 0.0, request.until_applied)
+            if request.until_applied and reply.applied:  # the peer checks θ_{r+1} against it: no GetRunInfo of its own
+                state = c.state_at(request.round + 1)
+                if state is not None:
+                    reply.run_state.CopyFrom(state)
+            return reply
+
         return await self._long_poll(request.wait_s, context, lambda: exchange.results_news(request.round, request.until_applied),
-                                     lambda: exchange.wait_results(request.round, 0.0, request.until_applied))
+                                     answer)
 
     @_guarded
     def ReportEvidence(self, request, context):

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from protocol.wire import swarm_pb2
+
 
 @dataclass(slots=True)
 class Applied:
@@ -29,6 +31,9 @@ class Applied:
     # sliced exchange: when each step of the exchange ended, wall clock (time.time(), comparable
     # across the processes of one machine: scripts/wan_emulation.py lines peers up with it)
     timeline: dict[str, float] = field(default_factory=dict)
+    # the coordinator's signed state at the start of round r + 1 when the exchange's last reply
+    # carried it (sliced: the applied long-poll): the node checks θ_{r+1} against it without asking
+    run_state: swarm_pb2.Signed | None = None
 
 
 @dataclass(frozen=True, slots=True)

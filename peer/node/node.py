@@ -352,7 +352,7 @@ class PeerNode:
         """Push (client mode) and commit the round's update (peer/node/round_exchange.py); False
         when it was refused for a reason that needs the swarm's state (then resynchronised, unless
         `resync` is False)."""
-        refused = self.round_exchange.commit(update, r)
+        refused = self.round_exchange.commit(update, r, poll_ahead=True)  # exchange() takes the manifest's long-poll sent with it
         if refused is None:
             return True
         if resync:
@@ -390,7 +390,7 @@ class PeerNode:
         # The coordinator signs the authoritative hash of θ_{r+1}; compare instead of drifting.
         # Behind (the swarm closed later rounds without us, e.g. while the coordinator restarted):
         # not in sync either; the checkpoint brings us to the current round (also at the run's end).
-        state = self.authority.state(r + 1) or self.authority.state()
+        state = self.authority.state(r + 1, carried=result.run_state) or self.authority.state()
         in_sync = state is not None and state.round == r + 1 and state.param_hash == self._hash
         record = round_record(rnd, result, traffic=self.round_traffic, in_sync=in_sync, utilization=self.utilization(),
                               round_s=round_s if round_s is not None else time.monotonic() - rnd.started)
@@ -425,7 +425,7 @@ class PeerNode:
         if self.server is not None:
             with timed_step(log, "gRPC server"):
                 self.server.stop(grace=1.0).wait(2.0)
-        for part in (self.client, self.pool, self.exchange_side):
+        for part in (self.round_exchange, self.client, self.pool, self.exchange_side):
             if part is not None:
                 part.close()
         if self.fetchers is not None:

@@ -15,7 +15,7 @@ import torch
 
 from optim import eager as eager_math
 from peer.learn.model import flat_params, load_flat_params
-from peer.exchange.outcome import Applied, RoundOutcome
+from peer.exchange.outcome import Applied, Resync, RoundOutcome
 from peer.node.round import PeerRound, Update
 from protocol.accounting import Traffic
 
@@ -35,7 +35,7 @@ class RoundPhases(Protocol):
     def open_round(self, r: int) -> PeerRound: ...
     def train(self, r: int, *, steps: int | None = None, stop: Callable[[], bool] | None = None) -> tuple[Any, float]: ...
     def make_update(self, r: int, delta: torch.Tensor, stats: Any) -> Update: ...
-    def commit(self, update: Update, r: int) -> bool: ...
+    def commit(self, update: Update, r: int, *, resync: bool = True) -> bool: ...
     def exchange(self, rnd: PeerRound) -> RoundOutcome: ...
     def finish_round(self, rnd: PeerRound, outcome: RoundOutcome, *, round_s: float | None = None,
                      after: Traffic | None = None) -> None: ...
@@ -93,17 +93,15 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
             local = node.params + progress  # θ_r + this phase's progress
             load_flat_params(node.model, local.to(device))
             rnd.update = node.make_update(r, -progress, stats)
-            if not node.commit(rnd.update, r):
-                anchor = node.params.clone()
-                load_flat_params(node.model, anchor.to(device))
-                eager.forget()
-                continue
             # Before the exchange runs: it steps node.math's outer state in the background.
             start = eager.start(node, -progress, r) if r + 1 < node.cfg.rounds.rounds else None
             if start is not None:
                 load_flat_params(node.model, start.to(device))
             anchor = local if start is None else start
-            pending = (background.submit(node.exchange, rnd), rnd)
+            # The commit's round trip runs in the background too, not between two inner phases (a
+            # refusal comes back as the round's Resync; the phase's progress is then dropped, as
+            # for any resync).
+            pending = (background.submit(commit_then_exchange, node, rnd), rnd)
             if r + 1 >= node.cfg.rounds.rounds:
                 break  # the last round: nothing left to overlap with
         if pending is not None:
@@ -111,6 +109,13 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
             node.finish_round(previous, future.result())
             done += 1
     return done
+
+
+def commit_then_exchange(node: RoundPhases, rnd: PeerRound) -> RoundOutcome:
+    """The background part of an overlapped round: commit its update, then exchange it."""
+    if not node.commit(rnd.update, rnd.r, resync=False):
+        return Resync(f"round {rnd.r}: our update was refused")
+    return node.exchange(rnd)
 
 
 class EagerStart:

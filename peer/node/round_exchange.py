@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Callable
 
 import grpc
@@ -23,7 +25,7 @@ from peer.run.faults import fail_point
 from peer.run.timeouts import PeerTimeouts
 from protocol.coordinator_port import CoordinatorPort
 from protocol.envelope import RoundManifest, open_manifest
-from protocol.long_poll import PollEnd, long_poll
+from protocol.long_poll import Polled, PollEnd, long_poll
 from protocol.payload_service import push_chunks
 from protocol.rpc_errors import Refused
 from protocol.identity import peer_id_of
@@ -52,6 +54,17 @@ def check_listed(manifest: RoundManifest, update: Update, r: int, *, peer_id: st
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class ManifestAhead:
+    """Round r's manifest long-poll, running since just before its commit went out."""
+
+    r: int
+    future: Future
+    cancel: threading.Event  # ends it after its current call (the commit was refused)
+    committed: threading.Event  # the commit beside it is in
+    moved: CoordinatorChange
+
+
 class RoundExchange:
     """Everything a round needs after its commit, and nothing else of the node."""
 
@@ -73,8 +86,10 @@ class RoundExchange:
         self.left_out: list[int] = []  # rounds whose signed manifest left our valid commitment out without a reason
         self.fence = fence  # the highest coordinator term seen (peer/node/trust.py): a lower one's manifest is refused
         self.relocate = relocate  # move to the run's active coordinator (a superseded one signed the manifest)
+        self.ahead: ManifestAhead | None = None  # the manifest's long-poll, sent out with the last commit
+        self.polls = ThreadPoolExecutor(max_workers=2, thread_name_prefix="swarmloco-manifest-poll")
 
-    def commit(self, update: Update, r: int) -> str | None:
+    def commit(self, update: Update, r: int, *, poll_ahead: bool = False) -> str | None:
         """Push (client mode) and commit round r's update: None when the coordinator holds it (or
         refused it for a reason the manifest wait will tell, e.g. the run just finished), else the
         refusal's name when only the swarm's state can help (stale round, wrong base; PUSH_FAILED:
@@ -82,7 +97,41 @@ class RoundExchange:
         PeerExit when the peer must stop (equivocation, banned).
 
         A coordinator that does not know us (it restarted from a checkpoint without us, or we
-        changed endpoint) gets one fresh Join, then the same signed update again."""
+        changed endpoint) gets one fresh Join, then the same signed update again.
+
+        poll_ahead: the manifest's long-poll goes out before the commit, and run() takes its
+        answer: the last peer to commit gets the manifest one round trip after its commit, not
+        two (docs/sliced-exchange.md "Round trips"; the poll is a read, asking early changes nothing)."""
+        ahead = self._manifest_ahead(update, r) if poll_ahead else None
+        try:
+            refused = self._commit(update, r)
+        except BaseException:
+            if ahead is not None:
+                ahead.cancel.set()
+            raise
+        if ahead is not None:
+            if refused is None:
+                ahead.committed.set()
+                self.ahead = ahead
+            else:
+                ahead.cancel.set()
+        return refused
+
+    def _manifest_ahead(self, update: Update, r: int) -> "ManifestAhead":
+        if self.ahead is not None:
+            self.ahead.cancel.set()
+        cancel, committed = threading.Event(), threading.Event()
+        moved = CoordinatorChange(self.client, r=r, keys=self.keys, run_id=self.run_id, fence=self.fence)
+        # Between two of its polls it commits again only once the commit in flight beside it is in.
+        future = self.polls.submit(self._wait_manifest, update, r, moved, lambda: not cancel.is_set(), committed.is_set)
+        return ManifestAhead(r, future, cancel, committed, moved)
+
+    def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.cancel.set()
+        self.polls.shutdown(wait=False, cancel_futures=True)
+
+    def _commit(self, update: Update, r: int) -> str | None:
         for attempt in range(2):
             try:
                 if self.client_mode and self.side.pushes_to_coordinator and not self._push(update, r):
@@ -117,16 +166,21 @@ class RoundExchange:
         return False
 
     def _recommit(self, update: Update, r: int) -> bool:
-        return self.commit(update, r) is None
+        return self.commit(update, r, poll_ahead=False) is None
 
     def run(self, rnd: PeerRound) -> RoundOutcome:
         """Round r's outcome once committed. A coordinator that changed mid-round (failover) gets
         our update again and the round restarts there, unless it continues the manifest we hold
         (peer/node/coordinator_change.py)."""
         while True:
-            moved = CoordinatorChange(self.client, r=rnd.r, keys=self.keys, run_id=self.run_id, fence=self.fence)
+            ahead, self.ahead = self.ahead, None  # the manifest's long-poll sent out with the commit
+            if ahead is not None and ahead.r != rnd.r:
+                ahead.cancel.set()
+                ahead = None
+            moved = ahead.moved if ahead is not None else CoordinatorChange(self.client, r=rnd.r, keys=self.keys,
+                                                                            run_id=self.run_id, fence=self.fence)
             try:
-                outcome = self._once(rnd, moved=moved)
+                outcome = self._once(rnd, moved=moved, ahead=ahead)
             except CoordinatorUnavailable as exc:
                 return Unreachable(str(exc))
             except PeerExit as exc:
@@ -140,15 +194,26 @@ class RoundExchange:
             if not self._recommit(rnd.update, rnd.r):
                 return Resync("the new coordinator did not take our update")
 
-    def _once(self, rnd: PeerRound, moved: CoordinatorChange) -> RoundOutcome:
+    def _wait_manifest(self, update: Update, r: int, moved: CoordinatorChange, going: Callable[[], bool] = lambda: True,
+                       committed: Callable[[], bool] = lambda: True) -> Polled[swarm_pb2.ManifestReply]:
+        """Long-poll round r's manifest. Between polls: make sure the coordinator holds our
+        commitment once committed() (a restarted one forgot it; committing the same header again
+        is idempotent); GAVE_UP once going() is False."""
+        return long_poll(lambda wait_s: self.client.manifest(r, wait_s=wait_s),
+                         lambda reply: reply.ready or reply.current_round > r or reply.finished,
+                         deadline=self.timeouts.manifest, poll=self.timeouts.poll, stop=self.stop, moved=moved,
+                         between=lambda: going() and (not committed() or self._recommit(update, r)))
+
+    def _once(self, rnd: PeerRound, moved: CoordinatorChange, ahead: "ManifestAhead | None" = None) -> RoundOutcome:
         r = rnd.r
         self.waiting()
-        # Between polls: make sure the coordinator holds our commitment (a restarted one forgot it;
-        # committing the same header again is idempotent).
-        waited = long_poll(lambda wait_s: self.client.manifest(r, wait_s=wait_s),
-                           lambda reply: reply.ready or reply.current_round > r or reply.finished,
-                           deadline=self.timeouts.manifest, poll=self.timeouts.poll, stop=self.stop, moved=moved,
-                           between=lambda: self._recommit(rnd.update, r))
+        if ahead is None:
+            waited = self._wait_manifest(rnd.update, r, moved)
+        else:
+            try:
+                waited = ahead.future.result()
+            finally:
+                ahead.cancel.set()
         reply, wait_s = waited.reply, waited.waited_s
         if waited.end is PollEnd.MOVED:
             return Resync("coordinator changed")  # run() commits again there

@@ -143,10 +143,22 @@ class RunAuthority:
         relocate = getattr(self.client, "relocate", None)
         return bool(relocate()) if relocate is not None else False
 
-    def state(self, round_: int | None = None) -> RunState | None:
+    def state(self, round_: int | None = None, *, carried: swarm_pb2.Signed | None = None) -> RunState | None:
         """The coordinator's signed state (at the start of round_, or now), checked against the
         run's keys and the term fence; None when it no longer keeps that round's, or when it was
-        superseded and no successor answers yet."""
+        superseded and no successor answers yet. `carried`: the signed state of round_ as another
+        reply brought it (the sliced exchange's applied long-poll): believed on the same checks,
+        and asked for only when it is absent or does not hold."""
+        if carried is not None and carried.body:
+            try:
+                state = open_run_state(carried, keys=self.keys, run_id=self.run_id)
+            except ImpersonationError as exc:
+                raise PeerExit(f"the coordinator at {self.client.endpoint} is not one of the run's: {exc}") from None
+            except EnvelopeError as exc:
+                log.info("the run state carried by a reply does not open (%s): asking for it", exc)
+            else:
+                if state.round == round_ and self.fence.observe(state.term, state.signer, carried):
+                    return state
         for attempt in range(2):
             info = self.client.run_info(round_, state_only=True)
             if info.coordinator_endpoints:

@@ -293,20 +293,22 @@ class SliceResultsRequest(_message.Message):
     def __init__(self, round: _Optional[int] = ..., wait_s: _Optional[float] = ..., until_applied: _Optional[bool] = ...) -> None: ...
 
 class SliceResultsReply(_message.Message):
-    __slots__ = ("ready", "results", "applied", "param_hash", "current_round", "finished")
+    __slots__ = ("ready", "results", "applied", "param_hash", "current_round", "finished", "run_state")
     READY_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     PARAM_HASH_FIELD_NUMBER: _ClassVar[int]
     CURRENT_ROUND_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    RUN_STATE_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     results: _containers.RepeatedCompositeFieldContainer[Signed]
     applied: bool
     param_hash: str
     current_round: int
     finished: bool
-    def __init__(self, ready: _Optional[bool] = ..., results: _Optional[_Iterable[_Union[Signed, _Mapping]]] = ..., applied: _Optional[bool] = ..., param_hash: _Optional[str] = ..., current_round: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...
+    run_state: Signed
+    def __init__(self, ready: _Optional[bool] = ..., results: _Optional[_Iterable[_Union[Signed, _Mapping]]] = ..., applied: _Optional[bool] = ..., param_hash: _Optional[str] = ..., current_round: _Optional[int] = ..., finished: _Optional[bool] = ..., run_state: _Optional[_Union[Signed, _Mapping]] = ...) -> None: ...
 
 class PingRequest(_message.Message):
     __slots__ = ()
