@@ -241,6 +241,11 @@ def stop_dht(dht: DHT) -> None:
         dht.join(1.0)
 
 
+def dht_time() -> float:
+    """The DHT's clock, which records' expirations are on (the writer's wall clock)."""
+    return get_dht_time()
+
+
 def visible_maddrs(dht: DHT) -> list[str]:
     return [str(m) for m in dht.get_visible_maddrs()]
 
@@ -283,16 +288,18 @@ class RunRecord:
     term: int = 0
     coordinators: tuple[str, ...] = ()  # the fingerprints this coordinator's run config lists
     lease_s: float = 0.0  # the record's TTL as its writer set it (an active one's: its lease)
+    expires_at: float = 0.0  # when it lapses, in DHT time (dht_time(); 0: not known)
 
 
-def _entries(dht: DHT, key: str) -> dict[str, dict[str, Any]]:
+def _entries(dht: DHT, key: str) -> dict[str, tuple[dict[str, Any], float]]:
+    """subkey -> (its value, its expiration in DHT time: time.time() of the writer's clock)."""
     found = dht.get(key, latest=True)
     if found is None or not isinstance(found.value, dict):
         return {}
     out = {}
     for subkey, item in found.value.items():
         try:
-            out[str(subkey)] = json.loads(item.value)
+            out[str(subkey)] = (json.loads(item.value), float(item.expiration_time))
         except (TypeError, ValueError):
             continue
     return out
@@ -301,11 +308,11 @@ def _entries(dht: DHT, key: str) -> dict[str, dict[str, Any]]:
 def run_records(dht: DHT, run_id: str | None = None) -> list[RunRecord]:
     """Every live, well-formed coordinator record (of `run_id`, or of every run)."""
     records = []
-    for coordinator_id, value in _entries(dht, RUNS_KEY).items():
+    for coordinator_id, (value, expires_at) in _entries(dht, RUNS_KEY).items():
         try:
             record = RunRecord(str(value["run_id"]), str(value["endpoint"]), bytes.fromhex(value["public_key"]), coordinator_id,
                                str(value.get("role", "active")), int(value.get("term", 0)),
-                               tuple(str(c) for c in value.get("coordinators", ())), float(value.get("lease_s", 0.0)))
+                               tuple(str(c) for c in value.get("coordinators", ())), float(value.get("lease_s", 0.0)), expires_at)
         except (KeyError, ValueError, TypeError):
             continue
         if peer_id_of(record.public_key) == coordinator_id and (run_id is None or record.run_id == run_id):
@@ -362,7 +369,7 @@ def find_run(dht: DHT, run_id: str | None = None, *, timeout_s: float = 15.0, pi
 def list_peers(dht: DHT, run_id: str) -> dict[str, dict[str, Any]]:
     """peer_id -> {endpoint, public_key, client_mode, version} of peers announced in the DHT."""
     out = {}
-    for peer_id, value in _entries(dht, peers_key(run_id)).items():
+    for peer_id, (value, _) in _entries(dht, peers_key(run_id)).items():
         try:
             if peer_id_of(bytes.fromhex(value["public_key"])) == peer_id:
                 out[peer_id] = value

@@ -29,6 +29,7 @@ def test_run_and_peer_records_are_found_and_signed(two_nodes):
     record = discovery.find_run(second, timeout_s=10)
     assert (record.run_id, record.endpoint, record.coordinator_id) == ("r1", "127.0.0.1:5000", coordinator.peer_id)
     assert record.public_key == coordinator.public_key
+    assert get_dht_time() < record.expires_at <= get_dht_time() + discovery.RECORD_TTL_S  # when it lapses (a standby's call deadlines)
 
     assert discovery.announce_peer(second, peer, run_id="r1", endpoint="127.0.0.1:5001", client_mode=False, version="t")
     peers = discovery.list_peers(first, "r1")

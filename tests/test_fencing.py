@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from peer.coordinator import standby
 from peer.coordinator.followers import ACK_WAIT_LEASES, GRACE_LEASES, Followers
 from peer.coordinator.lease import LATENCY_FACTOR, LATENCY_RANK, MARGIN, Demoted, Lease
 from peer.coordinator.state import Coordinator
@@ -52,16 +53,17 @@ class FakeDHT:
 
     def __init__(self, clock: FakeClock, store_s: float = 0.0) -> None:
         self.clock, self.store_s = clock, store_s
-        self.values: dict[str, dict[str, bytes]] = {}
+        self.values: dict[str, dict[str, tuple[bytes, float]]] = {}
 
     def store(self, key, value, expiration, subkey=None, **hivemind_options) -> bool:
         self.clock.now += self.store_s
-        self.values.setdefault(key, {})[subkey] = value
+        self.values.setdefault(key, {})[subkey] = (value, expiration)
         return True
 
     def get(self, key, latest=True):
         found = self.values.get(key)
-        return None if found is None else SimpleNamespace(value={k: SimpleNamespace(value=v) for k, v in found.items()})
+        return None if found is None else SimpleNamespace(
+            value={k: SimpleNamespace(value=v, expiration_time=e) for k, (v, e) in found.items()})
 
 
 def until(predicate, timeout_s: float = 30.0) -> None:
@@ -138,6 +140,20 @@ def test_the_lease_grows_with_slow_renewals_and_never_shrinks():
         lease.renew()
     assert lease.lease_s == pytest.approx(LATENCY_FACTOR * 1.5)  # kept: a standby may have read it
     assert discovery.run_records(dht, "r")[0].lease_s == pytest.approx(6.0)
+
+
+def test_a_standbys_calls_to_the_active_end_by_its_records_lapse():
+    """A frozen or cut-off active holds each call its whole deadline; the standby looks at the DHT
+    (to take over) between calls, so no call outlasts the lapse of the record it read last."""
+    f = standby.Following(dht=None, identity=Identity.generate(), run_id="r", checkpoint_path=None, endpoint="", pinned=None,
+                          fence=TermFence())
+    assert f.call_s(8.0) == standby.call_s(8.0) == 4.0 and f.wait_s() == standby.MANIFEST_WAIT_S  # no record read yet
+    f.expires_at = discovery.dht_time() + 60.0
+    assert f.call_s(8.0) == 4.0 and f.wait_s() == standby.MANIFEST_WAIT_S  # a live active's record: the usual deadlines
+    f.expires_at = discovery.dht_time() + 0.5
+    assert standby.MIN_CALL_S <= f.call_s(8.0) <= 0.5 and standby.MIN_WAIT_S <= f.wait_s() <= 0.5
+    f.expires_at = discovery.dht_time() - 1.0  # lapsed: short calls, and the DHT is read again at once
+    assert f.call_s(8.0) == standby.MIN_CALL_S and f.wait_s() == standby.MIN_WAIT_S
 
 
 def test_a_renewal_confirmed_late_or_out_of_order_never_moves_the_lease_back():

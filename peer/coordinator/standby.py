@@ -15,6 +15,10 @@ flight (based on the state it holds), it continues that round instead of reopeni
 manifest signed again in its term (Coordinator.continue_round), so the peers' commitments and the
 owners' signed results stand, and nobody commits, trains or waits for a commit phase again.
 
+No call to the active outlasts the lapse of its record as last read (`Following.call_s`): a frozen
+or cut-off active would hold a call its whole deadline (up to 5 s), and the standby reads the DHT,
+to take over, only between calls.
+
 It takes over only while its *grant* holds: the active counted it in the reply to a heartbeat sent
 less than (GRACE_LEASES − MARGIN) leases ago. Past that, the active may have recorded rounds
 without it (it drops a standby that stays silent or behind), so it says why it will not take over
@@ -62,6 +66,10 @@ STATE_POLL_S = 0.1  # while the active writes the checkpoint of a state it signe
 MANIFEST_WAIT_S = 1.0  # long-poll on the round in flight
 CALL_LEASES = 0.5  # deadline of one call to the active, in leases (1-5 s): a frozen one must not hold the standby past its grant
 MAX_CHECKPOINT_MANIFEST_BYTES = 1 << 40  # the state manifest is read for its round only
+
+
+MIN_CALL_S = 0.2  # a call to the active near its record's lapse still gets this long
+MIN_WAIT_S = 0.1  # and a long-poll this long
 
 
 def call_s(lease_s: float) -> float:
@@ -155,6 +163,7 @@ class Following:
         self.grant = Grant()
         self.top_term = 0
         self.lease_s = 0.0  # the lease the active's record announces
+        self.expires_at = 0.0  # when the active's record read last lapses (DHT time; 0: not known)
         self.channel: grpc.Channel | None = None
         self.stub: swarm_pb2_grpc.CoordinatorStub | None = None
         self.linked = ""  # the endpoint the channel goes to
@@ -164,6 +173,20 @@ class Following:
         self.beat_at = 0.0
         self.announced = 0.0
         self.printed = self.warned = False
+
+    def lapse_in(self) -> float:
+        """Seconds until the active's record read last can lapse (inf: not known)."""
+        return self.expires_at - discovery.dht_time() if self.expires_at else float("inf")
+
+    def call_s(self, lease_s: float) -> float:
+        """A call's deadline: call_s(lease), cut at the record's lapse. A frozen or cut-off active
+        would hold each call its whole deadline (up to 5 s), and the standby looks at the DHT, to
+        take over, only between calls: then it would look seconds after the lapse."""
+        return max(MIN_CALL_S, min(call_s(lease_s), self.lapse_in()))
+
+    def wait_s(self) -> float:
+        """A long-poll's wait, cut at the record's lapse like a call's deadline."""
+        return max(MIN_WAIT_S, min(MANIFEST_WAIT_S, self.lapse_in()))
 
     def link(self, endpoint: str) -> swarm_pb2_grpc.CoordinatorStub:
         if self.linked != endpoint:
@@ -188,7 +211,7 @@ class Following:
                 "holding_hash": self.held_hash, "endpoint": self.endpoint, "timestamp": time.time(), "leaving": leaving,
                 "manifest_round": self.in_flight.round if self.in_flight is not None else -1}
         sent = time.monotonic()
-        reply = stub.Heartbeat(sign_body(self.identity, HEARTBEAT_TAG, body), timeout=call_s(lease_s))
+        reply = stub.Heartbeat(sign_body(self.identity, HEARTBEAT_TAG, body), timeout=self.call_s(lease_s))
         self.beat_at = sent
         counted = reply.refusal == swarm_pb2.REFUSAL_UNSPECIFIED
         self.grant = Grant(sent=sent, lease_s=lease_s) if counted else Grant()
@@ -275,7 +298,7 @@ def follow(
                 stop.wait(POLL_S)
                 continue
             lease_s = active.lease_s if 1.0 <= active.lease_s <= 600.0 else 2.0  # as the active announces it
-            f.lease_s = lease_s
+            f.lease_s, f.expires_at = lease_s, active.expires_at
             try:
                 done = _follow_once(f, active, lease_s, stop)
             except (grpc.RpcError, CoordinatorUnavailable, PeerExit, EnvelopeError) as exc:
@@ -294,7 +317,7 @@ def follow(
 def _follow_once(f: Following, active: discovery.RunRecord, lease_s: float, stop: threading.Event) -> bool:
     """One step behind the active coordinator; True when the run is over."""
     stub = f.link(active.endpoint)
-    info = stub.GetRunInfo(swarm_pb2.RunInfoRequest(), timeout=call_s(lease_s))
+    info = stub.GetRunInfo(swarm_pb2.RunInfoRequest(), timeout=f.call_s(lease_s))
     trusted = trust_run(info, pinned=active.coordinator_id, pinned_by="the DHT-signed run record", endpoint=active.endpoint,
                         run_id=f.run_id)
     if not trusted.keys.matches(f.identity.peer_id):
@@ -338,15 +361,17 @@ def _follow_once(f: Following, active: discovery.RunRecord, lease_s: float, stop
     flight = f.in_flight_at(state.round)
     if f.held is not None and f.held.round >= state.round and f.closed_round < state.round and f.download is None:
         # Caught up: wait for the round in flight to close (the manifest), instead of polling.
-        reply = stub.GetManifest(swarm_pb2.ManifestRequest(round=state.round, wait_s=MANIFEST_WAIT_S), timeout=MANIFEST_WAIT_S + call_s(lease_s))
+        wait_s = f.wait_s()
+        reply = stub.GetManifest(swarm_pb2.ManifestRequest(round=state.round, wait_s=wait_s), timeout=wait_s + f.call_s(lease_s))
         if reply.ready and f.follow_manifest(reply.manifest, state, trusted.keys):
             f.beat(stub, lease_s)  # at once: the active knows we could continue this round
         if reply.ready or reply.current_round > state.round:
             f.closed_round = state.round
     elif flight is not None and not flight.final and MODES[cfg.exchange.mode].coordinator.continues_in_flight:
         # Then its owners' signed results, once final: a takeover after that point gathers at once.
-        reply = stub.GetSliceResults(swarm_pb2.SliceResultsRequest(round=state.round, wait_s=MANIFEST_WAIT_S),
-                                     timeout=MANIFEST_WAIT_S + call_s(lease_s))
+        wait_s = f.wait_s()
+        reply = stub.GetSliceResults(swarm_pb2.SliceResultsRequest(round=state.round, wait_s=wait_s),
+                                     timeout=wait_s + f.call_s(lease_s))
         if reply.ready:
             flight.results = list(reply.results)
         flight.final = reply.ready or reply.current_round > state.round or reply.finished
