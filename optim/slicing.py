@@ -149,6 +149,11 @@ class SlicedCodec:
         """A whole sliced payload -> its S slice payloads, each cut where its own bytes say it
         ends; CodecError when a slice does not start a payload of the codec, runs past the end
         or past its bound, or bytes are left over."""
+        ends = self._checked_ends(payload)
+        return [payload[start:end] for start, end in zip(ends, ends[1:])]
+
+    def _checked_ends(self, payload: bytes | memoryview) -> list[int]:
+        """split()'s checks -> [0, end of slice 0, ..., len(payload)]."""
         most = sum(self.max_slice_sizes)
         if len(payload) > most:
             raise CodecError(f"{self.spec}: expected at most {most} bytes for the sliced payload, got {len(payload)}")
@@ -156,7 +161,7 @@ class SlicedCodec:
         if ends[-1] != len(payload):
             raise CodecError(f"{self.spec}: the sliced payload's {self.layout.num_slices} slices end at byte {ends[-1]}, "
                              f"it has {len(payload)}")
-        return [payload[start:end] for start, end in zip(ends, ends[1:])]
+        return ends
 
     def _slice_ends(self, view: memoryview) -> list[int]:
         """[0, end of slice 0, ..., end of slice S-1] read from the slices' own headers."""
@@ -181,8 +186,10 @@ class SlicedCodec:
     def decode(self, payload: bytes, numel: int, *, seed: int = 0) -> torch.Tensor:
         self._check_numel(numel)
         out = torch.empty(numel, dtype=torch.float32)  # filled slice by slice, no intermediate list
-        for j, data in enumerate(self.split(payload)):
-            out[self.layout.range(j)] = self.decode_slice(data, j, seed=seed)
+        view = memoryview(payload)  # each slice decoded from a view: no copy of it as split() makes
+        ends = self._checked_ends(view)
+        for j, (start, end) in enumerate(zip(ends, ends[1:])):
+            out[self.layout.range(j)] = self.decode_slice(view[start:end], j, seed=seed)
         return out
 
     def _check_numel(self, numel: int) -> None:

@@ -61,6 +61,9 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
     peers = [ExchangePeer(local, spec) for spec in specs]
     profiles = [ThreadProfiles.attach(p) if profile_path and rank == 0 else None for p in peers]
     gc.freeze()  # as peer/node/node.py's Node.run does once the node is set up
+    from peer.run.process_memory import keep_freed_memory
+
+    keep_freed_memory()  # as Node.run does too; hivemind's averager forked before: its process keeps glibc's defaults
     pids = session_pids()  # whose CPU a round is charged
     conn.send(("ready", [(p.peer_id, p.endpoint) for p in peers]))
 

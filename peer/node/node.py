@@ -42,6 +42,7 @@ from peer.node.round_exchange import RoundExchange
 from peer.node.trust import join_run
 from peer.run import state_sync
 from peer.run.faults import check_environment
+from peer.run.process_memory import keep_freed_memory
 from peer.run.progress import round_line
 from peer.run.round_math import RoundMath
 from protocol import discovery
@@ -289,6 +290,7 @@ class PeerNode:
         # the collector's sight, a full collection no longer walks ~200k objects (86 ms of CPU in
         # bench_vs_hivemind's worker; 0.13-0.28 s stalls of a peer mid-exchange on 2 loaded cores).
         gc.freeze()
+        keep_freed_memory()  # a round's large temporaries reuse freed memory (peer/run/process_memory.py)
         state = self.authority.state()
         if state is None or state.param_hash != self._hash or state.round != self.round:
             self.resync("joining" if not self.options.resume else "resume state is behind the swarm")
