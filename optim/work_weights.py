@@ -11,11 +11,18 @@ every peer computes the same weights:
   at most the same 2x;
 - the peer's history: at most ``growth`` x the work accepted for it last round, when there was
   one, so a peer cannot jump from its usual share to the cap in one round;
-- the rule: the f heaviest rows hold at most ``max_heavy_share`` (a third) of the total, lowering
-  the largest weights together (water-filling) until they do. The robust rules need f rows to
-  hold less than half the mass (optim/aggregate_weighted.py); a median with f rows holding s of
-  it, all on one side, lands at the honest rows' (1/2 - s)/(1 - s) quantile: 1/4 at a third
-  (1/6 at 0.4, which benchmarks/byzantine_mixed.md measured 2-3 points worse).
+- the rule: the f heaviest rows hold at most ``max_heavy_share`` (30%: strictly below a third) of
+  the total, lowering the largest weights together (water-filling) until they do. The robust rules
+  need f rows to hold less than half the mass (optim/aggregate_weighted.py); a median with f rows
+  holding s of it, all on one side, lands at the honest rows' (1/2 - s)/(1 - s) quantile: 2/7 at
+  0.3, 1/4 at a third, 1/6 at 0.4 (benchmarks/byzantine_mixed.md measured 0.4 2-3 points worse).
+  Why not exactly a third: claims are whole steps, so the cut level then tends to equal a sum of
+  other rows' weights (f = 2 of 8 at speeds 1, 1, 0.5, 0.25 x 2: the level is 6 = 4 + 2 steps),
+  and the middle of the mass falls exactly on a boundary between two values in many coordinates;
+  the median then averages in the value nearer the attackers' side. Every cap in (2/7, 1/3) gives
+  that grid the same ranks, hence the same bits; 0.3 sits inside, off the tie. A lower cap is no
+  better: at 1/4 (equal weights there) the slow peers' rows count as much as the fast ones' and
+  the clean run alone loses 17% (docs/heterogeneous-peers.md).
 
 A claim that is not a finite number >= 0 counts 0. Weights are returned raw (tokens, after the
 caps); the rules normalise them.
@@ -46,7 +53,7 @@ from dataclasses import dataclass
 class WorkCaps:
     median_factor: float = 2.0  # no claim counts more than this x the round's median claim
     growth: float = 2.0  # nor more than this x the peer's accepted work last round
-    max_heavy_share: float = 1 / 3  # the f heaviest rows' share of the total weight, at most
+    max_heavy_share: float = 0.3  # the f heaviest rows' share of the total weight, at most (below a third: see above)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.median_factor) and self.median_factor >= 1.0):

@@ -55,7 +55,7 @@ DATA = {"batch_size": 8, "val_batches": 8, "max_corpus_bytes": 2_000_000}
 SHARES = 16384  # cpu.shares of each swarm cgroup: 16x a default task's, so the quota binds, not the load
 
 
-def run_config(*, rounds: int, steps: int, window_s: float, seed: int) -> dict[str, Any]:
+def run_config(*, rounds: int, steps: int, window_s: float, seed: int, max_steps: int = 4000) -> dict[str, Any]:
     from peer.run.config import RunConfig
 
     data = RunConfig().to_dict()
@@ -65,7 +65,7 @@ def run_config(*, rounds: int, steps: int, window_s: float, seed: int) -> dict[s
     data["inner"].update({"steps": steps, "warmup_steps": 10})
     data["compression"]["codec"] = "fp16"
     data["rounds"].update({"rounds": rounds, "expected_peers": len(SPEEDS), "min_deadline_s": 10.0, "deadline_s": 120.0,
-                           "peer_timeout_s": 60.0, "window_s": window_s, "min_steps": 1, "max_steps": 1000})
+                           "peer_timeout_s": 60.0, "window_s": window_s, "min_steps": 1, "max_steps": max_steps})
     return RunConfig.from_dict(data).to_dict()
 
 
@@ -108,11 +108,11 @@ def calibrate(name: str, speeds: tuple[float, ...], *, base_core: float, seconds
 
 
 def run_row(name: str, speeds: tuple[float, ...], *, steps: int, window_s: float, rounds: int, base_core: float,
-            coordinator_core: float, seed: int, workdir: Path, calibrate_s: float = 0.0) -> dict[str, Any]:
+            coordinator_core: float, seed: int, workdir: Path, calibrate_s: float = 0.0, max_steps: int = 4000) -> dict[str, Any]:
     from peer.cli.launcher import Swarm
 
     workdir.mkdir(parents=True, exist_ok=True)
-    config = run_config(rounds=rounds, steps=steps, window_s=window_s, seed=seed)
+    config = run_config(rounds=rounds, steps=steps, window_s=window_s, seed=seed, max_steps=max_steps)
     (workdir / "run.json").write_text(json.dumps(config))
     calibration = calibrate(name, speeds, base_core=base_core, seconds=calibrate_s, workdir=workdir) if calibrate_s else None
     groups: list[CpuThrottle] = []
@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                              "19 s matched the measured rates), so equal tokens come at an equal number of outer steps")
     parser.add_argument("--base-core", type=float, default=0.35, help="share of one core a speed-1 peer gets")
     parser.add_argument("--coordinator-core", type=float, default=0.5)
+    parser.add_argument("--max-steps", type=int, default=4000,
+                        help="rounds.max_steps of every row: high enough that no peer reaches it within a window (1000 "
+                             "capped the speed-1 peers at 1000 steps in ~22 s of a 32 s window at load 4)")
     parser.add_argument("--seed", type=int, default=0, help="the rows' seed; rows of seed N != 0 are stored as <row>-sN")
     parser.add_argument("--calibrate-s", type=float, default=30.0,
                         help="seconds of each mixed-speed row's speed probes (its quotas' own training rates); 0: none")
@@ -199,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             calibrate_s = args.calibrate_s if plan == "window" else 0.0
             row = run_row(name, speeds, steps=args.steps, window_s=window_s, rounds=rounds, base_core=args.base_core,
                           coordinator_core=args.coordinator_core, seed=args.seed, workdir=Path(args.workdir) / name,
-                          calibrate_s=calibrate_s)
+                          calibrate_s=calibrate_s, max_steps=args.max_steps)
             row.update({"load_before": load_before, "load_after": load_average(), "command": command_line()})
             record["rows"][name] = row
             path.write_text(json.dumps(record, indent=1) + "\n")  # after every row: a later failure keeps it

@@ -66,8 +66,8 @@ def test_an_attacker_claiming_4x_its_work_is_capped_at_twice_the_median_claim():
     work = run["work"]
     assert [r["steps"] for r in work["rounds"]] == [[H] * 4] * 2  # what was trained: the claim is not
     # claims 4H, H, H, H: the median claim is H, so the attacker counts 2H, then the minority cap
-    # (f = 1 row holds at most a third) cuts it to 1.5H of 4.5H in every round
-    assert [r["weights"] for r in work["rounds"]] == [pytest.approx([1 / 3, 2 / 9, 2 / 9, 2 / 9])] * 2
+    # (f = 1 row holds at most 30%) cuts it to c with c = 0.3 (c + 3H): 9H/7 of 30H/7 in every round
+    assert [r["weights"] for r in work["rounds"]] == [pytest.approx([0.3, 7 / 30, 7 / 30, 7 / 30], abs=1e-6)] * 2
     assert work["token_share"] == pytest.approx([0.25] * 4)
     with pytest.raises(ValueError, match="give --attack and --num-byzantine"):
         SimulationOptions(peers=4, claim_work=4.0)
