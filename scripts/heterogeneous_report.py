@@ -135,7 +135,9 @@ def render(record: dict[str, Any]) -> str:
               "every peer on the final hash | load before/after |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
-        schedule = f"window {row['window_s']:g} s (min 1 step)" if row["window_s"] else f"fixed H = {row['inner_steps']}"
+        most = row.get("config", {}).get("rounds", {}).get("max_steps")
+        steps = f"min 1, max {most} steps" if most else "min 1 step"
+        schedule = f"window {row['window_s']:g} s ({steps})" if row["window_s"] else f"fixed H = {row['inner_steps']}"
         tokens = [sum(r["tokens"] for r in p["history"] if r["round"] >= 1) for p in row["peers"]]
         compute = [s / sum(row["speeds"]) for s in row["speeds"]]
         lines.append(
