@@ -265,8 +265,13 @@ class Lease:
                   and rank(r.term, r.coordinator_id) > ours]
         return max(rivals, key=lambda r: rank(r.term, r.coordinator_id)) if rivals else None
 
-    def start(self) -> None:
-        self.renew()
+    def start(self, first: threading.Thread | None = None) -> None:
+        """Renew once, or wait for `first`, a thread already sending the first renewal (a takeover
+        sends it while the coordinator is built); then renew on the lease's own thread."""
+        if first is None:
+            self.renew()
+        else:
+            first.join()
         self._thread = threading.Thread(target=self._run, name="swarmloco-lease", daemon=True)
         self._thread.start()
 
