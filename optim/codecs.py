@@ -88,6 +88,13 @@ class StagedCodec:
     def lossless(self) -> bool:
         return self.sparsifier is None and self.values.lossless
 
+    def cast_roundtrip(self, x: torch.Tensor) -> torch.Tensor | None:
+        """decode(encode(x)) without the bytes, where that is a plain cast (no sparsifier, a dtype
+        cast format): the same values bit for bit (the bytes are the cast's own); None otherwise."""
+        if self.sparsifier is None and isinstance(self.values, CastFormat):
+            return x.to(self.values.dtype).to(torch.float32)
+        return None
+
     def _header(self) -> bytes:
         return struct.pack("<BBH", MAGIC, FORMAT_VERSION, zlib.crc32(self.spec.encode()) & 0xFFFF)
 
@@ -252,7 +259,10 @@ class ErrorFeedback:
             self.last_sent = corrected.clone() if self.keep_sent else None
             self.residual.zero_()
         else:
-            sent = self.codec.decode(payload, self.numel, seed=seed)  # (d,) what receivers decode
+            cast = getattr(self.codec, "cast_roundtrip", None)  # a plain cast: what receivers decode, without the bytes
+            sent = cast(corrected) if cast is not None else None
+            if sent is None:
+                sent = self.codec.decode(payload, self.numel, seed=seed)  # (d,) what receivers decode
             self.last_sent = sent if self.keep_sent else None
             corrected.sub_(sent)  # what the codec dropped
             corrected.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)

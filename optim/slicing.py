@@ -130,6 +130,11 @@ class SlicedCodec:
         self._check_numel(numel)
         return sum(self.max_slice_sizes)
 
+    def cast_roundtrip(self, x: torch.Tensor) -> torch.Tensor | None:
+        """decode(encode(x)) for a codec that is a plain cast (elementwise: slicing changes nothing); else None."""
+        cast = getattr(self.codec, "cast_roundtrip", None)
+        return None if cast is None else cast(x)
+
     def max_slice_payload_size(self, j: int) -> int:
         """An upper bound on slice j's payload (its exact size for a fixed-size codec)."""
         return self.max_slice_sizes[j]
