@@ -168,12 +168,15 @@ class Wanted:
 
 
 def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *,
-                deadline: timedelta = TRANSFER_DEADLINE) -> list[FetchedSlice | None]:
+                deadline: timedelta = TRANSFER_DEADLINE,
+                on_item: Callable[[int, FetchedSlice], None] | None = None) -> list[FetchedSlice | None]:
     """Every wanted object from one holder in ONE FetchPayload stream (one round trip for all of
     them: issue 24), each checked as it completes (a slice against its signed root, an object
     against its sha256). -> one entry per wanted object, None for what did not come or did not
     check (the holder lacks it, a proof or digest failed, the stream broke); the caller fetches
-    those again alone. A holder that breaks the stream's rules is read no further."""
+    those again alone. A holder that breaks the stream's rules is read no further.
+    `on_item(k, item)`: called with each object that checked, as soon as it did (while the
+    stream's later objects still arrive), on the calling thread."""
     if not wanted:
         return []
     levels = [0] * len(wanted)
@@ -204,6 +207,8 @@ def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *,
                 out[k] = FetchedSlice(data=data, digest=digest.hex(), proof=tuple(w.proven.proof_of(w.slice) or ()))
         elif digest.hex() == w.sha256:
             out[k] = FetchedSlice(data=data, digest=w.sha256, proof=())
+        if on_item is not None and out[k] is not None:
+            on_item(k, out[k])
 
     # An item that came whole in one chunk (every slice under CHUNK_BYTES) is its chunk's bytes as
     # they are; a bytearray gathers only an item split over several chunks.

@@ -248,11 +248,13 @@ def test_a_batched_fetch_keeps_what_checks_and_leaves_the_rest_to_the_fallback(s
     proven = merkle.ProvenNodes(header.root_bytes(), header.num_slices)
     stranger = merkle.ProvenNodes(bytes(32), header.num_slices)  # a root nobody serves
     size = asker.math.sliced_codec.max_slice_payload_size(0)
+    told: list[tuple[int, bytes]] = []  # as each item checks, while the stream goes on (reduce-on-arrival uses it)
     got = fetch_items(asker.pool, holder.endpoint, [
         Wanted(max_size=size, slice=1, proven=proven), Wanted(max_size=size, slice=2, proven=stranger),
         Wanted(max_size=size, slice=3, proven=proven), Wanted(max_size=size, sha256="ab" * 32),
-        Wanted(max_size=size, slice=5, proven=proven)])
+        Wanted(max_size=size, slice=5, proven=proven)], on_item=lambda k, item: told.append((k, item.data)))
     assert got[1] is None and got[3] is None
+    assert told == [(k, got[k].data) for k in (0, 2, 4)]  # the checked ones only, in stream order
     for k, j in ((0, 1), (2, 3), (4, 5)):
         assert got[k] is not None and got[k].data == holder.store.get_slice(header.root_bytes(), j).payload
     assert asker.counter.calls_to("FetchPayload") == {holder.endpoint: 1}

@@ -18,8 +18,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -246,12 +247,28 @@ class SliceExchange(SliceFetching):
         owned = slice_plan.owned_by(rnd.owners, self.identity.peer_id)
         # Every input of every owned slice fetched at once: ONE stream per holder carrying all the
         # slices wanted from it, every holder in flight at once (issue 24), then what did not come
-        # fetched alone from the next holders; the slices are then reduced one after another.
+        # fetched alone from the next holders. A slice whose n inputs are all in is reduced at once,
+        # beside the streams still bringing the later slices (decoding while bytes arrive); the
+        # rest once the fallback is done. Same inputs, same bytes, whichever way.
         peers = rnd.peer_ids
-        fetched = self._fetch_inputs(rnd, [(p, j) for j in owned for p in peers])
+        missing = {j: len(peers) for j in owned}
+        inputs: dict[tuple[str, int], bytes] = {}
+        early: dict[int, Future] = {}
+        lock = threading.Lock()
+
+        def arrived(pair: tuple[str, int], data: bytes) -> None:
+            j = pair[1]
+            with lock:
+                inputs[pair] = data
+                missing[j] -= 1
+                if missing[j]:
+                    return
+            early[j] = self.slice_workers.submit(self.reduce, rnd, j, None, [(inputs[(p, j)], "") for p in peers])
+
+        fetched = self._fetch_inputs(rnd, [(p, j) for j in owned for p in peers], arrived)
         if marks is not None:
             marks["inputs_fetched"] = time.time()
-        return [self.reduce(rnd, j, fetched=[fetched[(p, j)] for p in peers]) for j in owned]
+        return [early[j].result() if j in early else self.reduce(rnd, j, fetched=[fetched[(p, j)] for p in peers]) for j in owned]
 
     def reduce_owned(self, rnd: SliceRound, marks: dict[str, float] | None = None) -> list[swarm_pb2.Signed]:
         """What this node submits: its owned slices reduced and signed as one batch (none when it owns none)."""

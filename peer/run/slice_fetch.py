@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import random
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import grpc
 
@@ -31,7 +31,7 @@ from protocol import merkle
 from protocol.envelope import UpdateHeader
 from peer.run import slice_plan
 from protocol.channels import TRANSFER_DEADLINE
-from protocol.payload_fetch import ChannelPool, FetchError, Wanted, fetch_blob, fetch_items, fetch_slice
+from protocol.payload_fetch import ChannelPool, FetchedSlice, FetchError, Wanted, fetch_blob, fetch_items, fetch_slice
 from protocol.payload_service import PayloadStore, StoredSlice, push_slices
 from protocol.slice_result import SliceResult
 from protocol.wire import swarm_pb2
@@ -110,9 +110,13 @@ class SliceFetching:
             log.info("slice %d of %s unavailable: %s", j, peer_id[:8], exc)
             return None, "unreachable"
 
-    def _fetch_inputs(self, rnd: SliceRound, wanted: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[bytes | None, str]]:
+    def _fetch_inputs(self, rnd: SliceRound, wanted: list[tuple[str, int]],
+                      arrived: Callable[[tuple[str, int], bytes], None] | None = None,
+                      ) -> dict[tuple[str, int], tuple[bytes | None, str]]:
         """(author, slice) -> (its bytes or None, why not): what we hold, then one batched stream
-        per first holder, then each missing one alone (store, author, the slice's other owners)."""
+        per first holder, then each missing one alone (store, author, the slice's other owners).
+        `arrived(pair, data)`: told of each input we held or a batched stream brought, as soon as
+        it is in (on a stream's thread; it must not raise); not of what the fallback fetches."""
         got: dict[tuple[str, int], tuple[bytes | None, str]] = {}
         groups: dict[str, list[tuple[str, int]]] = {}
         pushed = [(rnd.headers[p].root_bytes(), j) for p, j in wanted if not any(rnd.holders[p])]
@@ -122,6 +126,8 @@ class SliceFetching:
             held = self.store.get_slice(rnd.headers[p].root_bytes(), j)
             if held is not None:
                 got[(p, j)] = (held.payload, "")
+                if arrived is not None:
+                    arrived((p, j), held.payload)
                 continue
             holder = next((h for h in rnd.holders[p] if h and h != self.own_endpoint), "")
             if holder:
@@ -129,14 +135,19 @@ class SliceFetching:
 
         def one_stream(holder: str) -> None:
             pairs = groups[holder]
-            results = fetch_items(self.pool, holder, [
-                Wanted(max_size=self.math.sliced_codec.max_slice_payload_size(j), slice=j, proven=rnd.proven[p]) for p, j in pairs])
-            for (p, j), item in zip(pairs, results):
-                if item is not None:
-                    header = rnd.headers[p]
-                    self.store.put_slice(header.root_bytes(), j, StoredSlice(rnd.round, item.digest, item.proof, header.num_slices,
-                                                                            item.data))  # re-served
-                    got[(p, j)] = (item.data, "")
+
+            def keep(k: int, item: FetchedSlice) -> None:  # as each input checks, while the stream goes on
+                p, j = pairs[k]
+                header = rnd.headers[p]
+                self.store.put_slice(header.root_bytes(), j, StoredSlice(rnd.round, item.digest, item.proof, header.num_slices,
+                                                                        item.data))  # re-served
+                got[(p, j)] = (item.data, "")
+                if arrived is not None:
+                    arrived((p, j), item.data)
+
+            fetch_items(self.pool, holder, [
+                Wanted(max_size=self.math.sliced_codec.max_slice_payload_size(j), slice=j, proven=rnd.proven[p]) for p, j in pairs],
+                on_item=keep)
 
         list(self.streams.map(one_stream, groups))
         missing = [pair for pair in wanted if pair not in got]
