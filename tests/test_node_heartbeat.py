@@ -116,6 +116,37 @@ def test_the_loop_beats_at_once_when_told_and_stops():
     assert not beat.thread.is_alive()
 
 
+def test_a_dht_refresh_that_hangs_does_not_stop_the_beats(monkeypatch):
+    """A refresh of the DHT record stuck on an unreachable replica (chaos seed 0: a partitioned
+    peer's node; three honest peers went silent past peer_timeout_s and were marked gone) blocks
+    only itself: beats go on, and no second refresh starts while the first is in flight."""
+    monkeypatch.setattr("peer.node.heartbeat.RECORD_TTL_S", 0.0)  # a refresh due at every tick
+    fake = FakeCoordinator()
+    release, refreshes = threading.Event(), []
+
+    def stuck_announce() -> None:
+        refreshes.append(1)
+        release.wait(60)
+
+    beat = Heartbeat(client=fake, identity=Identity.generate(), counter=ByteCounter(), snapshot=NodeSnapshot,
+                     announce=stuck_announce, rejoin=lambda: None, stop=threading.Event())
+    beats = threading.Semaphore(0)
+    fake.on_call(lambda method, n: method == "heartbeat" and beats.release())
+    beat.start()
+    try:
+        for _ in range(3):
+            beat.now.set()
+            assert beats.acquire(timeout=10)  # answered while the refresh hangs
+        assert refreshes == [1] and beat.announcing()
+    finally:
+        release.set()
+        beat.stop.set()
+        beat.join(timeout=10)
+    assert not beat.thread.is_alive()
+    beat.announcer.join(10)
+    assert not beat.announcing()
+
+
 def test_a_peer_with_no_news_beats_only_to_keep_alive():
     """Every 2 s tick beats while there is news (a step, a phase, a round); with none, only every
     keepalive_s (the node passes peer_timeout_s / 4), or at once when told (a round ended)."""

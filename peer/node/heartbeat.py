@@ -9,7 +9,7 @@ something changes, and reports what the reply says (a ban, the end of the run, a
 of our key that took over, an endpoint nobody could fetch our update from) as events the node
 drains on its own thread: the heartbeat thread writes nothing of the node's. A coordinator that
 lost us gets a rejoin. The same loop keeps the peer's DHT record alive: it is rewritten well
-before it expires.
+before it expires, on a thread of its own (one at a time), so a slow DHT never delays a beat.
 """
 
 from __future__ import annotations
@@ -132,6 +132,7 @@ class Heartbeat:
         self.now = threading.Event()  # set: beat at once (a round ended)
         self.events: queue.SimpleQueue[HeartbeatEvent] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
+        self.announcer: threading.Thread | None = None  # the DHT record's refresh in flight, at most one
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self.loop, name="swarmloco-heartbeat", daemon=True)
@@ -198,17 +199,28 @@ class Heartbeat:
             self.now.clear()
             if self.stop.is_set():
                 break
-            if time.monotonic() - announced > RECORD_TTL_S / 3:
+            if time.monotonic() - announced > RECORD_TTL_S / 3 and not self.announcing():
                 announced = time.monotonic()
-                try:
-                    self.announce()
-                except Exception as exc:  # noqa: BLE001 - the next refresh retries; the gRPC path works without it
-                    log.info("refreshing the DHT record failed: %s", exc)
+                self.announcer = threading.Thread(target=self._announce, name="swarmloco-announce", daemon=True)
+                self.announcer.start()
             news = self.snapshot().news()
             if self.due(news, forced=forced, now=time.monotonic()):
                 self.beaten = time.monotonic()
                 if self.beat() is not None:
                     self.told = news
+
+    def announcing(self) -> bool:
+        """Whether a refresh of our DHT record is still in flight."""
+        return self.announcer is not None and self.announcer.is_alive()
+
+    def _announce(self) -> None:
+        # On its own thread: a DHT store waits on every replica it writes to, seconds each for one
+        # that became unreachable (a partitioned peer's node), and beats must not wait with it: a
+        # peer silent for peer_timeout_s is marked gone by the coordinator although it is working.
+        try:
+            self.announce()
+        except Exception as exc:  # noqa: BLE001 - the next refresh retries; the gRPC path works without it
+            log.info("refreshing the DHT record failed: %s", exc)
 
     def due(self, news: tuple[Any, ...], *, forced: bool, now: float) -> bool:
         """Whether the loop beats now: told to, news since the last beat that landed, or keepalive_s
