@@ -16,11 +16,12 @@ from peer.run.process_memory import keep_freed_memory
 torch.set_num_threads(1)
 took = keep_freed_memory() if sys.argv[1] == "on" else None
 x = torch.randn(10_000_000)  # 40 MB: over glibc's default mmap threshold, which adapts only up to 32 MB
-x.half().float()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+per = []
+for _ in range(12):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     x.half().float()
-print(took, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 5)
+    per.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(took, min(per))
 """
 
 
@@ -34,5 +35,9 @@ def test_large_temporaries_reuse_freed_memory():
     took, kept = faults("on")
     _, default = faults("off")
     assert took == "True"
-    assert default >= 9000  # 20 MB + 40 MB fresh each time: ~14,600 pages
-    assert kept < 0.75 * default  # measured 0-8,800 against 13,700-14,600 (where the freed block sits varies)
+    # The fewest faults of one x.half().float() in 12: by default never under the 40 MB result's
+    # 9,766 fresh pages (14,600 with the 20 MB half); with the thresholds raised the heap settles
+    # within a few (where the freed blocks sit varies: the mean of the first 5 was 0-8,800 pages)
+    # and then faults in nothing.
+    assert default >= 9000
+    assert kept < 1000
