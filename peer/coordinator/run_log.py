@@ -4,7 +4,9 @@ Events: `start` (or `takeover`: this coordinator's term is higher than the log's
 or another coordinator wrote the log last; a takeover first writes the rounds it inherited, from the
 checkpoint it took over from, that the log lacks, marked `inherited`, so the log holds the whole run),
 `join`, `gone`, `ban` (with the evidence), `round` (loss, bytes, exclusions, close reason),
-`peer_round` (a peer's own bytes and utilization for a round, from its heartbeat), `finished`.
+`peer_round` (a peer's own bytes and utilization for a round, from its heartbeat), `finished`
+(after every round; the peers' `peer_round` of the last round may still follow it, as their
+heartbeats arrive after the coordinator recorded that round).
 The watcher derives them by comparing the coordinator's status view with the one it saw last,
 twice a second, so the round path needs no hook and a missed poll loses nothing (history is a
 list, bans and evidence stay). It also keeps the per-round series the dashboard draws.
