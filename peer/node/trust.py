@@ -151,9 +151,7 @@ class RunAuthority:
         and asked for only when it is absent or does not hold."""
         if carried is not None and carried.body:
             try:
-                state = open_run_state(carried, keys=self.keys, run_id=self.run_id)
-            except ImpersonationError as exc:
-                raise PeerExit(f"the coordinator at {self.client.endpoint} is not one of the run's: {exc}") from None
+                state = self._open_state(carried)
             except EnvelopeError as exc:
                 log.info("the run state carried by a reply does not open (%s): asking for it", exc)
             else:
@@ -165,10 +163,7 @@ class RunAuthority:
                 self.endpoints = list(info.coordinator_endpoints)
             if not info.HasField("run_state"):
                 return None
-            try:
-                state = open_run_state(info.run_state, keys=self.keys, run_id=self.run_id)
-            except ImpersonationError as exc:
-                raise PeerExit(f"the coordinator at {self.client.endpoint} is not one of the run's: {exc}") from None
+            state = self._open_state(info.run_state)
             if self.fence.observe(state.term, state.signer, info.run_state):
                 return state
             log.warning("the coordinator at %s signs term %d, superseded by term %d (%s): refusing its state",
@@ -176,6 +171,13 @@ class RunAuthority:
             if attempt == 0 and not self.relocate():
                 break
         return None
+
+    def _open_state(self, signed: swarm_pb2.Signed) -> RunState:
+        """A signed run state opened against the run's keys; one signed by another key ends the peer."""
+        try:
+            return open_run_state(signed, keys=self.keys, run_id=self.run_id)
+        except ImpersonationError as exc:
+            raise PeerExit(f"the coordinator at {self.client.endpoint} is not one of the run's: {exc}") from None
 
     def signed_hash(self, round_: int) -> str | None:
         """The hash of θ_round a run key signed (what a downloaded state must match), if still kept."""
