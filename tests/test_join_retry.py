@@ -172,3 +172,19 @@ def test_the_launcher_names_a_peer_that_failed_after_joining_but_not_one_it_kill
     with pytest.raises(SwarmFailed, match=r"1 of 2 peers failed:\n  failing exited"):
         swarm.check()
 
+
+
+@pytest.mark.integration
+def test_the_launcher_has_every_line_of_a_child_once_its_exit_is_seen(swarm):
+    """Swarm.wait returns once the child's output is read to its end, not only once it exited:
+    test_fault_tolerance once missed the line a fail point prints right before its SIGKILL (beside
+    a CPU hog, the pump thread had not read it yet). The stand-in writes 20,000 lines (far more than
+    a pipe holds) and SIGKILLs itself; a child it forked writes one more line a second after that exit,
+    so the old wait (the exit alone) returns before it."""
+    import signal
+
+    swarm.initial_peers = ["/ip4/127.0.0.1/tcp/1/p2p/unused"]
+    loud = swarm.start_peer("loud", ["--lines", "20000", "--exit", "kill"], module="tests.standin_peer")
+    assert swarm.wait(loud, 60) == -signal.SIGKILL
+    assert loud.lines[-2:] == ["standin: killing this process (SIGKILL)\n", "standin: its child, after its exit\n"]
+    assert len(loud.lines) == 20003

@@ -35,6 +35,7 @@ from protocol import lifetime
 
 MADDR_RE = re.compile(r"--initial-peers (\S+)")
 GRPC_RE = re.compile(r"coordinator gRPC: (\S+)")
+PUMP_DRAIN_S = 10.0  # Swarm.wait: at most this long for an exited child's output to be read to EOF
 JOINED_RE = re.compile(r"^peer \S+ \| joined run ")  # peer/node/node.py prints it at its first accepted join
 
 
@@ -47,6 +48,7 @@ class Child:
     role: str = "peer"  # or "coordinator", "standby"
     joined: bool = False  # a peer: it printed its first accepted join
     killed: bool = False  # signalled through Swarm.kill: how it ends is the caller's doing
+    pump: threading.Thread | None = None  # copies its output into `lines` and its log until EOF
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -139,7 +141,8 @@ class Swarm:
         child = Child(name, process, log_path, role=role)
         with self._lock:
             self.children.append(child)
-        threading.Thread(target=self._pump, args=(child,), daemon=True).start()
+        child.pump = threading.Thread(target=self._pump, args=(child,), daemon=True)
+        child.pump.start()
         return child
 
     def _pump(self, child: Child) -> None:
@@ -199,7 +202,14 @@ class Swarm:
             pass
 
     def wait(self, child: Child, timeout_s: float) -> int:
-        return child.process.wait(timeout=timeout_s)
+        """Its exit status, once it has exited and its last lines are in `child.lines`: the exit is
+        seen before the pump has read what the process wrote just before it (a fail point's line
+        right before its SIGKILL was missing once, beside a CPU hog). The pump ends at EOF, when
+        no process holds the pipe any more (a leftover grandchild could hold it: PUMP_DRAIN_S bounds that)."""
+        code = child.process.wait(timeout=timeout_s)
+        if child.pump is not None:
+            child.pump.join(timeout=PUMP_DRAIN_S)
+        return code
 
     def failures(self, children: list[Child] | None = None) -> list[str]:
         """One line per peer (of `children`, default: every peer started) that never joined, exited
