@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from peer.run.config import RunConfig
 from peer.run.faults import fail_point
+from peer.run.paced_window import paced_steps, wait_for_close
 from peer.run.progress import step_line
 from protocol.accounting import ByteCounter
 
@@ -38,7 +39,8 @@ class InnerPhase:
         second call runs the `steps` left. Only a call that ran all it was asked ends the phase.
 
         A compute window (rounds.window_s > 0): the phase runs until window_s seconds have passed
-        since it began, at least rounds.min_steps and at most rounds.max_steps steps."""
+        since it began, at least rounds.min_steps and at most rounds.max_steps steps (under the test
+        hook SWARMLOCO_STEP_S, the steps a machine of that speed fits: peer/run/paced_window.py)."""
         cfg = self.cfg
         if self.training_started is None:
             self.training_started = time.monotonic()
@@ -49,7 +51,10 @@ class InnerPhase:
             self.phase_first_step = trainer.step
         first_step, call_first_step = self.phase_first_step, trainer.step
         t0 = time.monotonic()
-        if window:
+        paced = paced_steps(cfg.rounds) if window else None  # SWARMLOCO_STEP_S (tests): a machine of a known speed
+        if paced is not None:
+            asked = paced
+        elif window:
             stop = window_stop(trainer, closes=t0 + window, min_steps=cfg.rounds.min_steps, also=stop)
 
         def on_step(step: int, loss: float) -> None:
@@ -62,6 +67,8 @@ class InnerPhase:
                                 self.counter.total(), mfu=trainer.mfu(tokens_per_s)), flush=True)
 
         stats = trainer.run(asked, on_step, log_every=self.log_every, stop=stop)
+        if paced is not None:
+            wait_for_close(t0 + window)  # that machine would still be computing
         compute = time.monotonic() - t0
         self.compute_s += compute
         self.on_progress()

@@ -40,7 +40,7 @@ from peer.node.resync import StateSource
 from peer.node.round import PeerRound, Update, round_record
 from peer.node.round_exchange import RoundExchange
 from peer.node.trust import join_run
-from peer.run import state_sync
+from peer.run import paced_window, state_sync
 from peer.run.faults import check_environment
 from peer.run.process_memory import keep_freed_memory
 from peer.run.progress import round_line
@@ -67,6 +67,7 @@ class PeerNode:
 
     def __init__(self, options: PeerOptions) -> None:
         check_environment()  # a bad SWARMLOCO_FAIL_AT fails here, before anything starts
+        paced_window.check_environment()  # and a bad SWARMLOCO_STEP_S
         self.options = options
         state_dir = Path(options.state_dir or (Path(options.identity_path).parent if options.identity_path else "."))
         # One process per key: IdentityInUse (an OSError: the CLI prints it) when another holds it.

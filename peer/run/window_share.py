@@ -28,13 +28,20 @@ class WindowShare:
     others: int  # how many peers' last work it is compared with
 
 
+def window_steps(*, window_s: float, step_s: float, min_steps: int, max_steps: int) -> int:
+    """The inner steps a machine taking `step_s` seconds a step takes in a `window_s` window, as the
+    node trains (until the window has closed, checked after each step): ceil(window_s / step_s),
+    at least min_steps, at most max_steps."""
+    if not (window_s > 0 and step_s > 0):
+        raise ValueError(f"window_s={window_s!r}, step_s={step_s!r}: both must be > 0")
+    return min(max_steps, max(min_steps, math.ceil(window_s / step_s - 1e-9)))
+
+
 def window_share(*, window_s: float, step_s: float, min_steps: int, max_steps: int, tokens_per_step: int,
                  others_tokens: list[int], num_byzantine: int) -> WindowShare:
     """This machine's steps in the window and its share among `others_tokens` (the tokens each
     other live peer's last counted update claimed)."""
-    if not (window_s > 0 and step_s > 0):
-        raise ValueError(f"window_s={window_s!r}, step_s={step_s!r}: both must be > 0")
-    steps = min(max_steps, max(min_steps, math.ceil(window_s / step_s - 1e-9)))
+    steps = window_steps(window_s=window_s, step_s=step_s, min_steps=min_steps, max_steps=max_steps)
     tokens = steps * tokens_per_step
     others = [t for t in others_tokens if t > 0]
     if not others:
