@@ -204,18 +204,17 @@ def free_port() -> int:
 
 def wait_line(child, pattern: str, timeout_s: float) -> re.Match:
     """The first match of `pattern` in a Swarm child's output so far, waiting up to `timeout_s`;
-    an AssertionError with the child's last output when it never prints it (or exits first)."""
+    an AssertionError with the child's last output when it never prints it (or exits first: its
+    `pump` thread, which reads its output, has ended)."""
     deadline = time.monotonic() + timeout_s
     regex = re.compile(pattern)
-    exited = None
     while time.monotonic() < deadline:
+        read_to_end = not child.pump.is_alive()  # EOF: it exited, and every line it wrote is in
         match = regex.search("".join(child.lines))
         if match:
             return match
-        if not child.alive():  # its output may still be in the pipe: read on a little
-            exited = exited or time.monotonic()
-            if time.monotonic() - exited > 2.0:
-                break
+        if read_to_end:
+            break
         time.sleep(0.05)
     raise AssertionError(f"{child.name} never printed {pattern!r}:\n{''.join(child.lines)[-3000:]}")
 

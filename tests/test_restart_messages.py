@@ -46,7 +46,8 @@ class Coordinator:
         self.process = subprocess.Popen([sys.executable, "-m", "peer.cli.main", *args], cwd=cwd, env=env, text=True,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.tree: dict[int, int] = {}
-        threading.Thread(target=self._pump, daemon=True).start()
+        self.pump = threading.Thread(target=self._pump, daemon=True)  # wait_line: ended = read to EOF
+        self.pump.start()
 
     def _pump(self) -> None:
         for line in self.process.stdout:  # type: ignore[union-attr]
