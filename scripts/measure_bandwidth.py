@@ -71,6 +71,7 @@ def analyze(peer_summaries: list[dict], *, codec: str, numel: int, coordinator_k
                 "utilization": record["compute_s"] / round_s if round_s > 0 else None,
                 # overlapped rounds: inner steps of the next phase run when this round's average landed
                 "landed_after_steps": record.get("landed_after_steps"),
+                "phase_steps": record.get("inner_steps"),  # the inner steps this round's phase ran (a window's vary)
                 # sliced exchange: wall-clock end of each exchange step (peer/exchange/sliced_peer.py)
                 "timeline": record.get("timeline") or None,
             })
@@ -93,13 +94,16 @@ def analyze(peer_summaries: list[dict], *, codec: str, numel: int, coordinator_k
 
 def format_table(result: dict) -> str:
     """Per-peer per-round rows; a `land` column (inner steps of the next phase run when the round's
-    average landed) only where some row has one (overlapped rounds), "-" on a row without it."""
+    average landed) only where some row has one (overlapped rounds), "-" on a row without it; a
+    `steps` column (the inner steps of the round's own phase) where some phase did not run H."""
     landing = any(r.get("landed_after_steps") is not None for r in result["rows"])
+    varied = any(r.get("phase_steps") not in (None, result.get("inner_steps")) for r in result["rows"])
     lines = [
         f"codec {result['codec']}: {result['numel']:,} params | payload measured {', '.join(f'{p:,}' for p in result['payload_bytes_measured'])} B"
         f" | codec size {result['codec_bytes']:,} B | fp32 {result['fp32_bytes']:,} B",
         f"{'peer':8} {'rnd':>3} {'upd':>3} {'sent':>11} {'recv':>11} {'coordinator sent/recv':>21} {'peers sent/recv':>21} {'goodput':>9} "
-        f"{'compute':>7} {'encode':>6} {'wait':>6} {'fetch':>6} {'aggr':>6} {'round':>6} {'util':>5}" + (f" {'land':>4}" if landing else ""),
+        f"{'compute':>7} {'encode':>6} {'wait':>6} {'fetch':>6} {'aggr':>6} {'round':>6} {'util':>5}" + (f" {'land':>4}" if landing else "")
+        + (f" {'steps':>5}" if varied else ""),
     ]
     for r in result["rows"]:
         goodput = f"{r['goodput_MBps']:.1f}MB/s" if r["goodput_MBps"] is not None else "-"
@@ -108,6 +112,7 @@ def format_table(result: dict) -> str:
             f"{r['coordinator_sent']:>10,}/{r['coordinator_received']:<10,} {r['peers_sent']:>10,}/{r['peers_received']:<10,} {goodput:>9} {r['compute_s']:>7.2f} {r['encode_s']:>6.3f} "
             f"{r['wait_s']:>6.2f} {r['fetch_s']:>6.3f} {r['aggregate_s']:>6.3f} {r['round_s']:>6.2f} "
             f"{100 * r['utilization']:>4.0f}%" + (f" {_or_dash(r.get('landed_after_steps')):>4}" if landing else "")
+            + (f" {_or_dash(r.get('phase_steps')):>5}" if varied else "")
         )
     m = result["median"]
     if result["rows"]:
@@ -127,9 +132,9 @@ def _or_dash(value: object) -> str:
 
 
 def write_run_config(workdir: Path, *, peers: int, rounds: int, inner_steps: int, codec: str, overlap: bool = False,
-                     exchange: str | None = None) -> Path:
+                     exchange: str | None = None, window_s: float = 0.0) -> Path:
     """The demo run config with these overrides, validated as `swarmloco demo` does, in workdir/run.json
-    (`exchange`: exchange.mode, None keeps the default)."""
+    (`exchange`: exchange.mode, None keeps the default; `window_s`: rounds.window_s, 0 keeps fixed H)."""
     from peer.cli.main import build_parser, load_run_config
     from peer.cli.run_flags import resolve_run_config
 
@@ -141,6 +146,8 @@ def write_run_config(workdir: Path, *, peers: int, rounds: int, inner_steps: int
     cfg = load_run_config(args)
     if exchange is not None:
         cfg = resolve_run_config(cfg, {"exchange.mode": exchange})
+    if window_s:
+        cfg = resolve_run_config(cfg, {"rounds.window_s": window_s})
     path.write_text(cfg.to_json())
     return path
 

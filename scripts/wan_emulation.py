@@ -55,11 +55,11 @@ SLICED_ROUND_TRIPS = 5
 
 
 def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec: str, workdir: Path, timeout_s: float,
-              overlap: bool = False, exchange: str | None = None) -> dict:
+              overlap: bool = False, exchange: str | None = None, window_s: float = 0.0) -> dict:
     from measure_bandwidth import read_workdir, write_run_config
 
     write_run_config(workdir, peers=peers, rounds=rounds, inner_steps=inner_steps, codec=codec, overlap=overlap,
-                     exchange=exchange)
+                     exchange=exchange, window_s=window_s)
     python = sys.executable
     proxy = bed.delay_mode == "proxy"
 
@@ -123,15 +123,36 @@ def utilization_spread(result: dict) -> str:
     return f"{span(body)} (last: {span(tail)})"
 
 
+def landing_shares(result: dict, *, of_phase: bool = False) -> list[float]:
+    """landed_after_steps of every overlapped round that landed, as a share of H (inner.steps), or
+    with `of_phase` of the steps the phase it landed in ran (the same peer's next round record:
+    a compute window's phases vary; with a fixed H both are the same)."""
+    steps = {(row["peer"], row["round"]): row.get("phase_steps") for row in result["rows"]}
+    shares = []
+    for row in result["rows"]:
+        if row.get("landed_after_steps") is None:
+            continue
+        phase = steps.get((row["peer"], row["round"] + 1)) if of_phase else result["inner_steps"]
+        if phase:
+            shares.append(row["landed_after_steps"] / phase)
+    return shares
+
+
 def landing_spread(result: dict) -> str:
     """Where the average of an overlapped round landed, as a share of the next phase's H inner steps:
     median (min–max) over peers and rounds of landed_after_steps / H; "-" where no row has it
-    (synchronous runs, and results stored before the peers recorded it)."""
-    shares = [row["landed_after_steps"] / result["inner_steps"] for row in result["rows"]
-              if row.get("landed_after_steps") is not None]
+    (synchronous runs, and results stored before the peers recorded it). In a compute-window run,
+    as a share of the steps that phase ran, with the share of H beside it."""
+
+    def spread(shares: list[float]) -> str:
+        return f"{statistics.median(shares):.2f} ({min(shares):.2f}–{max(shares):.2f})" if shares else "-"
+
+    shares = landing_shares(result)
     if not shares:
         return "-"
-    return f"{statistics.median(shares):.2f} ({min(shares):.2f}–{max(shares):.2f})"
+    if not result.get("window_s"):
+        return spread(shares)
+    return f"{spread(landing_shares(result, of_phase=True))} of the phase's steps; of H = {result['inner_steps']}: {spread(shares)}"
 
 
 def link_bound_s(result: dict) -> float | None:
@@ -248,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", nargs="+", metavar="JSON", help="write --write-md from earlier --json files; run nothing")
     parser.add_argument("--overlap", action="store_true", help="overlapped rounds (rounds.overlap_communication)")
     parser.add_argument("--exchange", choices=("sliced", "all-to-all"), help="exchange.mode (default: the run config's, sliced)")
+    parser.add_argument("--window-s", type=float, default=0.0,
+                        help="rounds.window_s: a compute window instead of --inner-steps per phase (overlapped: the swarm's)")
     parser.add_argument("--check", action="store_true", help="only say whether namespaces + tbf (+ netem) work here")
     args = parser.parse_args(argv)
     if args.report_only:
@@ -285,13 +308,15 @@ def main(argv: list[str] | None = None) -> int:
                 shaping += "; overlapped rounds"
             if args.exchange:
                 shaping += f"; {args.exchange} exchange"
+            if args.window_s:
+                shaping += f"; compute window {args.window_s:g} s" + (" (swarm-aligned)" if args.overlap else "")
             print(f"codec {codec}: {args.peers} peers + coordinator in namespaces; {shaping}", flush=True)
             result = run_swarm(bed, peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, codec=codec,
                                workdir=base / codec.replace(":", "_").replace("+", "_"), timeout_s=args.timeout,
-                               overlap=args.overlap, exchange=args.exchange)
+                               overlap=args.overlap, exchange=args.exchange, window_s=args.window_s)
             exchange = args.exchange or "sliced"
             results.append({**result, "shaping": shaping, "measured_link_mbit": link, "delay_mode": bed.delay_mode, "rate_mbit": args.rate_mbit,
-                            "rtt_ms": args.rtt_ms, "exchange": exchange,
+                            "rtt_ms": args.rtt_ms, "exchange": exchange, "window_s": args.window_s,
                             "round_trips": SLICED_ROUND_TRIPS if exchange == "sliced" else None})
             from measure_bandwidth import format_table
 

@@ -22,9 +22,14 @@ from protocol.accounting import Traffic
 
 
 class ToyPeer:
-    def __init__(self, *, rounds: int, steps: int, land_after: int, resync_round: int | None = None) -> None:
-        self.cfg = SimpleNamespace(rounds=SimpleNamespace(rounds=rounds, eager_updates=False, eager_estimate="own"),
+    def __init__(self, *, rounds: int, steps: int, land_after: int, resync_round: int | None = None,
+                 window_s: float = 0.0, max_steps: int = 1000) -> None:
+        self.cfg = SimpleNamespace(rounds=SimpleNamespace(rounds=rounds, eager_updates=False, eager_estimate="own",
+                                                          window_s=window_s, max_steps=max_steps),
                                    inner=SimpleNamespace(steps=steps))
+        # (round, steps asked, closes as seconds from the call: inf or None kept) per train call
+        self.calls: list[tuple[int, int | None, float | None]] = []
+        self.manifest_age_s = 2.0  # the exchange's manifest arrived this long before it lands
         self.options = SimpleNamespace(device="cpu")
         self.model = torch.nn.Linear(2, 2)
         load_flat_params(self.model, torch.zeros(6))
@@ -42,7 +47,8 @@ class ToyPeer:
     def open_round(self, r: int) -> PeerRound:
         return PeerRound(r=r, base=self.params.clone(), started=time.monotonic(), before=Traffic(0, 0))
 
-    def train(self, r, *, steps=None, stop=None):
+    def train(self, r, *, steps=None, stop=None, closes=None):
+        self.calls.append((r, steps, closes - time.monotonic() if closes is not None and closes < float("inf") else closes))
         asked, done = steps or self.cfg.inner.steps, 0
         for _ in range(asked):
             load_flat_params(self.model, flat_params(self.model) + 1)
@@ -70,7 +76,7 @@ class ToyPeer:
         self.landed.clear()
         if rnd.r == self.resync_round:
             return Resync("parameter hash differs")
-        return Applied(params=rnd.base + 10, updates=1)
+        return Applied(params=rnd.base + 10, updates=1, timeline={"manifest": time.time() - self.manifest_age_s})
 
     def finish_round(self, rnd, outcome, *, round_s=None, after=None) -> None:
         match outcome:
@@ -127,6 +133,26 @@ def test_a_commit_refused_in_the_background_resyncs_like_any_round():
     assert run_overlapped(peer, max_rounds=2) == 2
     assert refused == [0] and peer.records[0] == (0, "resync", None)
     assert peer.sent[0] == (0, [-4.0] * 6) and peer.sent[1] == (5, [-4.0] * 6)
+
+
+def test_a_window_phase_closes_at_the_swarm_clock_not_its_own_start():
+    """rounds.window_s with overlap: a phase's close is window_s after this peer received the
+    manifest of the round in flight (the swarm's close of that round), not window_s after the
+    phase began: unknown (inf) until the exchange lands, then the rest of the phase runs to it."""
+    peer = ToyPeer(rounds=3, steps=4, land_after=1, window_s=5.0, max_steps=9)
+    assert run_overlapped(peer) == 3
+    first, (r1, none_steps, unknown), (r1b, left, closes_in) = peer.calls[:3]
+    assert first == (0, None, None)  # round 0: nothing in flight, the peer's own window
+    assert (r1, none_steps, unknown) == (1, None, float("inf"))
+    # landed after 1 step: the rest (up to max_steps 9) runs until manifest + 5 s = 3 s after the landing
+    assert (r1b, left) == (1, 8) and 1.5 < closes_in <= 3.0
+    assert peer.records[0] == (0, "applied", 1)
+
+
+def test_fixed_h_overlap_passes_no_close():
+    peer = ToyPeer(rounds=2, steps=4, land_after=1)
+    run_overlapped(peer)
+    assert [c[2] for c in peer.calls] == [None, None, None] and peer.calls[2][1] == 3
 
 
 def test_eager_start_disabled_keeps_the_local_parameters():

@@ -264,6 +264,19 @@ def test_wan_report_says_where_the_overlapped_average_landed(tmp_path):
     assert [row.rstrip(" |").split(" | ")[-5] for row in rows] == ["0.35 (0.20–0.50)", "-", "-"]
 
 
+def test_a_window_runs_landing_is_a_share_of_the_phase_it_landed_in():
+    """A compute window's phases vary: a round's landing is also given as a share of the steps of
+    the same peer's next phase (its record's inner_steps), beside the share of H."""
+    records = [_record(0, landed_after_steps=5, inner_steps=20), _record(1, landed_after_steps=6, inner_steps=25),
+               _record(2, inner_steps=30)]
+    result = {**measure_bandwidth.analyze([_summary("aaaaaaaaaaaa", records, {})], codec="fp16", numel=1000),
+              "inner_steps": 20, "window_s": 3.0}
+    assert [r["phase_steps"] for r in result["rows"]] == [20, 25, 30]
+    assert wan_emulation.landing_shares(result, of_phase=True) == [5 / 25, 6 / 30]
+    assert wan_emulation.landing_spread(result) == "0.20 (0.20–0.20) of the phase's steps; of H = 20: 0.28 (0.25–0.30)"
+    assert "steps" in measure_bandwidth.format_table(result).splitlines()[1]
+
+
 def test_the_wan_run_config_takes_the_exchange_mode(tmp_path):
     """wan_emulation --exchange all-to-all reaches the swarm's run config; without it the default (sliced)."""
     path = measure_bandwidth.write_run_config(tmp_path / "a", peers=4, rounds=6, inner_steps=25, codec="fp16", overlap=True,

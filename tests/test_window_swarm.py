@@ -91,3 +91,30 @@ def test_a_throttled_peers_work_counts_every_round_and_an_inflated_claim_is_capp
     for name, (claimed, counted, capped_by) in expected.items():
         assert work[summaries[name]["peer_id"]] == {"round": 2, "inner_steps": claimed, "tokens": claimed * tokens_per_step,
                                                     "weight": round(counted / total, 6), "capped_by": capped_by}, name
+
+
+def test_an_overlapped_window_run_ends_every_peer_in_sync_with_the_steps_it_claimed(swarm, tmp_path):
+    """rounds.window_s with overlap_communication (the swarm-aligned window, peer/node/overlap.py):
+    each phase after the first closes window_s after the manifest of the round in flight. With a
+    window that is closed at once, a phase runs until the exchange in flight lands (any number of
+    steps) and then to min_steps: the step counts vary with timing, so the test checks what does
+    not: every round closes with every peer, every peer on the coordinator's hash, each header's
+    claim the steps that peer recorded, at least min_steps and at most max_steps."""
+    rounds = {"rounds": 3, "expected_peers": 2, "window_s": 0.001, "min_steps": STEPS, "max_steps": 4 * STEPS,
+              "overlap_communication": True}
+    config = write_run_config(tmp_path / "run.json", rounds=rounds)
+    tokens_per_step = tiny_run_config().data.batch_size * tiny_run_config().model.seq_len
+    coordinator = swarm.start_coordinator(["--config", str(config)])
+    peers = [swarm.start_peer(f"peer{i}", ["--log-every", "1000", "--shard", f"{i}/2"], via_dht=False) for i in range(2)]
+    wait_run_end(swarm, coordinator, peers)
+    status = read_summary(swarm, "coordinator")
+    final = status["history"][-1]["param_hash"]
+    assert [r["updates"] for r in status["history"]] == [2] * 3
+    for name in ("peer0", "peer1"):
+        summary = read_summary(swarm, name)
+        assert summary["param_hash"] == final, name
+        assert [r["round"] for r in summary["history"]] == [0, 1, 2], name
+        for r in summary["history"]:
+            assert r["in_sync"] and STEPS <= r["inner_steps"] <= 4 * STEPS and r["tokens"] == r["inner_steps"] * tokens_per_step, (name, r)
+        claimed = {p["peer_id"]: p["work"] for p in status["peers"]}[summary["peer_id"]]
+        assert claimed["inner_steps"] == summary["history"][-1]["inner_steps"], name

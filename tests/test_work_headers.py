@@ -111,8 +111,7 @@ def test_window_config_is_checked_and_a_rule_that_cannot_weigh_is_refused_at_sta
         window_config(window_s=-1.0)
     with pytest.raises(ConfigError, match="min_steps"):
         window_config(min_steps=5, max_steps=4)
-    with pytest.raises(ConfigError, match="overlap_communication is not supported yet"):
-        window_config(overlap_communication=True)
+    assert window_config(overlap_communication=True).rounds.overlap_communication  # the swarm-aligned window
     data = window_config().to_dict()
     data["exchange"]["mode"] = "all-to-all"
     with pytest.raises(ConfigError, match="exchange.mode = 'all-to-all' does not pass the claims to its rule yet"):
@@ -254,3 +253,6 @@ def test_the_window_stops_once_closed_and_after_the_minimum_steps():
         seen.append((closed(), open_()))
     assert seen == [(False, False), (False, False), (True, False), (True, False), (True, False)]
     assert window_stop(trainer, closes=float("inf"), min_steps=1, also=lambda: True)()  # the overlap's stop still counts
+    # An overlapped phase's second call counts the minimum from the phase's first step, not its own.
+    assert window_stop(trainer, closes=float("-inf"), min_steps=3, first=trainer.step - 3)()
+    assert not window_stop(trainer, closes=float("-inf"), min_steps=3, first=trainer.step - 2)()

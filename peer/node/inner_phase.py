@@ -31,31 +31,37 @@ class InnerPhase:
         self.training_started: float | None = None  # the first step: utilization excludes start-up
         self.phase_first_step = 0  # the trainer's step count when this round's phase began
 
-    def run(self, trainer: Any, r: int, *, steps: int | None = None, stop: Callable[[], bool] | None = None) -> tuple[Any, float]:
+    def run(self, trainer: Any, r: int, *, steps: int | None = None, stop: Callable[[], bool] | None = None,
+            closes: float | None = None) -> tuple[Any, float]:
         """H inner steps of round r (or the `steps` left of a phase that was cut): (stats, seconds).
 
         Overlapped rounds split a phase in two: `stop` ends the first call early (after the step
         during which the exchange in flight finished; stats.steps says how many ran), and the
         second call runs the `steps` left. Only a call that ran all it was asked ends the phase.
 
-        A compute window (rounds.window_s > 0): the phase runs until window_s seconds have passed
-        since it began, at least rounds.min_steps and at most rounds.max_steps steps (under the test
-        hook SWARMLOCO_STEP_S, the steps a machine of that speed fits: peer/run/paced_window.py)."""
+        A compute window (rounds.window_s > 0): the phase runs until `closes` (time.monotonic();
+        default: window_s seconds after it began), at least rounds.min_steps and at most
+        rounds.max_steps steps. Overlapped rounds pass `closes`: inf for a first call whose close
+        the exchange in flight will tell, then the swarm's close for the `steps` left. Under the
+        test hook SWARMLOCO_STEP_S a phase on its own window takes the steps a machine of that
+        speed fits (peer/run/paced_window.py)."""
         cfg = self.cfg
         if self.training_started is None:
             self.training_started = time.monotonic()
         self.counter.round = r
-        window = cfg.rounds.window_s if steps is None else 0.0
+        window = cfg.rounds.window_s if steps is None or closes is not None else 0.0
         asked = (cfg.rounds.max_steps if window else cfg.inner.steps) if steps is None else steps
         if steps is None:
             self.phase_first_step = trainer.step
         first_step, call_first_step = self.phase_first_step, trainer.step
         t0 = time.monotonic()
-        paced = paced_steps(cfg.rounds) if window else None  # SWARMLOCO_STEP_S (tests): a machine of a known speed
+        # SWARMLOCO_STEP_S (tests): a machine of a known speed, on a phase's own window
+        paced = paced_steps(cfg.rounds) if window and closes is None else None
         if paced is not None:
             asked = paced
         elif window:
-            stop = window_stop(trainer, closes=t0 + window, min_steps=cfg.rounds.min_steps, also=stop)
+            closes = t0 + window if closes is None else closes
+            stop = window_stop(trainer, closes=closes, min_steps=cfg.rounds.min_steps, also=stop, first=first_step)
 
         def on_step(step: int, loss: float) -> None:
             self.step, self.last_loss = step, loss
@@ -72,15 +78,17 @@ class InnerPhase:
         compute = time.monotonic() - t0
         self.compute_s += compute
         self.on_progress()
-        if stats.steps == asked or window:
+        if stats.steps == asked or (window and closes is not None and time.monotonic() >= closes):
             fail_point("trained", r)
         return stats, compute
 
 
-def window_stop(trainer: Any, *, closes: float, min_steps: int, also: Callable[[], bool] | None = None) -> Callable[[], bool]:
+def window_stop(trainer: Any, *, closes: float, min_steps: int, also: Callable[[], bool] | None = None,
+                first: int | None = None) -> Callable[[], bool]:
     """The stop hook of a compute window: true once the window has closed (time.monotonic() >=
-    `closes`) and at least `min_steps` steps ran in this phase, or when `also` says so."""
-    first = trainer.step
+    `closes`) and at least `min_steps` steps ran in this phase (since the trainer's step `first`;
+    default: now), or when `also` says so."""
+    first = trainer.step if first is None else first
 
     def stop() -> bool:
         return (time.monotonic() >= closes and trainer.step - first >= min_steps) or (also is not None and also())

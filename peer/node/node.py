@@ -327,7 +327,8 @@ class PeerNode:
     def utilization(self) -> float:  # share of wall time in inner steps since the first one (start-up excluded)
         return self.snapshot.utilization(time.monotonic())
 
-    def train(self, r: int, *, steps: int | None = None, stop: Callable[[], bool] | None = None) -> tuple[Any, float]:
+    def train(self, r: int, *, steps: int | None = None, stop: Callable[[], bool] | None = None,
+              closes: float | None = None) -> tuple[Any, float]:
         """Round r's inner steps (peer/node/inner_phase.py) from the model as it is: (stats, seconds)."""
         self.phase = RoundPhase.TRAINING
         if self.cfg.rounds.window_s and ranks.world_size() > 1:
@@ -335,7 +336,7 @@ class PeerNode:
                            "run yet: start this peer with one rank")
         ranks.start_round(self, self.cfg.inner.steps if steps is None else steps)  # every rank from this θ
         # Followers run the steps they are told in lockstep: with several ranks a phase is not cut.
-        return self.inner.run(self.trainer, r, steps=steps, stop=stop if ranks.world_size() == 1 else None)
+        return self.inner.run(self.trainer, r, steps=steps, stop=stop if ranks.world_size() == 1 else None, closes=closes)
 
     def make_update(self, r: int, delta: torch.Tensor, stats: Any) -> Update:
         """Encode and sign this peer's pseudo-gradient Δ (d,) for round r, with the work behind it

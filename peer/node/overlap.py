@@ -7,6 +7,7 @@ exchange, finish_round), so only the schedule differs.
 
 from __future__ import annotations
 
+import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Protocol
@@ -33,7 +34,8 @@ class RoundPhases(Protocol):
 
     def running(self, done: int, max_rounds: int | None) -> bool: ...
     def open_round(self, r: int) -> PeerRound: ...
-    def train(self, r: int, *, steps: int | None = None, stop: Callable[[], bool] | None = None) -> tuple[Any, float]: ...
+    def train(self, r: int, *, steps: int | None = None, stop: Callable[[], bool] | None = None,
+              closes: float | None = None) -> tuple[Any, float]: ...
     def make_update(self, r: int, delta: torch.Tensor, stats: Any) -> Update: ...
     def commit(self, update: Update, r: int, *, resync: bool = True) -> bool: ...
     def exchange(self, rnd: PeerRound) -> RoundOutcome: ...
@@ -51,12 +53,19 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
     exchange finished, or at the phase's end if it takes longer), the local progress is moved
     onto it: θ_local = θ_{r+1} + (θ_local − P), and the phase's remaining steps run from there;
     Δ_{r+1} = −(progress made in round r+1). The round record's landed_after_steps says when.
+
+    With a compute window (rounds.window_s > 0) the phase is sized by the swarm's clock, not the
+    peer's: it closes window_s after this peer received round r's signed manifest (swarm_close),
+    which every peer receives when the last commit of round r arrives. A peer that committed
+    early trains longer (its work is weighted by what it claims), so the next commits line up
+    instead of a fixed H keeping every peer's head start round after round.
     """
     done = 0
     pending: tuple[Future, PeerRound] | None = None  # the exchange in flight and its round
     anchor = node.params.clone()  # where the current inner phase started, (d,)
     eager = EagerStart(node.cfg.rounds.eager_updates)
     steps = node.cfg.inner.steps
+    window = node.cfg.rounds.window_s  # 0: fixed H; otherwise a phase ends at the swarm's close
     device = node.options.device
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-exchange") as background:
         while node.running(done, max_rounds):
@@ -64,7 +73,9 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
             r = rnd.r
             # The phase stops early when the exchange in flight finishes: θ_r is then known, and the
             # rest of the phase runs from θ_r + progress instead of from the estimated start.
-            stats, compute = node.train(r, stop=None if pending is None else pending[0].done)
+            # In a window run its close is not known before the exchange lands (inf: until then).
+            stats, compute = node.train(r, stop=None if pending is None else pending[0].done,
+                                        closes=math.inf if window and pending is not None else None)
             progress = flat_params(node.model).cpu() - anchor  # (d,)
             if pending is not None:
                 (future, previous), pending = pending, None
@@ -83,10 +94,12 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
                     anchor = node.params.clone()
                     eager.forget()
                     continue
-                if stats.steps < steps:  # θ_r landed mid-phase: move the progress onto it
+                left = (node.cfg.rounds.max_steps if window else steps) - stats.steps
+                if left > 0:  # θ_r landed mid-phase: move the progress onto it
                     anchor = node.params.clone()
                     load_flat_params(node.model, (anchor + progress).to(device))
-                    more, more_compute = node.train(r, steps=steps - stats.steps)
+                    closes = swarm_close(outcome, window, fallback=rnd.started + window) if window else None
+                    more, more_compute = node.train(r, steps=left, closes=closes)
                     stats, compute = stats.then(more), compute + more_compute
                     progress = flat_params(node.model).cpu() - anchor
             rnd.base, rnd.stats, rnd.compute_s = node.params.clone(), stats, compute
@@ -109,6 +122,16 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
             node.finish_round(previous, future.result())
             done += 1
     return done
+
+
+def swarm_close(outcome: RoundOutcome, window_s: float, *, fallback: float) -> float:
+    """When a window run's phase closes (time.monotonic()): window_s after this peer received the
+    signed manifest of the round that just landed (its timeline's wall-clock "manifest" mark),
+    or `fallback` where the outcome has no such mark."""
+    received = outcome.timeline.get("manifest") if isinstance(outcome, Applied) else None
+    if received is None:
+        return fallback
+    return time.monotonic() - (time.time() - received) + window_s
 
 
 def commit_then_exchange(node: RoundPhases, rnd: PeerRound) -> RoundOutcome:

@@ -284,6 +284,10 @@ class RoundConfig:
     # min_steps, at most max_steps), signs the steps and tokens it did into its update header, and
     # the owners weigh updates by that work, capped (optim/work_weights.py). 0 = off: every peer
     # runs inner.steps and updates count equally (the default; the swarm's math is unchanged).
+    # With overlap_communication the window is the swarm's, not the peer's: a phase closes window_s
+    # after this peer received the signed manifest of the round in flight (the coordinator's close
+    # of that round, which every peer receives at once), so a peer that committed early trains
+    # longer and the next commits line up (peer/node/overlap.py).
     window_s: float = documented(0.0, "compute window: each peer trains this many seconds a round and updates are weighted by work (0 = off: inner.steps each)")
     min_steps: int = 1  # compute window: inner steps a peer takes even when the window has closed
     max_steps: int = 1000  # compute window: no peer takes (or may claim) more inner steps in a round
@@ -293,9 +297,6 @@ class RoundConfig:
                  f"rounds.window_s={self.window_s!r}: use 0 (fixed inner.steps) or the seconds of a round's compute window")
         require(1 <= self.min_steps <= self.max_steps,
                  f"rounds: need 1 <= min_steps ({self.min_steps}) <= max_steps ({self.max_steps})")
-        require(not (self.window_s and self.overlap_communication),
-                 "rounds.window_s with rounds.overlap_communication is not supported yet: a window sizes the inner "
-                 "phase that overlap splits around the exchange; set window_s = 0 or overlap_communication = false")
         require(self.rounds > 0, f"rounds.rounds={self.rounds}: use at least 1 round")
         require(self.min_peers >= 1, f"rounds.min_peers={self.min_peers}: a quorum needs at least 1 peer")
         require(
