@@ -258,3 +258,31 @@ def test_a_batched_fetch_keeps_what_checks_and_leaves_the_rest_to_the_fallback(s
     for k, j in ((0, 1), (2, 3), (4, 5)):
         assert got[k] is not None and got[k].data == holder.store.get_slice(header.root_bytes(), j).payload
     assert asker.counter.calls_to("FetchPayload") == {holder.endpoint: 1}
+
+
+def test_a_spot_check_asks_no_author_that_every_owner_left_out(slice_nodes):
+    """Issue 22's partition: an author vanished after committing, so every owner left its update
+    out (unreachable). A spot check recomputes each claim over the inputs that claim used, so the
+    gatherer (the coordinator applies the round only after this prefetch) never dials the vanished
+    author: in the chaos run its dead link held the coordinator's apply 10 s (13 s on loopback
+    through a netns link cut), while every peer had gathered."""
+    cfg, nodes = slice_nodes
+    rounds, _ = make_round(cfg, nodes)
+    victim = 3
+    gone, gone_endpoint = nodes[victim].identity.peer_id, nodes[victim].endpoint
+    nodes[victim].server.stop(0)  # gone: nothing serves its slices any more
+    batches = [signed for i, (node, rnd) in enumerate(zip(nodes, rounds)) if i != victim
+               for signed in node.exchange.reduce_owned(rnd)]
+    checker = 0
+    spot = [j for j, owners in enumerate(rounds[checker].owners) if nodes[checker].identity.peer_id not in owners]
+    by_slice = nodes[checker].exchange.open_results(rounds[checker], batches)
+    assert all(set(res.excluded) == {gone} for j in spot for res, _ in by_slice[j])  # every owner left it out
+    before = nodes[checker].counter.calls_to("FetchPayload")  # the owners' phase dialled it (and was refused)
+    nodes[checker].exchange.prefetch(rounds[checker], batches, spot)  # what the coordinator runs once the results are final
+    outcome = nodes[checker].exchange.gather(rounds[checker], batches, spot=spot)
+    after = nodes[checker].counter.calls_to("FetchPayload")
+    asked = {e for e in after if after[e] > before.get(e, 0)}
+    assert asked and gone_endpoint not in asked  # old code: asked it for every spot slice
+    assert sorted(outcome.recomputed) == spot and not outcome.liars  # each claim recomputed over its own inputs, and held
+    assert all(outcome.excluded[j] == {gone: "unreachable"} for j in range(len(rounds[checker].owners)))
+    assert torch.equal(outcome.combined, nodes[1].exchange.gather(rounds[1], batches, spot_checks=0).combined)

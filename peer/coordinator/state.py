@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,6 +19,7 @@ from peer.coordinator.clock import RoundClock
 from protocol.async_wait import Announcing
 from peer.coordinator.commitments import Admission
 from peer.coordinator.followers import Followers
+from peer.coordinator.lock_watch import coordinator_lock
 from peer.coordinator.lease import ActGuard
 from peer.coordinator.registry import PeerRegistry
 from peer.coordinator.round_book import AdaptiveDeadline, RoundBook, RoundResult, result_dict
@@ -75,7 +75,7 @@ class Coordinator:
         self.initial_peers: list[str] = []
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
         self.counter = counter or ByteCounter(identity.peer_id)
-        self.lock = threading.RLock()
+        self.lock = coordinator_lock()  # a plain RLock; SWARMLOCO_LOCK_WATCH=1 prints long holds (lock_watch.py)
         self.round_closed = Announcing(self.lock)  # also wakes the long-polls that wait on the server's loop
 
         restoring = self.checkpoint_path is not None and self.checkpoint_path.exists()

@@ -373,8 +373,16 @@ class SliceExchange(SliceFetching):
         """The agreed results of every slice but `spot` and the inputs of the `spot` slices, all in
         flight at once: one wave of round trips, not one for the results and then one for the
         spot checks. Inputs of client-mode authors (pushed to the slice's owners) are left to
-        settle(), which fetches them from the owners."""
-        inputs = [(p, j) for j in spot for p in rnd.peer_ids if any(rnd.holders[p])]
+        settle(), which fetches them from the owners. A spot check recomputes each claim over its
+        own inputs (settle), so only the authors some claim used are fetched: an author every owner
+        left out (unreachable: issue 22's partitioned peer, whose dead link held the coordinator's
+        apply 10-13 s) is not asked; a slice with no claim is reduced over every author."""
+        def authors(j: int) -> list[str]:
+            claims = by_slice.get(j)
+            used = {p for res, _ in claims for p in res.inputs} if claims else set(rnd.peer_ids)
+            return [p for p in rnd.peer_ids if p in used]
+
+        inputs = [(p, j) for j in spot for p in authors(j) if any(rnd.holders[p])]
         pending = self.slice_workers.submit(self._fetch_inputs, rnd, inputs) if inputs else None
         self._prefetch_results(rnd, by_slice, [j for j in range(self.math.layout.num_slices) if j not in spot])
         if pending is not None:
