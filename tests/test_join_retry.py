@@ -1,5 +1,6 @@
-"""Joins that survive a storm: the backoff policy (unit), and a peer started before its
-coordinator exists, which waits for the run's record in the DHT and joins once it is up."""
+"""Joins that survive a storm: the backoff policy (unit), a peer started before its coordinator
+exists, which waits for the run's record in the DHT and joins once it is up, and a standby whose
+only DHT node does not answer yet."""
 
 from __future__ import annotations
 
@@ -188,3 +189,31 @@ def test_the_launcher_has_every_line_of_a_child_once_its_exit_is_seen(swarm):
     assert swarm.wait(loud, 60) == -signal.SIGKILL
     assert loud.lines[-2:] == ["standin: killing this process (SIGKILL)\n", "standin: its child, after its exit\n"]
     assert len(loud.lines) == 20003
+
+
+@pytest.mark.integration
+def test_a_standby_waits_for_a_dht_node_that_does_not_answer_yet_and_follows_once_it_does(swarm, tmp_path):
+    """A standby (or a coordinator coming back) joins through --initial-peers like a peer: its DHT
+    bootstrap is retried with backoff, not given up after one try. The only DHT node it is given
+    (the active coordinator's DHT process and its p2pd) is frozen with SIGSTOP, so its first
+    bootstrap goes unanswered; once it says it is waiting, the node is resumed and it follows."""
+    import os
+    import signal
+
+    from tests.helpers import process_tree
+
+    standby_key = Identity.load_or_create(swarm.workdir / "standby.pem")  # the run lists it
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 2, "expected_peers": 1})
+    active = swarm.start_coordinator(["--config", str(config), "--coordinators", standby_key.peer_id])
+    dht_tree = [pid for pid in process_tree(active.process.pid) if pid != active.process.pid]
+    assert dht_tree, "the coordinator's DHT process and p2pd"
+    for pid in dht_tree:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        standby = swarm.start_standby("standby", [])
+        wait_line(standby, r"waiting for an initial DHT peer to answer \(attempt 2", 120)
+    finally:
+        for pid in dht_tree:
+            os.kill(pid, signal.SIGCONT)
+    wait_line(standby, r"following run \S+'s active coordinator", 120)
+    assert standby.alive()

@@ -18,7 +18,9 @@ from peer.coordinator.state import Coordinator, with_coordinator_key
 from peer.coordinator.server import build_coordinator_server
 from peer.run import faults
 from peer.run.progress import coordinator_line, format_bytes
+from peer.run.timeouts import JoinTimeouts
 from protocol import discovery, ports
+from protocol.backoff import retry
 from protocol.accounting import ByteCounter
 from protocol.identity import Identity
 from protocol.lifetime import timed_step
@@ -114,6 +116,25 @@ def _early_renewal(options: CoordinatorOptions, dht, identity: Identity, cfg: Ru
     return lease, first
 
 
+def _start_dht(options: CoordinatorOptions, identity: Identity):
+    """The coordinator's DHT node, started first (hivemind forks its worker; gRPC is not fork-safe).
+    A standby, or a coordinator that comes back, joins through --initial-peers: that bootstrap is
+    retried with jittered backoff for a join's default window (peer/run/timeouts.JoinTimeouts), as a
+    peer's is, since a loaded swarm's DHT nodes may answer its first pings late. A new run's first
+    coordinator asks nobody."""
+    def start(timeout_s: float = 15.0):
+        return discovery.start_dht(identity, initial_peers=options.initial_peers, host_maddrs=options.host_maddrs,
+                                   announce_maddrs=options.announce_maddrs, timeout_s=timeout_s,
+                                   rpc_wait_s=dht_rpc_wait_s(options.config.control.lease_s))
+
+    if not options.initial_peers:
+        return start()
+    limits = JoinTimeouts()
+    return retry("an initial DHT peer to answer", lambda left: start(max(1.0, min(limits.attempt.total_seconds(), left))),
+                 backoff=limits.backoff(), retryable=(discovery.BootstrapUnanswered,),
+                 say=lambda line: print(f"coordinator {identity.peer_id[:8]} | {line}", flush=True))
+
+
 def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = None) -> dict:
     faults.check_environment()  # a bad SWARMLOCO_FAIL_AT fails here, before anything starts
     stop = stop or threading.Event()
@@ -122,9 +143,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
     ports.check_grpc_port(options.host, options.port)  # before the DHT starts (a standby binds it only to take over)
     dht = None
     if options.use_dht:
-        # The DHT first: hivemind forks its worker, and gRPC is not fork-safe.
-        dht = discovery.start_dht(identity, initial_peers=options.initial_peers, host_maddrs=options.host_maddrs,
-                                  announce_maddrs=options.announce_maddrs, rpc_wait_s=dht_rpc_wait_s(cfg.control.lease_s))
+        dht = _start_dht(options, identity)
     counter = ByteCounter(identity.peer_id)
     fence = TermFence()  # the highest term seen: a demoted coordinator follows no lower one
     summary: dict = {"role": "standby", "took_over": False}
