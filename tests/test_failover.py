@@ -16,7 +16,7 @@ import pytest
 
 from peer.cli.launcher import GRPC_RE, MADDR_RE, Swarm
 from protocol.identity import Identity
-from tests.helpers import free_port, read_summary, wait_line, wait_status, write_run_config
+from tests.helpers import Gate, free_port, read_summary, wait_line, wait_status, write_run_config
 
 # The lease floor of these runs. Not the 6 s default, to keep the takeovers quick, and not shorter:
 # on a loaded 2-core machine a DHT renewal can take seconds, and a lease that runs out before the
@@ -50,14 +50,20 @@ def test_standby_takes_over_from_a_sigkilled_coordinator_and_the_old_one_comes_b
     old_key = wait_line(active, r"coordinator fingerprint: (\w+)", 30).group(1)
     standby = swarm.start_standby("standby", ["--port", str(free_port())])
     wait_line(standby, r"following run \S+'s active coordinator", 60)
-    # The peers hold back round 2's commitments for 10 s once round 1 has closed: the standby,
-    # polling every 0.5 s, holds round 2's checkpoint long before the active signs round 2's
-    # manifest and dies, so it takes over at round 2, not at round 1. Round 4's are held 8 s too:
-    # the round in flight now continues at once after the takeover, and the returned coordinator
-    # below needs the swarm's DHT nodes running while it starts.
+    # The peers hold round 2's commitments at a gate until the active lists the standby as holding
+    # round 2's state: the active then signs round 2's manifest and dies, and the standby takes
+    # over at round 2, not at round 1. Round 4's are held at a second gate until the returned
+    # coordinator below has started: it needs the swarm's DHT nodes running while it starts.
+    round_2, round_4 = Gate(tmp_path / "gate2", "trained", 2), Gate(tmp_path / "gate4", "trained", 4)
     with monkeypatch.context() as m:
-        m.setenv("SWARMLOCO_FAIL_AT", "trained:2:delay=10,trained:4:delay=8")
+        m.setenv("SWARMLOCO_FAIL_AT", f"{round_2.fault},{round_4.fault}")
         peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/4"]) for i in range(4)]
+    try:
+        wait_status(swarm.coordinator_endpoint, lambda s: any(f["holding_round"] >= 2 for f in s["coordinator"]["standbys"]), 240)
+    except AssertionError:
+        skip_if_the_lease_ran_out_first(active)
+        raise
+    round_2.open()
 
     if swarm.wait(active, 240) != -signal.SIGKILL:
         skip_if_the_lease_ran_out_first(active)
@@ -70,6 +76,8 @@ def test_standby_takes_over_from_a_sigkilled_coordinator_and_the_old_one_comes_b
                                      "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--port", "0",
                                      "--identity-path", str(swarm.workdir / "coordinator.pem"), "--config", str(config),
                                      "--coordinators", standby_key.peer_id])
+    wait_line(back, r"standby for run|coordinator gRPC: ", 120)  # it started (as a standby, or see below)
+    round_4.open()
     wait_line(standby, r"round 3/12 closed", 120)  # the swarm closes rounds under the new coordinator
 
     assert swarm.wait(standby, 300) == 0, "".join(standby.lines)[-3000:]
