@@ -40,6 +40,7 @@ MAX_MESSAGE_BYTES = CHUNK_BYTES + (64 << 10)  # one chunk plus room for headers 
 DEFAULT_DEADLINE = timedelta(seconds=10)
 CONNECT_TIMEOUT = timedelta(seconds=5)
 TRANSFER_DEADLINE = timedelta(seconds=120)  # a whole payload or checkpoint stream
+STALL_TIMEOUT = timedelta(seconds=5)  # a data stream that brings nothing this long is cut off (protocol/stall_watch.py)
 
 
 def _options() -> list[tuple[str, int]]:

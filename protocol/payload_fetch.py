@@ -15,8 +15,9 @@ import grpc
 from protocol import merkle
 from protocol._generated import swarm_pb2, swarm_pb2_grpc
 from protocol.accounting import ByteCounter
-from protocol.channels import TRANSFER_DEADLINE, TlsConfig, create_channel
+from protocol.channels import STALL_TIMEOUT, TRANSFER_DEADLINE, TlsConfig, create_channel
 from protocol.envelope import UpdateHeader
+from protocol.stall_watch import STALLS
 from protocol.streaming import TransferError, receive_chunks
 
 log = logging.getLogger("swarmloco.fetch")
@@ -88,6 +89,7 @@ def fetch_blob(
     *,
     exact: bool = True,
     deadline: timedelta = TRANSFER_DEADLINE,
+    stall: timedelta = STALL_TIMEOUT,
     shuffle: bool = False,
 ) -> bytes:
     """Fetch the object with this sha256 and exact size (a payload, an aggregated slice, a part
@@ -100,7 +102,7 @@ def fetch_blob(
     except ValueError:
         raise FetchError(f"not a sha256 to fetch: {sha256[:70]!r}") from None
     request = lambda offset: swarm_pb2.FetchRequest(digest=digest, offset=offset, omit_sha256=True)  # noqa: E731
-    data, _ = _fetch(pool, holders, request, size, exact=exact, sha256=sha256, deadline=deadline, shuffle=shuffle)
+    data, _ = _fetch(pool, holders, request, size, exact=exact, sha256=sha256, deadline=deadline, shuffle=shuffle, stall=stall)
     return data
 
 
@@ -168,7 +170,7 @@ class Wanted:
 
 
 def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *,
-                deadline: timedelta = TRANSFER_DEADLINE,
+                deadline: timedelta = TRANSFER_DEADLINE, stall: timedelta = STALL_TIMEOUT,
                 on_item: Callable[[int, FetchedSlice], None] | None = None) -> list[FetchedSlice | None]:
     """Every wanted object from one holder in ONE FetchPayload stream (one round trip for all of
     them: issue 24), each checked as it completes (a slice against its signed root, an object
@@ -176,7 +178,8 @@ def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *,
     check (the holder lacks it, a proof or digest failed, the stream broke); the caller fetches
     those again alone. A holder that breaks the stream's rules is read no further.
     `on_item(k, item)`: called with each object that checked, as soon as it did (while the
-    stream's later objects still arrive), on the calling thread."""
+    stream's later objects still arrive), on the calling thread. A holder that sends nothing for
+    `stall` is cut off (protocol/stall_watch.py); its objects are left to the caller's fallback."""
     if not wanted:
         return []
     levels = [0] * len(wanted)
@@ -213,10 +216,11 @@ def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *,
     # An item that came whole in one chunk (every slice under CHUNK_BYTES) is its chunk's bytes as
     # they are; a bytearray gathers only an item split over several chunks.
     current, first, buffer = -1, None, b""
-    stream = None
+    stream = watched = None
     try:
         stream = pool.peer_stub(holder).FetchPayload(swarm_pb2.FetchRequest(items=items), timeout=deadline.total_seconds())
-        for chunk in stream:
+        watched = STALLS.watch(stream, holder, stall.total_seconds())
+        for chunk in watched.messages():
             if chunk.item != current:
                 if not current < chunk.item < len(wanted):
                     raise TransferError(f"item {chunk.item} out of order (after {current} of {len(wanted)})")
@@ -240,15 +244,21 @@ def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *,
     except Exception as exc:  # noqa: BLE001 - a broken or lying stream: keep what checked, the caller refetches the rest
         if stream is not None and hasattr(stream, "cancel"):
             stream.cancel()
-        log.info("batched fetch of %d objects from %s stopped: %s", len(wanted), holder, exc)
+        log.info("batched fetch of %d objects from %s stopped: %s", len(wanted), holder,
+                 watched.why() if watched is not None and watched.stalled else exc)
+    finally:
+        if watched is not None:
+            STALLS.done(watched)
     return out
 
 
 def _fetch(pool: ChannelPool, holders: Sequence[str], request: Callable[[int], swarm_pb2.FetchRequest], size: int, *,
-           exact: bool, sha256: str | None, deadline: timedelta, shuffle: bool,
+           exact: bool, sha256: str | None, deadline: timedelta, shuffle: bool, stall: timedelta = STALL_TIMEOUT,
            verify: Callable[[bytes, swarm_pb2.Chunk], None] | None = None) -> tuple[bytes, swarm_pb2.Chunk]:
     """The holder loop both fetches share: each holder in turn; an object whose sha256 is known
-    resumes at the byte a broken stream broke on (from the same or the next holder)."""
+    resumes at the byte a broken stream broke on (from the same or the next holder). A holder that
+    sends nothing for `stall` is cut off, and one cut off so within its stall bound (a batched fetch
+    just was) is not asked: the next holder is (protocol/stall_watch.py)."""
     order = list(dict.fromkeys(h for h in holders if h))
     if shuffle:
         random.shuffle(order)
@@ -257,15 +267,23 @@ def _fetch(pool: ChannelPool, holders: Sequence[str], request: Callable[[int], s
     received = b""
     errors = []
     for holder in order:
+        if STALLS.stalled(holder):
+            errors.append(f"{holder}: sent nothing for a while just now: not asked again yet")
+            continue
         stub = pool.peer_stub(holder)
+        watched = None
         try:
             stream = stub.FetchPayload(request(len(received)), timeout=deadline.total_seconds())
-            data, first = receive_chunks(stream, max_size=size, expected_size=size if exact else None,
+            watched = STALLS.watch(stream, holder, stall.total_seconds())
+            data, first = receive_chunks(watched.messages(), max_size=size, expected_size=size if exact else None,
                                          expected_sha256=sha256, prefix=received, verify=verify)
             return data, first  # receive_chunks checked the size, and the sha256 or the proof
         except TransferError as exc:
             received = exc.received if sha256 is not None and len(exc.received) < size else b""
-            errors.append(f"{holder}: {exc}")
+            errors.append(f"{holder}: {watched.why() if watched is not None and watched.stalled else exc}")
         except Exception as exc:  # any other failure of this holder: try the next one
             errors.append(f"{holder}: {exc}")
+        finally:
+            if watched is not None:
+                STALLS.done(watched)
     raise FetchError("; ".join(errors))

@@ -10,9 +10,11 @@ and the round a restarted peer and a late joiner join is held open for them by a
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -20,7 +22,7 @@ import pytest
 from peer.cli.status import fetch_status
 from peer.run import faults
 from protocol.identity import Identity
-from tests.helpers import Gate, free_port, read_summary, tiny_run_config, wait_line, wait_run_end, wait_status, write_run_config
+from tests.helpers import Gate, _stat, free_port, read_summary, tiny_run_config, wait_line, wait_run_end, wait_status, write_run_config
 
 pytestmark = pytest.mark.integration
 JOIN_ROUND = 2  # the restarted peer and the late joiner join in this round (held open for them by a gate)
@@ -133,6 +135,45 @@ def test_a_peer_sigkilled_mid_round_does_not_stall_the_swarm(swarm, tmp_path, mo
     # It downloaded the swarm state part by part from the in-sync peers, not the coordinator alone.
     joined = re.search(r"resynchronised to round \d+ \(joining; from (\d+) peer", "".join(peers["late"].lines))
     assert joined and int(joined.group(1)) >= 2, "".join(peers["late"].lines)[-1500:]
+
+
+FROZEN_ROUND = 2
+FROZEN_ROUND_BOUND_S = 30.0  # generous: measured 7.7 s (stall bound 5 s + result grace 2 s); old code: over 40 s
+
+
+def test_a_peer_frozen_after_committing_costs_its_round_the_stall_bound_only(swarm, tmp_path, monkeypatch):
+    """Issue 22's partition on loopback: a serving peer stops answering right after its round-2
+    commitment is accepted (it SIGSTOPs itself at that fail point, then the test freezes its whole
+    process group, DHT daemon included), so round 2's manifest lists it and every owner's fetch of
+    its slices waits on a connection that never answers. Each owner cuts it off after the stall
+    bound (protocol/stall_watch.py) and leaves it out 'unreachable'; the coordinator's spot check
+    does not ask it (it applied the chaos run's round 10 s late waiting on it); no honest peer is
+    ever marked gone; the run ends with every honest peer on its hash."""
+    rounds = FROZEN_ROUND + 2
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": rounds, "expected_peers": 4})
+    coordinator = swarm.start_coordinator(["--config", str(config), "--run-log", str(swarm.workdir / "run.jsonl")])
+    peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/4"], via_dht=False) for i in range(3)]
+    with monkeypatch.context() as env:
+        env.setenv(faults.ENV, f"committed:{FROZEN_ROUND}:stop")
+        victim = swarm.start_peer("victim", ["--shard", "3/4"], via_dht=False)
+    deadline = time.monotonic() + 180
+    while (state := _stat(victim.process.pid)) is None or state[1] != "T":
+        assert victim.alive() and time.monotonic() < deadline, "".join(victim.lines)[-2000:]
+        time.sleep(0.02)
+    swarm.kill(victim, signal.SIGSTOP)  # its whole process group: nothing of it answers any more
+    try:
+        wait_run_end(swarm, coordinator, peers)
+    finally:
+        swarm.kill(victim, signal.SIGKILL)
+    victim_id = Identity.load_or_create(swarm.workdir / "victim.pem").peer_id
+    history = read_summary(swarm, "coordinator")["history"]
+    assert [h["updates"] for h in history] == [4] * FROZEN_ROUND + [3, 3], history
+    frozen = history[FROZEN_ROUND]
+    assert frozen["excluded"] == {victim_id: "unreachable"} and frozen["seconds"] < FROZEN_ROUND_BOUND_S, frozen
+    events = [json.loads(line) for line in (swarm.workdir / "run.jsonl").read_text().splitlines()]
+    assert {e["peer_id"] for e in events if e["event"] == "gone"} <= {victim_id}  # honest peers stayed live
+    for i in range(3):
+        assert read_summary(swarm, f"peer{i}")["param_hash"] == history[-1]["param_hash"]
 
 
 def test_coordinator_restart_from_its_checkpoint(swarm, tmp_path, monkeypatch):
