@@ -4,6 +4,7 @@ stack (where issue 22's partition stall was first looked for)."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -46,3 +47,8 @@ def test_a_watched_lock_serves_a_condition_and_names_a_long_holder(monkeypatch, 
     time.sleep(lock_watch.POLL_S)
     err = capsys.readouterr().err
     assert "the test's lock held" in err and "in held_too_long" in err and "by thread MainThread" in err
+    watchdog = lock.watchdog
+    del lock, news
+    gc.collect()
+    watchdog.join(10.0)  # gone with its lock, faulthandler disarmed: nothing dumps later in the session
+    assert not watchdog.is_alive()

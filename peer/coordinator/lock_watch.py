@@ -38,6 +38,7 @@ class WatchedLock:
         self.holder: int | None = None  # thread ident
         self.since = 0.0  # monotonic
         self._depth = 0
+        self.watchdog: threading.Thread | None = None
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         got = self._lock.acquire(blocking, timeout)
@@ -108,5 +109,6 @@ def coordinator_lock(name: str = "the coordinator's lock") -> threading.RLock | 
     if os.environ.get(ENV, "") in ("", "0"):
         return threading.RLock()
     lock = WatchedLock(name)
-    threading.Thread(target=_watch, args=(weakref.ref(lock),), name="swarmloco-lock-watch", daemon=True).start()
+    lock.watchdog = threading.Thread(target=_watch, args=(weakref.ref(lock),), name="swarmloco-lock-watch", daemon=True)
+    lock.watchdog.start()  # it ends (and disarms faulthandler) once the lock is gone
     return lock
