@@ -55,7 +55,7 @@ SLICED_ROUND_TRIPS = 5
 
 
 def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec: str, workdir: Path, timeout_s: float,
-              overlap: bool = False, exchange: str | None = None, window_s: float = 0.0) -> dict:
+              overlap: bool = False, exchange: str | None = None, window_s: float = 0.0, train_priority: str = "normal") -> dict:
     from measure_bandwidth import read_workdir, write_run_config
 
     write_run_config(workdir, peers=peers, rounds=rounds, inner_steps=inner_steps, codec=codec, overlap=overlap,
@@ -79,7 +79,7 @@ def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec:
     children = [bed.spawn(i, [python, "-m", "peer.cli.main", "peer", "--initial-peers", maddr, *grpc_args(i, PEER_GRPC),
                               "--host-maddrs", "/ip4/0.0.0.0/tcp/0", "--identity-path", str(workdir / f"peer{i}.pem"),
                               "--summary-json", str(workdir / f"peer{i}.json"), "--threads", "1", "--shard", f"{i - 1}/{peers}",
-                              "--log-every", "1000"], workdir / f"peer{i}.log")
+                              "--log-every", "1000", "--train-priority", train_priority], workdir / f"peer{i}.log")
                 for i in range(1, peers + 1)]
     try:
         coordinator.wait(timeout=max(1.0, timeout_s - (time.monotonic() - started)))
@@ -269,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", nargs="+", metavar="JSON", help="write --write-md from earlier --json files; run nothing")
     parser.add_argument("--overlap", action="store_true", help="overlapped rounds (rounds.overlap_communication)")
     parser.add_argument("--exchange", choices=("sliced", "all-to-all"), help="exchange.mode (default: the run config's, sliced)")
+    parser.add_argument("--train-priority", choices=("normal", "low"), default="normal",
+                        help="the peers' --train-priority (overlapped rounds: the training thread's CPU priority)")
     parser.add_argument("--window-s", type=float, default=0.0,
                         help="rounds.window_s: a compute window instead of --inner-steps per phase (overlapped: the swarm's)")
     parser.add_argument("--check", action="store_true", help="only say whether namespaces + tbf (+ netem) work here")
@@ -308,15 +310,19 @@ def main(argv: list[str] | None = None) -> int:
                 shaping += "; overlapped rounds"
             if args.exchange:
                 shaping += f"; {args.exchange} exchange"
+            if args.train_priority != "normal":
+                shaping += f"; training thread priority {args.train_priority}"
             if args.window_s:
                 shaping += f"; compute window {args.window_s:g} s" + (" (swarm-aligned)" if args.overlap else "")
             print(f"codec {codec}: {args.peers} peers + coordinator in namespaces; {shaping}", flush=True)
             result = run_swarm(bed, peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, codec=codec,
                                workdir=base / codec.replace(":", "_").replace("+", "_"), timeout_s=args.timeout,
-                               overlap=args.overlap, exchange=args.exchange, window_s=args.window_s)
+                               overlap=args.overlap, exchange=args.exchange, window_s=args.window_s,
+                               train_priority=args.train_priority)
             exchange = args.exchange or "sliced"
             results.append({**result, "shaping": shaping, "measured_link_mbit": link, "delay_mode": bed.delay_mode, "rate_mbit": args.rate_mbit,
                             "rtt_ms": args.rtt_ms, "exchange": exchange, "window_s": args.window_s,
+                            "train_priority": args.train_priority,
                             "round_trips": SLICED_ROUND_TRIPS if exchange == "sliced" else None})
             from measure_bandwidth import format_table
 

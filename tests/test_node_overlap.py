@@ -30,7 +30,7 @@ class ToyPeer:
         # (round, steps asked, closes as seconds from the call: inf or None kept) per train call
         self.calls: list[tuple[int, int | None, float | None]] = []
         self.manifest_age_s = 2.0  # the exchange's manifest arrived this long before it lands
-        self.options = SimpleNamespace(device="cpu")
+        self.options = SimpleNamespace(device="cpu", train_priority="normal")
         self.model = torch.nn.Linear(2, 2)
         load_flat_params(self.model, torch.zeros(6))
         self.params = torch.zeros(6)

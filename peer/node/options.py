@@ -27,6 +27,7 @@ class PeerOptions:
     resume: bool = False
     log_every: int = 5
     connect_timeout_s: float = 120.0  # the whole join, retried with backoff (peer/run/timeouts.JoinTimeouts)
+    train_priority: str = "normal"  # overlapped rounds: the training thread's CPU priority (peer/node/thread_priority.py)
 
     def __post_init__(self) -> None:
         if not self.coordinator and not self.initial_peers:
@@ -41,3 +42,6 @@ class PeerOptions:
             raise ValueError(f"--connect-timeout must be a positive number of seconds (got {self.connect_timeout_s:g})")
         if self.log_every < 1:
             raise ValueError("--log-every must be at least 1")
+        from peer.node.thread_priority import check_mode
+
+        check_mode(self.train_priority)

@@ -18,6 +18,7 @@ from optim import eager as eager_math
 from peer.learn.model import flat_params, load_flat_params
 from peer.exchange.outcome import Applied, Resync, RoundOutcome
 from peer.node.round import PeerRound, Update
+from peer.node.thread_priority import lower_this_thread
 from protocol.accounting import Traffic
 
 
@@ -67,6 +68,7 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
     steps = node.cfg.inner.steps
     window = node.cfg.rounds.window_s  # 0: fixed H; otherwise a phase ends at the swarm's close
     device = node.options.device
+    lowered = False  # the training thread's priority (peer/node/thread_priority.py)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-exchange") as background:
         while node.running(done, max_rounds):
             rnd = node.open_round(node.round + (1 if pending is not None else 0))  # the round this phase's update is for
@@ -115,6 +117,9 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
             # refusal comes back as the round's Resync; the phase's progress is then dropped, as
             # for any resync).
             pending = (background.submit(commit_then_exchange, node, rnd), rnd)
+            if not lowered:  # once, now that the exchange's thread exists (it keeps its priority)
+                lower_this_thread(node.options.train_priority)
+                lowered = True
             if r + 1 >= node.cfg.rounds.rounds:
                 break  # the last round: nothing left to overlap with
         if pending is not None:
