@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import grpc
+import pytest
 
 from peer.node.coordinator_client import CoordinatorClient
 from protocol.accounting import ByteCounter
@@ -98,3 +99,38 @@ def test_a_join_whose_coordinator_died_meanwhile_connects_where_the_runs_record_
             assert client.run_info().run_id == successor.coordinator.cfg.run_id
         finally:
             client.close()
+
+
+def test_a_join_that_comes_as_the_run_ends_stops_on_the_runs_finished_record():
+    """Chaos (issue 22): a churner restarted just before the active coordinator was killed found
+    the new one, built its model, and joined as the run finished: its Join met a coordinator gone
+    for good and retried for coordinator_retry (120 s), still running a minute after the run ended.
+    The run's coordinator wrote a signed "finished" record in the DHT as it ended: the retry reads
+    it (with the locate it makes anyway) and stops with RunOver, a PeerExit that says so."""
+    from datetime import timedelta
+
+    from peer.node.errors import RunOver
+    from peer.node.trust import RunAuthority
+    from protocol import discovery
+    from protocol.identity import Identity
+    from protocol.keys import CoordinatorKeys
+    from tests.helpers import free_port
+
+    coordinator = Identity.generate()
+    dht = discovery.start_dht(coordinator, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    dead = f"127.0.0.1:{free_port()}"  # the coordinator that finished the run, gone
+    client = CoordinatorClient(dead, ByteCounter("peer"), retry_for=timedelta(seconds=60))
+    try:
+        assert discovery.announce_run(dht, coordinator, run_id="r1", endpoint=dead, role="finished", ttl_s=60)
+        authority = RunAuthority(keys=CoordinatorKeys.of([coordinator.peer_id]), run_id="r1", client=client,
+                                 counter=client.counter, endpoints=[], dht=dht)
+        client.locate, client.run_over = authority.locate, authority.run_over  # as join_run wires them
+        with pytest.raises(RunOver, match="run r1 has finished"):  # old code: CoordinatorUnavailable after 60 s
+            client.join(swarm_pb2.Signed())
+        stranger = RunAuthority(keys=CoordinatorKeys.of([Identity.generate().peer_id]), run_id="r1", client=client,
+                                counter=client.counter, endpoints=[], dht=dht)
+        stranger.locate()
+        assert stranger.run_over() == ""  # only a record of one of the run's keys ends it
+    finally:
+        client.close()
+        discovery.stop_dht(dht)

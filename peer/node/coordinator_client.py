@@ -15,6 +15,7 @@ from typing import Callable, TypeVar
 
 import grpc
 
+from peer.node.errors import RunOver
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from protocol import manifest_wire
 from protocol.accounting import ByteCounter
@@ -51,6 +52,9 @@ class CoordinatorClient:
         # Failover: `locate` names the run's active coordinator now (peer/node/trust.py), or None.
         # `generation` counts switches, so a round in flight knows its coordinator changed.
         self.locate = locate
+        # The run finished while its coordinator is unreachable (peer/node/trust.py, from the DHT):
+        # the reason, else "". A join that comes as the run ends stops retrying (RunOver).
+        self.run_over: Callable[[], str] = lambda: ""
         self.generation = 0
         self._located_at = 0.0
         self._lock = threading.Lock()
@@ -123,6 +127,8 @@ class CoordinatorClient:
                     if self.generation != generation:  # another coordinator took the run over: ask it at once
                         delay = 0.25
                         continue
+                    if over := self.run_over():
+                        raise RunOver(f"{over} ({what}: coordinator {self.endpoint} is gone)") from None
                 time.sleep(delay * (0.5 + random.random()))
                 # Capped low while a locator may find a successor: a standby takes over within a lease,
                 # and every second a peer waits past it is a second the round in flight waits for it.

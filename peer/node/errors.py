@@ -14,3 +14,8 @@ class NotAdmitted(PeerExit):
         super().__init__(message)
         self.refusal = refusal
         self.reason = reason
+
+
+class RunOver(PeerExit):
+    """The run finished while this peer could not reach its coordinator (a vouched "finished" record
+    in the DHT): there is nothing left to train, and nobody to retry."""

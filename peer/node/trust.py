@@ -120,6 +120,7 @@ class RunAuthority:
     fence: TermFence = field(default_factory=TermFence)  # the highest term seen: nothing signed in a lower one is believed
     dht_endpoints: list[str] = field(default_factory=list)  # the run's coordinators in the DHT, as last read
     dht_read_at: float = float("-inf")
+    finished_by: discovery.RunRecord | None = None  # a "finished" record of one of the run's keys, as last read
 
     def locate(self) -> str | None:
         """The run's active coordinator now (after a failover: the standby that took over), among
@@ -129,7 +130,9 @@ class RunAuthority:
         if self.dht is not None and time.monotonic() - self.dht_read_at >= DHT_LOCATE_EVERY_S:
             self.dht_read_at = time.monotonic()
             try:
-                self.dht_endpoints = [r.endpoint for r in discovery.run_records(self.dht, self.run_id)]
+                records = discovery.run_records(self.dht, self.run_id)
+                self.dht_endpoints = [r.endpoint for r in records]
+                self.finished_by = next((r for r in records if r.role == "finished" and self.keys.matches(r.coordinator_id)), None)
             except Exception as exc:  # a DHT hiccup: the known endpoints still count
                 log.info("DHT lookup of the run's coordinators failed: %s", exc)
         candidates = [*self.dht_endpoints, *self.endpoints]
@@ -137,6 +140,16 @@ class RunAuthority:
         if found is None or not self.fence.observe(found[1].term, found[1].signer):
             return None
         return found[0]
+
+    def run_over(self) -> str:
+        """Why the run is over, when a coordinator of the run wrote its "finished" record in the DHT
+        (as a join finds it: discovery.find_run) and none answers as active; else "". Asked by the
+        client while its coordinator is unreachable, after `locate` read the DHT."""
+        r = self.finished_by
+        if r is None:
+            return ""
+        return (f"run {self.run_id} has finished (its coordinator {r.coordinator_id[:16]} said so in the DHT) while this "
+                "peer could not reach it: nothing is left to train; `swarmloco runs` lists the runs you can join")
 
     def relocate(self) -> bool:
         """The coordinator we talk to was superseded: move to the run's active one (True: moved)."""
@@ -325,4 +338,5 @@ def join_run(options: Any, identity: Any, counter: ByteCounter) -> JoinedRun:
                              endpoints=list(info.coordinator_endpoints), dht=dht)
     authority.fence.observe(trusted.state.term, trusted.state.signer, info.run_state)
     client.locate = authority.locate  # failover: the run's active coordinator, wherever it is now
+    client.run_over = authority.run_over  # and no retry for a run that finished meanwhile
     return JoinedRun(dht=dht, client=client, trusted=trusted, authority=authority, timeouts=timeouts)
