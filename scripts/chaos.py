@@ -9,7 +9,10 @@ A coordinator (listing a standby's key), a standby and six peers of the tiny mod
 (a fault hook, SWARMLOCO_FAIL_AT=trained:R) and is restarted at once with `--resume` (same
 identity, the swarm's live DHT addresses); the `straggler` is CPU-throttled by a cgroup for a
 window of rounds; the `partitioned` peer lives in a network namespace (scripts/netns_testbed.py
-HostLink) whose link is taken down for a window of rounds; an `attacker` sign-flips its update
+HostLink) whose link is taken down for a window of rounds, right after it committed the window's
+first round (it stops itself there, SWARMLOCO_FAIL_AT=committed:R:stop, and runs on once cut off:
+listed in that round's manifest, its slices not fetched), or as that round closes if it never
+committed it; an `attacker` sign-flips its update
 from round 0 (tests/byzantine_peer.py --attack); a `liar` signs false slice results
 (tests/byzantine_peer.py --lie lone); the active coordinator SIGKILLs itself in one round and is
 never restarted: once the standby holds that round's signed manifest (manifest-followed:R, the
@@ -136,6 +139,7 @@ class ChaosRun:
         self.churn_restarts = 0
         self.standby_endpoint = ""
         self.coordinator_exit_noted = False
+        self.cut = False  # the partitioned peer's link went down
         self.gate = None
         if config.gate_round is not None:
             from tests.helpers import Gate
@@ -181,6 +185,8 @@ class ChaosRun:
         if name == "liar" and self.schedule.liar:
             module, args = BYZANTINE, ["--lie", "lone", *args]
         fail = [f"trained:{r}" for r in self.schedule.churn_kills if r > after_round] if name == "churner" else []
+        if name == "partitioned" and self.link and self.schedule.partition and after_round < self.schedule.partition[0]:
+            fail.append(f"committed:{self.schedule.partition[0]}:stop")  # the cut comes there: _cut_after_commit
         if self.gate is not None:
             fail.append(self.gate.fault)
         if fail:
@@ -282,9 +288,10 @@ class ChaosRun:
         if s.throttle and r == s.throttle[1]:
             self.throttle.lift()
             self.note("straggler unthrottled", r)
-        if self.link and s.partition and r == s.partition[0] - 1:
+        if self.link and s.partition and r == s.partition[0] and not self.cut:  # it never committed that round
             self.link.cut()
-            self.note("partitioned peer's link down", r)
+            self.cut = True
+            self.note(f"partitioned peer's link down (it had not committed round {r})", r)
         if self.link and s.partition and r == s.partition[1]:
             self.link.heal()
             self.note("partitioned peer's link up", r)
@@ -292,6 +299,21 @@ class ChaosRun:
                 self.churn_restarts += 1
                 self.peers["partitioned"] = self._start_peer("partitioned", self.config.peers.index("partitioned"), resume=True, after_round=r)
                 self.note("partitioned peer had exited: restarted with --resume", r)
+
+    def _cut_after_commit(self, current: int) -> None:
+        """The worst moment for a partition (issue 22): the peer stopped itself right after its
+        commitment of the partition's first round was accepted (a fault hook), so that round's
+        manifest lists it and nobody has fetched its slices yet; its link goes down, then it runs on."""
+        from tests.helpers import _stat
+
+        peer = self.peers.get("partitioned")
+        if self.cut or not self.link or not self.schedule.partition or peer is None:
+            return
+        if (stat := _stat(peer.process.pid)) is not None and stat[1] == "T":
+            self.link.cut()
+            self.cut = True
+            os.killpg(peer.process.pid, signal.SIGCONT)
+            self.note(f"partitioned peer's link down right after it committed round {self.schedule.partition[0]}", current)
 
     def _handle_exits(self, current: int) -> None:
         from peer.cli.launcher import MADDR_RE
@@ -334,6 +356,7 @@ class ChaosRun:
                 self._track()
                 last_track = time.monotonic()
             self._handle_exits(current)
+            self._cut_after_commit(current)
             self._open_gate(current)
             if self.record.finished:
                 self.note(f"run finished at round {self.record.finished['round']}", current)
