@@ -93,3 +93,32 @@ def test_each_long_poll_is_out_before_the_call_it_waits_on_and_the_state_comes_w
     assert coordinator.order == ["submit", "gathered"]
     assert isinstance(outcome, Applied) and outcome.params.tolist() == [1.0] * D
     assert outcome.run_state == coordinator.state and set(outcome.timeline) >= {"submitted", "final", "reported", "applied"}
+
+
+class MovedOn(Coordinator):
+    """Round 0's results, final, handed out when the coordinator is at round 3: it applied round 0
+    without this peer (cut off) and its owners no longer keep round 0's slices."""
+
+    def slice_results(self, round_, wait_s, *, until_applied=False):
+        self.asked["applied" if until_applied else "final"].set()
+        return swarm_pb2.SliceResultsReply(ready=True, results=[swarm_pb2.Signed(body=b"our batch")], current_round=round_ + 3)
+
+
+def test_results_of_a_round_applied_long_without_us_are_not_gathered_but_resynced():
+    from peer.exchange.outcome import Resync
+
+    me = Identity.generate()
+    engine = Engine(me.peer_id)
+    gathered: list[int] = []
+    engine.gather = lambda rnd, results, **_: gathered.append(1)  # old code: recomputed from what it reached, a θ nobody held
+    math = SimpleNamespace(cfg=SimpleNamespace(run_id="run", exchange=SimpleNamespace(spot_checks=1, spot_check_coverage=0.5)))
+    ctx = PeerExchangeContext(client=MovedOn(), math=math, identity=me, store=None, pool=None, workers=None,
+                              verify_header=lambda signed, r: None, own_endpoint="127.0.0.1:9", stop=threading.Event(),
+                              timeouts=PeerTimeouts(poll=timedelta(seconds=1), results=timedelta(seconds=60)))
+    side = SlicedPeer(ctx, engine=engine)
+    try:
+        outcome = side.run(ManifestInHand(r=0, manifest=SimpleNamespace(excluded={}), signed=swarm_pb2.Signed(),
+                                          base=torch.zeros(D), wait_s=0.0, moved=lambda: False))
+    finally:
+        side.close()
+    assert isinstance(outcome, Resync) and "applied without us" in outcome.why and not gathered

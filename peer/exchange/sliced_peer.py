@@ -95,6 +95,11 @@ class SlicedPeer(PeerExchange):
             if reply is not None and reply.finished and reply.current_round <= r:
                 return Finished(wait_s=wait_s)
             return Resync(f"the results of round {r} never became final", wait_s=wait_s)
+        if reply.current_round > r + 1:
+            # Round r was applied without us long ago (we were cut off: issue 22's partition). The owners
+            # keep its slices two rounds only: a gather now could recompute them from what we still reach
+            # alone, a θ_{r+1} nobody holds (chaos: reported by our heartbeat before the hash check resynced).
+            return Resync(f"round {r} was applied without us (the coordinator is at round {reply.current_round})", wait_s=wait_s)
 
         t_gather = time.monotonic()
         marks["final"] = time.time()
