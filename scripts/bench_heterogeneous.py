@@ -53,6 +53,13 @@ SPEEDS = (1.0, 1.0, 0.5, 0.25)
 MODEL = {"d_model": 64, "n_layer": 2, "n_head": 2, "seq_len": 64}
 DATA = {"batch_size": 8, "val_batches": 8, "max_corpus_bytes": 2_000_000}
 SHARES = 16384  # cpu.shares of each swarm cgroup: 16x a default task's, so the quota binds, not the load
+# The cgroups' CFS period. Each period a throttled process resumes costs it about 3 ms of CPU that
+# trains nothing (measured with scripts/speed_probe.py's CPU seconds: at 100 ms a 0.0875-core quota
+# trained 101 steps per CPU-second alone against 157 unthrottled; at 1 s, 144), a larger part of a
+# small quota: at 100 ms the speed-0.25 peer trained at 0.195 of a speed-1 peer, at 1 s at 0.237.
+# A 1 s period makes each quota buy compute in proportion to it (within ~5%); the price is a
+# throttled peer frozen for up to 1 - quota of a second at a time, which the 32 s window absorbs.
+PERIOD_US = 1_000_000
 
 
 def run_config(*, rounds: int, steps: int, window_s: float, seed: int, max_steps: int = 4000) -> dict[str, Any]:
@@ -85,7 +92,8 @@ def descendants(root: int) -> list[int]:
     return tree
 
 
-def calibrate(name: str, speeds: tuple[float, ...], *, base_core: float, seconds: float, workdir: Path) -> dict[str, Any]:
+def calibrate(name: str, speeds: tuple[float, ...], *, base_core: float, seconds: float, workdir: Path,
+              period_us: int) -> dict[str, Any]:
     """Each speed's training rate alone under its quota: one speed probe per peer cgroup, all at once."""
     groups, probes = [], []
     try:
@@ -94,7 +102,7 @@ def calibrate(name: str, speeds: tuple[float, ...], *, base_core: float, seconds
                                      stdout=subprocess.PIPE, text=True)
             group = CpuThrottle(f"swlH{name}cal{i}")
             groups.append(group)
-            group.limit([probe.pid], speed * base_core, shares=SHARES)
+            group.limit([probe.pid], speed * base_core, shares=SHARES, period_us=period_us)
             probes.append(probe)
         results = [json.loads(p.communicate(timeout=seconds * 20 + 300)[0].strip().splitlines()[-1]) for p in probes]
     finally:
@@ -104,17 +112,20 @@ def calibrate(name: str, speeds: tuple[float, ...], *, base_core: float, seconds
                 probe.wait()
         for group in groups:
             group.close()
-    return {"seconds": seconds, "steps": [r["steps"] for r in results], "rates": [r["steps"] / r["seconds"] for r in results]}
+    return {"seconds": seconds, "steps": [r["steps"] for r in results], "rates": [r["steps"] / r["seconds"] for r in results],
+            "cpu_s": [r["cpu_s"] for r in results]}
 
 
 def run_row(name: str, speeds: tuple[float, ...], *, steps: int, window_s: float, rounds: int, base_core: float,
-            coordinator_core: float, seed: int, workdir: Path, calibrate_s: float = 0.0, max_steps: int = 4000) -> dict[str, Any]:
+            coordinator_core: float, seed: int, workdir: Path, calibrate_s: float = 0.0, max_steps: int = 4000,
+            period_us: int = PERIOD_US) -> dict[str, Any]:
     from peer.cli.launcher import Swarm
 
     workdir.mkdir(parents=True, exist_ok=True)
     config = run_config(rounds=rounds, steps=steps, window_s=window_s, seed=seed, max_steps=max_steps)
     (workdir / "run.json").write_text(json.dumps(config))
-    calibration = calibrate(name, speeds, base_core=base_core, seconds=calibrate_s, workdir=workdir) if calibrate_s else None
+    calibration = calibrate(name, speeds, base_core=base_core, seconds=calibrate_s, workdir=workdir,
+                            period_us=period_us) if calibrate_s else None
     groups: list[CpuThrottle] = []
     started = time.monotonic()
     try:
@@ -122,7 +133,7 @@ def run_row(name: str, speeds: tuple[float, ...], *, steps: int, window_s: float
             coordinator = swarm.start_coordinator(["--config", str(workdir / "run.json")], timeout_s=300)
             group = CpuThrottle(f"swlH{name}coord")
             groups.append(group)
-            group.limit(descendants(coordinator.process.pid), coordinator_core, shares=SHARES)
+            group.limit(descendants(coordinator.process.pid), coordinator_core, shares=SHARES, period_us=period_us)
             peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/{len(speeds)}", "--log-every", "100000"], via_dht=False)
                      for i in range(len(speeds))]
             throttled: set[int] = set()
@@ -131,7 +142,7 @@ def run_row(name: str, speeds: tuple[float, ...], *, steps: int, window_s: float
                     if i not in throttled and peer.joined:
                         group = CpuThrottle(f"swlH{name}{i}")
                         groups.append(group)
-                        group.limit(descendants(peer.process.pid), speeds[i] * base_core, shares=SHARES)
+                        group.limit(descendants(peer.process.pid), speeds[i] * base_core, shares=SHARES, period_us=period_us)
                         throttled.add(i)
                     if not peer.alive():
                         raise RuntimeError(f"{peer.name} exited before joining: {peer.last_words()}")
@@ -146,7 +157,7 @@ def run_row(name: str, speeds: tuple[float, ...], *, steps: int, window_s: float
         for group in groups:
             group.close()
     return {"name": name, "speeds": list(speeds), "inner_steps": steps, "window_s": window_s, "rounds": rounds,
-            "base_core": base_core, "coordinator_core": coordinator_core, "seed": seed, "config": config,
+            "base_core": base_core, "period_us": period_us, "coordinator_core": coordinator_core, "seed": seed, "config": config,
             "wall_s": time.monotonic() - started, "calibration": calibration, "coordinator": _coordinator_record(summaries["coordinator"]),
             "peers": [_peer_record(summaries[f"peer{i}"]) for i in range(len(speeds))]}
 
@@ -174,12 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fixed-rounds", type=int, default=22)
     parser.add_argument("--window-rounds", type=int, default=5)
     parser.add_argument("--homogeneous-rounds", type=int, default=5)
-    parser.add_argument("--homogeneous-window-s", type=float, default=19.0,
+    parser.add_argument("--homogeneous-window-s", type=float, default=22.0,
                         help="the homogeneous row's window: sized so its 4 full-speed peers train about the tokens a round "
-                             "of the mixed window row trains (2.75 of 4 peers' speed: 32 s x 2.75 / 4 = 22 s nominal; "
-                             "19 s matched the measured rates), so equal tokens come at an equal number of outer steps")
+                             "of the mixed window row trains (2.75 of 4 peers' speed: 32 s x 2.75 / 4 = 22 s), so equal "
+                             "tokens come at an equal number of outer steps (19 s matched the rates the 100 ms period's "
+                             "quotas bought)")
     parser.add_argument("--base-core", type=float, default=0.35, help="share of one core a speed-1 peer gets")
     parser.add_argument("--coordinator-core", type=float, default=0.5)
+    parser.add_argument("--period-ms", type=float, default=PERIOD_US / 1000,
+                        help="the cgroups' CFS period (ms; the rows before it ran at 100): each throttled period costs "
+                             "~3 ms of CPU, so at 100 ms a small quota buys less than its share")
     parser.add_argument("--max-steps", type=int, default=4000,
                         help="rounds.max_steps of every row: high enough that no peer reaches it within a window (1000 "
                              "capped the speed-1 peers at 1000 steps in ~22 s of a 32 s window at load 4)")
@@ -202,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             calibrate_s = args.calibrate_s if plan == "window" else 0.0
             row = run_row(name, speeds, steps=args.steps, window_s=window_s, rounds=rounds, base_core=args.base_core,
                           coordinator_core=args.coordinator_core, seed=args.seed, workdir=Path(args.workdir) / name,
-                          calibrate_s=calibrate_s, max_steps=args.max_steps)
+                          calibrate_s=calibrate_s, max_steps=args.max_steps, period_us=int(args.period_ms * 1000))
             row.update({"load_before": load_before, "load_after": load_average(), "command": command_line()})
             record["rows"][name] = row
             path.write_text(json.dumps(record, indent=1) + "\n")  # after every row: a later failure keeps it

@@ -28,8 +28,9 @@ class CpuThrottle:
         self.root = V2_ROOT if self.kind == "v2" else V1_ROOT
         self.path = self.root / name
 
-    def limit(self, pids: list[int], fraction: float, *, shares: int | None = None) -> None:
-        """Move `pids` into the group and cap it at `fraction` of one core (0 < fraction <= 1).
+    def limit(self, pids: list[int], fraction: float, *, shares: int | None = None, period_us: int = PERIOD_US) -> None:
+        """Move `pids` into the group and cap it at `fraction` of one core (0 < fraction <= 1), i.e.
+        fraction x `period_us` of CPU time in every period of `period_us`.
         `shares`: the group's CPU weight against the machine's other tasks (v1 cpu.shares, 1024 a
         default task's; v2 cpu.weight scaled to it), so that on a busy machine the cap, not the
         competition, sets its speed."""
@@ -39,11 +40,13 @@ class CpuThrottle:
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"throttle fraction {fraction}: give a share of one core in (0, 1]")
         self.path.mkdir(exist_ok=True)
-        quota = max(1000, int(PERIOD_US * fraction))
+        if not 1000 <= period_us <= 1_000_000:
+            raise ValueError(f"cgroup period {period_us} us: the kernel takes 1000 to 1000000 us")
+        quota = max(1000, int(period_us * fraction))
         if self.kind == "v2":
-            (self.path / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+            (self.path / "cpu.max").write_text(f"{quota} {period_us}")
         else:
-            (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (self.path / "cpu.cfs_period_us").write_text(str(period_us))
             (self.path / "cpu.cfs_quota_us").write_text(str(quota))
         if shares is not None:
             if self.kind == "v2":

@@ -37,6 +37,11 @@ def measured_speeds(row: dict[str, Any]) -> list[float]:
     return [r / max(rates) for r in rates]
 
 
+def period_ms(row: dict[str, Any]) -> float:
+    """The row's cgroup CFS period in ms (rows from before it was recorded ran at 100 ms)."""
+    return row.get("period_us", 100_000) / 1000
+
+
 def seed_of(name: str) -> tuple[str, int]:
     """A row's plan and seed from its name: "window" -> ("window", 0), "window-s2" -> ("window", 2)."""
     match = re.fullmatch(r"(.+)-s(\d+)", name)
@@ -141,7 +146,7 @@ def render(record: dict[str, Any]) -> str:
         tokens = [sum(r["tokens"] for r in p["history"] if r["round"] >= 1) for p in row["peers"]]
         compute = [s / sum(row["speeds"]) for s in row["speeds"]]
         lines.append(
-            f"| {name} | {', '.join(f'{s:g}' for s in row['speeds'])} (base {row['base_core']:g} core) | {schedule} | {row['rounds']} | "
+            f"| {name} | {', '.join(f'{s:g}' for s in row['speeds'])} (base {row['base_core']:g} core, period {period_ms(row):g} ms) | {schedule} | {row['rounds']} | "
             f"{row['wall_s']:.0f} | {_pcts(utilization(p) for p in row['peers'])} | {_list(measured_speeds(row))} | "
             f"{_pcts(t / sum(tokens) for t in tokens)} | {_pcts(counted_shares(row))} | {_pcts(compute)} | "
             f"{_pcts(calibrated_shares(row) or []) or '-'} | "
@@ -153,7 +158,7 @@ def render(record: dict[str, Any]) -> str:
                   f"{how['aggregation']['num_byzantine']}), codec {how['compression']['codec']}, outer {how['outer']['name']}, "
                   f"min deadline {how['rounds']['min_deadline_s']:g} s, model d_model {how['model']['d_model']} x {how['model']['n_layer']} layers, "
                   f"batch {how['data']['batch_size']} x {how['model']['seq_len']} tokens, seed 0 (`-sN` rows: seed N), one thread per peer, "
-                  f"each peer in its own cgroup (quota speed x base core, cpu.shares 16384) once joined."]
+                  f"each peer in its own cgroup (quota speed x base core of every CFS period, the row's period, cpu.shares 16384) once joined."]
     lines += ["", "## Targets", ""] + _targets(rows)
     return "\n".join(lines) + "\n"
 
@@ -178,8 +183,9 @@ def _targets(rows: dict[str, Any]) -> list[str]:
                    + ", ".join(f"speed {window['speeds'][i]:g}: {counted[i]:.1%} vs {compute[i]:.1%} ({off[i]:+.0%})" for i in slow)
                    + f": **{verdict(all(abs(off[i]) <= SHARE_TOLERANCE for i in slow))}**"
                    + (f" (fixed H: {_pcts(counted_shares(fixed))})" if fixed else ""))
-        # A cgroup's quota does not buy training in proportion to it (each throttled 100 ms period
-        # resumes with cold caches, a larger part of a small quota): against the rate each quota
+        # A cgroup's quota does not buy training exactly in proportion to it (each throttled period
+        # costs ~3 ms of CPU that trains nothing, a larger part of a small quota; at 100 ms the
+        # speed-0.25 quota trained at 0.19 of speed 1, at 1 s at 0.24): against the rate each quota
         # trained at alone (the speed probes) and the rate each peer reached in the swarm.
         calibrated = [c for c in (calibrated_shares(row) for row in windows.values()) if c]
         if calibrated:

@@ -1,6 +1,7 @@
 """How fast a peer trains where it runs, with nothing else of the swarm running: the run config's
 model and inner AdamW on shard 0 of its corpus, one torch thread, for a given number of seconds
-after a warm-up; prints one JSON line {"steps": n, "seconds": s}.
+after a warm-up; prints one JSON line {"steps": n, "seconds": s, "cpu_s": c} (c: the CPU seconds
+this process used meanwhile, all threads: steps / c is what a CPU-second of it trains).
 
 scripts/bench_heterogeneous.py starts one in each peer's cgroup at once (the same quotas the
 swarm's peers get) to calibrate what each quota buys: a CPU quota's training rate is not exactly
@@ -40,10 +41,10 @@ def main(argv: list[str]) -> int:
     trainer = InnerTrainer(build_model(cfg.model, cfg.seed), cfg.inner, sampler)
     trainer.run(WARMUP_STEPS, lambda step, loss: None, log_every=10**9)
     seconds = float(argv[1])
-    start = time.monotonic()
+    start, cpu_start = time.monotonic(), time.process_time()
     closes = start + seconds
     stats = trainer.run(10**9, lambda step, loss: None, log_every=10**9, stop=lambda: time.monotonic() >= closes)
-    print(json.dumps({"steps": stats.steps, "seconds": time.monotonic() - start}), flush=True)
+    print(json.dumps({"steps": stats.steps, "seconds": time.monotonic() - start, "cpu_s": time.process_time() - cpu_start}), flush=True)
     return 0
 
 
