@@ -201,7 +201,7 @@ def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *,
     out: list[FetchedSlice | None] = [None] * len(wanted)
 
     def finish(k: int, first: swarm_pb2.Chunk | None, buffer: bytearray | bytes) -> None:
-        if k < 0 or first is None or first.missing or len(buffer) != first.total_size:
+        if k < 0 or out[k] is not None or first is None or first.missing or len(buffer) != first.total_size:
             return
         w, data = wanted[k], buffer if isinstance(buffer, bytes) else bytes(buffer)
         digest = hashlib.sha256(data).digest()
@@ -216,34 +216,49 @@ def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *,
     # An item that came whole in one chunk (every slice under CHUNK_BYTES) is its chunk's bytes as
     # they are; a bytearray gathers only an item split over several chunks.
     current, first, buffer = -1, None, b""
+
+    def take(chunk: swarm_pb2.Chunk) -> None:
+        nonlocal current, first, buffer
+        if chunk.item != current:
+            if not current < chunk.item < len(wanted):
+                raise TransferError(f"item {chunk.item} out of order (after {current} of {len(wanted)})")
+            finish(current, first, buffer)
+            current, first, buffer = chunk.item, chunk, b""
+            if chunk.missing:
+                return
+            if not 0 <= chunk.total_size <= wanted[current].max_size:
+                raise TransferError(f"item {current}: {chunk.total_size} bytes declared, at most {wanted[current].max_size}")
+        elif first is None or first.missing or chunk.total_size != first.total_size:
+            raise TransferError(f"item {current} changed its declared size midway")
+        data = chunk.data  # read once: each read of a bytes field makes a new copy
+        if chunk.offset != len(buffer) or len(buffer) + len(data) > first.total_size:
+            raise TransferError(f"item {current}: chunk at offset {chunk.offset} of {first.total_size}, expected {len(buffer)}")
+        if not buffer:
+            buffer = data
+        else:
+            buffer = buffer if isinstance(buffer, bytearray) else bytearray(buffer)
+            buffer.extend(data)
+
     stream = watched = None
     try:
-        stream = pool.peer_stub(holder).FetchPayload(swarm_pb2.FetchRequest(items=items), timeout=deadline.total_seconds())
+        request = swarm_pb2.FetchRequest(items=items, packed=True)
+        stream = pool.peer_stub(holder).FetchPayload(request, timeout=deadline.total_seconds())
         watched = STALLS.watch(stream, holder, stall.total_seconds())
-        for chunk in watched.messages():
-            if chunk.item != current:
-                if not current < chunk.item < len(wanted):
-                    raise TransferError(f"item {chunk.item} out of order (after {current} of {len(wanted)})")
-                finish(current, first, buffer)
-                current, first, buffer = chunk.item, chunk, b""
-                if chunk.missing:
-                    continue
-                if not 0 <= chunk.total_size <= wanted[current].max_size:
-                    raise TransferError(f"item {current}: {chunk.total_size} bytes declared, at most {wanted[current].max_size}")
-            elif first is None or first.missing or chunk.total_size != first.total_size:
-                raise TransferError(f"item {current} changed its declared size midway")
-            data = chunk.data  # read once: each read of a bytes field makes a new copy
-            if chunk.offset != len(buffer) or len(buffer) + len(data) > first.total_size:
-                raise TransferError(f"item {current}: chunk at offset {chunk.offset} of {first.total_size}, expected {len(buffer)}")
-            if not buffer:
-                buffer = data
+        for message in watched.messages():
+            if message.parts:  # packed: several chunks, in stream order (a holder that packs nothing sends them alone)
+                if message.item or message.data or message.missing or message.total_size:
+                    raise TransferError("a packed message carries a chunk of its own besides its parts")
+                for part in message.parts:
+                    if part.parts:
+                        raise TransferError("a packed part packs parts of its own")
+                    take(part)
             else:
-                buffer = buffer if isinstance(buffer, bytearray) else bytearray(buffer)
-                buffer.extend(data)
+                take(message)
         finish(current, first, buffer)
     except Exception as exc:  # noqa: BLE001 - a broken or lying stream: keep what checked, the caller refetches the rest
         if stream is not None and hasattr(stream, "cancel"):
             stream.cancel()
+        finish(current, first, buffer)  # an item whose bytes all came before the fault still checks on its own
         log.info("batched fetch of %d objects from %s stopped: %s", len(wanted), holder,
                  watched.why() if watched is not None and watched.stalled else exc)
     finally:

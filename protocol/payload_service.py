@@ -11,12 +11,13 @@ import hashlib
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import grpc
 
 from protocol import merkle
 from protocol._generated import swarm_pb2, swarm_pb2_grpc
+from protocol.channels import CHUNK_BYTES
 from protocol.envelope import EnvelopeError, UpdateHeader, check_payload
 from protocol.ratelimit import CallerLimits
 from protocol.rpc_errors import RpcAbort, guarded, refusal_for
@@ -192,13 +193,18 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
 
     def _serve_items(self, request: swarm_pb2.FetchRequest):
         """A batched request: every item in its order, each whole (chunks naming it) or marked missing.
-        Neither the digest nor the item's size is repeated: the receiver checks the bytes itself."""
+        Neither the digest nor the item's size is repeated: the receiver checks the bytes itself.
+        `packed`: consecutive chunks travel together, up to CHUNK_BYTES of data per message."""
         if len(request.items) > MAX_ITEMS:
             self.on_reject("malformed")
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.items)} items in one fetch; at most {MAX_ITEMS}",
                            swarm_pb2.MALFORMED)
+        chunks = self._item_chunks(request.items)
+        yield from pack_chunks(chunks) if request.packed else chunks
+
+    def _item_chunks(self, items):
         root = b""
-        for k, item in enumerate(request.items):
+        for k, item in enumerate(items):
             root = item.slices_root or root
             if item.HasField("slice"):
                 found = self._slice(root, item.slice, item.proof_levels)
@@ -299,6 +305,26 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
             return swarm_pb2.PushReply(accepted=False, sha256=header.payload_sha256, refusal=swarm_pb2.INVALID_UPDATE,
                                        reason=f"slices {refused} do not prove under the signed root; {kept} kept")
         return swarm_pb2.PushReply(accepted=True, sha256=header.payload_sha256)
+
+
+PART_OVERHEAD = 64  # bytes a packed part may add beyond its data and proof (tags, lengths, item, offset, size)
+
+
+def pack_chunks(chunks: Iterable[swarm_pb2.Chunk]) -> Iterator[swarm_pb2.Chunk]:
+    """Consecutive chunks of a batched stream in as few messages as fit: each message's parts hold
+    at most CHUNK_BYTES of data, proofs and framing, so it stays under the channel's message limit
+    (MAX_MESSAGE_BYTES) whatever the items' sizes; a chunk is never split across messages (a chunk
+    is itself at most CHUNK_BYTES of data). Every part keeps its own item, offset and size."""
+    message, used = swarm_pb2.Chunk(), 0
+    for chunk in chunks:
+        size = len(chunk.data) + sum(len(h) + 2 for h in chunk.proof) + PART_OVERHEAD
+        if message.parts and used + size > CHUNK_BYTES:
+            yield message
+            message, used = swarm_pb2.Chunk(), 0
+        message.parts.append(chunk)
+        used += size
+    if message.parts:
+        yield message
 
 
 def push_slices(signed_header: swarm_pb2.Signed, slices: list[tuple[int, StoredSlice]]):

@@ -187,7 +187,7 @@ class CheckpointRequest(_message.Message):
     def __init__(self, offset: _Optional[int] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("data", "offset", "total_size", "sha256", "round", "proof", "item", "missing")
+    __slots__ = ("data", "offset", "total_size", "sha256", "round", "proof", "item", "missing", "parts")
     DATA_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +196,7 @@ class Chunk(_message.Message):
     PROOF_FIELD_NUMBER: _ClassVar[int]
     ITEM_FIELD_NUMBER: _ClassVar[int]
     MISSING_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     offset: int
     total_size: int
@@ -204,7 +205,8 @@ class Chunk(_message.Message):
     proof: _containers.RepeatedScalarFieldContainer[bytes]
     item: int
     missing: bool
-    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., total_size: _Optional[int] = ..., sha256: _Optional[str] = ..., round: _Optional[int] = ..., proof: _Optional[_Iterable[bytes]] = ..., item: _Optional[int] = ..., missing: _Optional[bool] = ...) -> None: ...
+    parts: _containers.RepeatedCompositeFieldContainer[Chunk]
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., total_size: _Optional[int] = ..., sha256: _Optional[str] = ..., round: _Optional[int] = ..., proof: _Optional[_Iterable[bytes]] = ..., item: _Optional[int] = ..., missing: _Optional[bool] = ..., parts: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
@@ -217,7 +219,7 @@ class StatusReply(_message.Message):
     def __init__(self, json: _Optional[str] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("sha256", "offset", "slice", "slices_root", "proof_levels", "omit_sha256", "digest", "items")
+    __slots__ = ("sha256", "offset", "slice", "slices_root", "proof_levels", "omit_sha256", "digest", "items", "packed")
     SHA256_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     SLICE_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +228,7 @@ class FetchRequest(_message.Message):
     OMIT_SHA256_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
     sha256: str
     offset: int
     slice: int
@@ -234,7 +237,8 @@ class FetchRequest(_message.Message):
     omit_sha256: bool
     digest: bytes
     items: _containers.RepeatedCompositeFieldContainer[FetchItem]
-    def __init__(self, sha256: _Optional[str] = ..., offset: _Optional[int] = ..., slice: _Optional[int] = ..., slices_root: _Optional[bytes] = ..., proof_levels: _Optional[int] = ..., omit_sha256: _Optional[bool] = ..., digest: _Optional[bytes] = ..., items: _Optional[_Iterable[_Union[FetchItem, _Mapping]]] = ...) -> None: ...
+    packed: bool
+    def __init__(self, sha256: _Optional[str] = ..., offset: _Optional[int] = ..., slice: _Optional[int] = ..., slices_root: _Optional[bytes] = ..., proof_levels: _Optional[int] = ..., omit_sha256: _Optional[bool] = ..., digest: _Optional[bytes] = ..., items: _Optional[_Iterable[_Union[FetchItem, _Mapping]]] = ..., packed: _Optional[bool] = ...) -> None: ...
 
 class FetchItem(_message.Message):
     __slots__ = ("slice", "slices_root", "proof_levels", "digest")
