@@ -64,13 +64,19 @@ def test_a_peer_sigkilled_mid_round_does_not_stall_the_swarm(swarm, tmp_path, mo
     # later one have all five updates. The deadline floor of 20 s only bounds the wait for the
     # five commitments after that, which arrive at once; no round here waits on it (round 1 closes
     # once the victim has been silent for peer_timeout_s, 6 s).
+    #
+    # Killed after committing: the other three are held after training round 1 (a gate on
+    # trained:1) until the victim is dead, so its commitment is in before theirs and round 1's
+    # manifest, signed once all four committed, is out only after it died: nobody can fetch its
+    # slices in the instant between its commit's reply and its SIGKILL (a race the packed fetch,
+    # a whole slice set in one message, once won in CI: round 1 counted 4 updates).
     rounds = JOIN_ROUND + 3 if crash.rejoins else 3
-    gate = Gate(tmp_path / "gate", "trained", JOIN_ROUND)
-    config = write_run_config(tmp_path / "run.json", rounds={"rounds": rounds, "expected_peers": 4,
-                                                             **({"min_deadline_s": 20.0} if crash.rejoins else {})})
+    gate = Gate(tmp_path / "gate", "trained", JOIN_ROUND if crash.rejoins else 1)
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": rounds, "expected_peers": 4, "min_deadline_s": 20.0})
     coordinator = swarm.start_coordinator(["--config", str(config)])
+    killed_after_commit = crash.fail_at.startswith("committed:")
     with monkeypatch.context() as env:
-        if crash.rejoins:
+        if crash.rejoins or killed_after_commit:
             env.setenv(faults.ENV, gate.fault)
         peers = {f"peer{i}": swarm.start_peer(f"peer{i}", ["--shard", f"{i}/4"], via_dht=False) for i in range(3)}
     victim_id = Identity.load_or_create(swarm.workdir / "peer3.pem").peer_id  # the key start_peer gives it
@@ -83,6 +89,10 @@ def test_a_peer_sigkilled_mid_round_does_not_stall_the_swarm(swarm, tmp_path, mo
     assert f"{faults.ENV}: reached {crash.fail_at}" in log
     assert f"round 1/{rounds} done" in log and f"round 2/{rounds} done" not in log  # round 0 finished, round 1 did not
     assert not (swarm.workdir / "peer3.json").exists()  # it never reached its summary
+    if killed_after_commit:
+        for child in peers.values():
+            gate.reached(child, 180)
+        gate.open()
 
     if crash.rejoins:
         wait_status(swarm.coordinator_endpoint, lambda s: s["round"] >= JOIN_ROUND, 90)  # round 1 closed without it
