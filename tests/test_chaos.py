@@ -148,7 +148,9 @@ def test_a_small_chaos_run_holds_its_invariants(tmp_path):
     exits = run["final"]["exits"]
     assert exits["churner"] == -signal.SIGKILL and exits["churner-r1"] == 0 and exits["steady"] == 0
     assert [r["round"] for r in run["rounds"]] == [0, 1, 2, 3]
-    assert {x["peer"] for x in run["reports"] if x["round"] >= 2} >= {"steady", "churner"}  # the restarted one reported too
+    # The restarted one took part in rounds 2 and 3 and ended each on the coordinator's hash (its
+    # own summary; the watcher's status samples every 0.5 s can miss rounds that close 1 s apart).
+    assert [r for r, ok in run["final"]["peers"]["churner-r1"]["in_sync"] if ok and r >= 2] == [2, 3]
     assert [r for r, ok in run["final"]["peers"]["steady"]["in_sync"]] == [0, 1, 2, 3]
     assert any("at the gate" in e["what"] for e in run["events"])
     assert not checks["final loss within 5% of the fault-free run"]["ok"]  # no baseline run: not measured, never a pass
