@@ -1,6 +1,7 @@
 """Run under torchrun by tests/test_multirank.py: H inner steps of the tiny model through
 peer/node/ranks.py's DDP trainer on each rank's share of the batch; rank 0 saves θ_local."""
 
+import os
 import sys
 
 import torch
@@ -25,3 +26,9 @@ if dist.get_rank() == 0:
 # aborted the other one ("terminate called without an active exception") under load.
 dist.barrier()
 dist.destroy_process_group()
+# And end without finalizing the interpreter, as the peer CLI does (peer/cli/interrupts.py
+# skip_finalization): a rank still aborted there once beside a CPU hog, after the barrier and the
+# destroy ("terminate called without an active exception": a C++ thread object torn down joinable).
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
