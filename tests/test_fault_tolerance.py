@@ -162,7 +162,14 @@ def test_a_peer_frozen_after_committing_costs_its_round_the_stall_bound_only(swa
     rounds = FROZEN_ROUND + 2
     config = write_run_config(tmp_path / "run.json", rounds={"rounds": rounds, "expected_peers": 4})
     coordinator = swarm.start_coordinator(["--config", str(config), "--run-log", str(swarm.workdir / "run.jsonl")])
-    peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/4"], via_dht=False) for i in range(3)]
+    # The other three wait after training round 2 (a gate) until the victim is stopped: its
+    # commitment is in first, and the manifest (signed once all four committed) comes after it froze,
+    # never in the instant between its commit's reply and its SIGSTOP (when an owner could still
+    # fetch its slices: a hog run's round 2 counted 4 updates).
+    gate = Gate(tmp_path / "gate", "trained", FROZEN_ROUND)
+    with monkeypatch.context() as env:
+        env.setenv(faults.ENV, gate.fault)
+        peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/4"], via_dht=False) for i in range(3)]
     with monkeypatch.context() as env:
         env.setenv(faults.ENV, f"committed:{FROZEN_ROUND}:stop")
         victim = swarm.start_peer("victim", ["--shard", "3/4"], via_dht=False)
@@ -171,6 +178,7 @@ def test_a_peer_frozen_after_committing_costs_its_round_the_stall_bound_only(swa
         assert victim.alive() and time.monotonic() < deadline, "".join(victim.lines)[-2000:]
         time.sleep(0.02)
     swarm.kill(victim, signal.SIGSTOP)  # its whole process group: nothing of it answers any more
+    gate.open()
     try:
         wait_run_end(swarm, coordinator, peers)
     finally:
