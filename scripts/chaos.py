@@ -58,7 +58,7 @@ import json  # noqa: E402
 import re  # noqa: E402
 import signal  # noqa: E402
 import time  # noqa: E402
-from dataclasses import asdict, dataclass, field  # noqa: E402
+from dataclasses import asdict  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -68,29 +68,13 @@ if str(ROOT) not in sys.path:
 
 from scripts.chaos_cgroup import CpuThrottle  # noqa: E402
 from scripts.chaos_plan import COORDINATOR_PHASES, PEERS, ChaosConfig, Schedule, draw_schedule  # noqa: E402,F401 (re-exported)
+from scripts.chaos_record import RunRecord  # noqa: E402
 from scripts.chaos_report import render, verdicts  # noqa: E402
 from scripts.machine_info import command_line, load_average, machine_facts, write_keeping_notes  # noqa: E402
 
 BYZANTINE = "tests.byzantine_peer"
 STATUS_TIMEOUT = timedelta(seconds=2)
 TOOK_OVER_RE = re.compile(r"took over run \S+ with term \d+ at round (\d+)[^\n]*?(?:the lapsed lease was ([\d.]+)s)?\)")
-
-
-@dataclass
-class RunRecord:
-    """What one run left: round closes, peers' reported hashes, events, leftovers."""
-
-    label: str
-    rounds: dict[int, dict] = field(default_factory=dict)  # round -> time, param_hash, hashes, val_loss, logged_by
-    reports: dict[str, dict] = field(default_factory=dict)  # "peer|round|hash" -> first report
-    events: list[dict] = field(default_factory=list)
-    peer_ids: dict[str, str] = field(default_factory=dict)
-    leases: list[list] = field(default_factory=list)  # [seconds since start, lease_s, endpoint] per status poll
-    coordinator_hashes: list[str] = field(default_factory=list)  # every hash a coordinator's status held (θ_0 included)
-    takeovers: list[dict] = field(default_factory=list)  # the standby's "took over" lines
-    start: dict = field(default_factory=dict)
-    finished: dict = field(default_factory=dict)
-    final: dict = field(default_factory=dict)
 
 
 def host_flags(ip: str) -> list[str]:
@@ -214,23 +198,8 @@ class ChaosRun:
             self.log_offsets[path] = self.log_offsets.get(path, 0) + len(text[:cut].encode())
             for line in text[:cut].splitlines():
                 event = json.loads(line)
-                kind = event.get("event")
-                if kind in ("start", "takeover") and not self.record.start:
-                    self.record.start = {k: event.get(k) for k in ("initial_val_loss", "term", "coordinator_id")}
-                elif kind == "finished":
-                    self.record.finished = {"round": event.get("round"), "val_loss": event.get("val_loss"), "by": name}
-                elif kind == "round":
-                    r = event["round"]
-                    entry = self.record.rounds.setdefault(r, {"round": r, "time": None, "hashes": [], "logged_by": []})
-                    if event["param_hash"] not in entry["hashes"]:
-                        entry["hashes"].append(event["param_hash"])
-                    entry["logged_by"].append(name + (" (inherited)" if event.get("inherited") else ""))
-                    entry.setdefault("val_loss", event.get("val_loss"))
-                    if not event.get("inherited") and (entry["time"] is None or event["time"] - self.t0 < entry["time"]):
-                        if entry["time"] is None:
-                            new.append(r)
-                        entry["time"] = round(event["time"] - self.t0, 3)
-                        entry["updates"], entry["excluded"] = event.get("updates"), sorted(event.get("excluded", {}))
+                if self.record.add_log_event(name, event, self.t0):
+                    new.append(event["round"])
         return sorted(new)
 
     def _poll_status(self) -> None:
@@ -239,7 +208,6 @@ class ChaosRun:
         endpoints = [self.swarm.coordinator_endpoint] if self.coordinator.alive() else []
         if self.standby is not None and "took over" in "".join(self.standby.lines):
             endpoints.append(self.standby_endpoint)
-        names = {v: k for k, v in self.record.peer_ids.items()}
         for endpoint in endpoints:
             try:
                 status = fetch_status(endpoint, STATUS_TIMEOUT)
@@ -247,21 +215,7 @@ class ChaosRun:
                 continue
             if status.get("coordinator", {}).get("role") != "active":
                 continue
-            lease = status["coordinator"].get("lease", {}).get("lease_s")
-            now = round(time.time() - self.t0, 2)
-            if lease and (not self.record.leases or self.record.leases[-1][1:] != [lease, endpoint]):
-                self.record.leases.append([now, lease, endpoint])
-            if status.get("param_hash") and status["param_hash"] not in self.record.coordinator_hashes:
-                self.record.coordinator_hashes.append(status["param_hash"])
-            for p in status.get("peers", []):
-                if p.get("last_round") is None or p.get("last_round") < 0 or not p.get("param_hash"):
-                    continue
-                # The round the hash belongs to (its heartbeat's), not last_round (the last manifest listing the peer).
-                at = p.get("param_hash_round", p["last_round"])
-                key = f"{p['peer_id']}|{at}|{p['param_hash']}"
-                self.record.reports.setdefault(key, {"peer": names.get(p["peer_id"], p["peer_id"][:8]), "round": at,
-                                                     "param_hash": p["param_hash"], "state": p.get("state"),
-                                                     "seen_s": round(time.time() - self.t0, 2), "via": endpoint})
+            self.record.add_status(status, endpoint, round(time.time() - self.t0, 2))
 
     def _track(self) -> None:
         from tests.helpers import listening_ports, process_tree
