@@ -23,11 +23,13 @@ from tests.helpers import ROOT, tiny_run_config, write_run_config  # noqa: E402,
 
 
 @pytest.fixture
-def swarm(tmp_path):
-    """A peer.cli.launcher.Swarm in tmp_path: real coordinator and peer processes on loopback."""
+def swarm(tmp_path, request):
+    """A peer.cli.launcher.Swarm in tmp_path: real coordinator and peer processes on loopback,
+    forked from the prewarmed server (peer/cli/prewarmed.py: each skips ~4 CPU-seconds of
+    importing torch and hivemind), or exec'd under @pytest.mark.exec_processes."""
     from peer.cli.launcher import Swarm
 
-    s = Swarm(tmp_path / "swarm")
+    s = Swarm(tmp_path / "swarm", prewarmed=request.node.get_closest_marker("exec_processes") is None)
     try:
         yield s
     finally:
@@ -79,7 +81,10 @@ SESSION_HELPERS = ("multiprocessing.resource_tracker", "torch_shm_manager")
 
 def _running_descendants() -> dict[int, str]:
     """pid -> command line of live processes started from this test session (zombies excluded)."""
+    from peer.cli import prewarmed
+
     marker = SESSION_MARKER.encode()
+    servers = prewarmed.server_pids()  # ends with this process (its children are checked like any other)
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -92,7 +97,7 @@ def _running_descendants() -> dict[int, str]:
         except OSError:  # gone meanwhile, or not ours to read
             continue
         state = stat[stat.rindex(")") + 2:].split()[0]  # "pid (comm) state ...": comm may hold spaces
-        if state != "Z" and not any(helper in cmdline for helper in SESSION_HELPERS):
+        if state != "Z" and not any(helper in cmdline for helper in SESSION_HELPERS) and int(entry.name) not in servers:
             found[int(entry.name)] = cmdline
     return found
 

@@ -233,7 +233,7 @@ def test_an_endpoint_signing_with_another_key_is_refused(swarm, tmp_path):
     config = write_run_config(tmp_path / "run.json", rounds={"rounds": 1, "min_peers": 1})
     real = swarm.start_coordinator(["--config", str(config)])
     real_key = wait_line(real, r"coordinator fingerprint: (\w+)", 30).group(1)
-    impostor_swarm = Swarm(tmp_path / "impostor")
+    impostor_swarm = Swarm(tmp_path / "impostor", prewarmed=True)
     try:
         impostor = impostor_swarm.start_coordinator(["--config", str(config)])
         impostor_key = wait_line(impostor, r"coordinator fingerprint: (\w+)", 30).group(1)

@@ -22,7 +22,7 @@ def test_the_public_swarm_recipe_holds_against_an_attacker_and_a_lying_owner(tmp
     rounds = 2
     config = write_run_config(tmp_path / "run.json", rounds={"rounds": rounds, "expected_peers": 4})
     shards = [["--shard", f"{i}/4", "--log-every", "1000"] for i in range(4)]
-    with Swarm(tmp_path / "swarm") as swarm:
+    with Swarm(tmp_path / "swarm", prewarmed=True) as swarm:
         coordinator = swarm.start_coordinator(["--config", str(config), "--recipe", "sparseloco", "--inner-steps", "2",
                                                "--num-byzantine", "1"])
         honest = [swarm.start_peer(f"peer{i}", shards[i]) for i in range(2)]

@@ -20,7 +20,7 @@ from protocol.identity import Identity
 from protocol.ports import ListenAddress, in_use
 from tests.helpers import ROOT, cmdline, free_port, kill_tree, process_tree, still_running, wait_line, write_run_config
 
-pytestmark = [pytest.mark.integration,
+pytestmark = [pytest.mark.integration, pytest.mark.exec_processes,  # reads its children's command lines
               pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process trees from /proc (Linux)")]
 # The bound. Most of a stop used to be the interpreter's finalization after everything was
 # closed (torch's and gRPC's modules: 2-3 s at load 10, > 10 s at load 35-117) and torch_shm_manager

@@ -34,10 +34,10 @@ def test_a_lying_owner_is_banned_with_evidence_and_changes_no_honest_parameter(t
     from peer.cli.launcher import Swarm
 
     shards = [["--shard", f"{i}/3", "--log-every", "1000"] for i in range(3)]
-    with Swarm(tmp_path / "clean") as swarm:
+    with Swarm(tmp_path / "clean", prewarmed=True) as swarm:
         clean = _run(swarm, tmp_path / "clean", rounds=1,
                      peers=[(f"peer{i}", shards[i], "peer.cli.main") for i in range(3)])
-    with Swarm(tmp_path / "lying") as swarm:
+    with Swarm(tmp_path / "lying", prewarmed=True) as swarm:
         lying = _run(swarm, tmp_path / "lying", rounds=1,
                      peers=[("peer0", shards[0], "peer.cli.main"), ("peer1", shards[1], "peer.cli.main"),
                             ("liar", ["--lie", "lone", *shards[2]], BYZANTINE)])

@@ -25,7 +25,7 @@ def _status(endpoint: str, *tls_flags: str) -> subprocess.CompletedProcess:
 def test_a_swarm_runs_over_tls_and_clients_without_its_ca_are_refused(tmp_path):
     config = write_run_config(tmp_path / "run.json", rounds={"rounds": 2, "expected_peers": 2})
     other_ca = make_loopback_tls(tmp_path / "other", name="another").ca
-    with Swarm(tmp_path / "swarm", tls=True) as swarm:
+    with Swarm(tmp_path / "swarm", tls=True, prewarmed=True) as swarm:
         assert swarm.tls is not None
         coordinator = swarm.start_coordinator(["--config", str(config)])
         endpoint = swarm.coordinator_endpoint

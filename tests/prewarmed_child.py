@@ -1,0 +1,18 @@
+"""A child for tests/test_prewarmed.py, run as `python -m tests.prewarmed_child ARG...` by the
+prewarmed server: prints what it sees (pid, session, working directory, environment, arguments),
+then exits with ARG (a number), raises (`raise`) or waits to be signalled (`wait`)."""
+
+import os
+import sys
+import threading
+
+print(f"pid={os.getpid()}", flush=True)
+print(f"ppid={os.getppid()}\npgid={os.getpgid(0)}\nsid={os.getsid(0)}\ncwd={os.getcwd()}")
+print(f"probe={os.environ.get('PREWARMED_PROBE', '')}\nargv={sys.argv[1:]!r}\nname={__name__}")
+print(f"torch_preloaded={'torch' in sys.modules}", flush=True)
+print("stderr=to stderr", file=sys.stderr, flush=True)
+if sys.argv[1] == "wait":
+    threading.Event().wait()
+if sys.argv[1] == "raise":
+    raise RuntimeError("asked to raise")
+sys.exit(int(sys.argv[1]))

@@ -1,0 +1,80 @@
+"""The prewarmed server (peer/cli/prewarmed.py): a forked child is a process of its own, as
+Popen(start_new_session=True) makes one (own session, the requested environment, working
+directory and module, its exit status or killing signal as returncode), and it dies with the
+server, which dies when its launcher closes it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from peer.cli import prewarmed
+from tests.helpers import ROOT, process_tree, still_running
+
+pytestmark = pytest.mark.skipif(not prewarmed.available(), reason="fork server: Linux only")
+
+CHILD = "tests.prewarmed_child"  # prints what it sees, then exits with argv[1] (or waits)
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = prewarmed.PrewarmedServer(dict(os.environ))
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _lines(process) -> dict[str, str]:
+    return dict(line.rstrip("\n").split("=", 1) for line in process.stdout if "=" in line)
+
+
+def test_a_child_is_its_own_session_with_the_requested_environment_and_exit_status(server, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # as `python -m` would, it looks for the module there, then on PYTHONPATH
+    child = server.spawn(CHILD, ["7", "an argument"], dict(os.environ, PREWARMED_PROBE="yes", PYTHONPATH=str(ROOT)))
+    seen = _lines(child)
+    assert child.wait(timeout=60) == 7 and child.returncode == 7
+    assert seen["pid"] == str(child.pid) and seen["pgid"] == str(child.pid) and seen["sid"] == str(child.pid)
+    assert seen["ppid"] == str(server.process.pid)
+    assert seen["cwd"] == str(tmp_path) and seen["probe"] == "yes" and seen["argv"] == "['7', 'an argument']"
+    assert seen["name"] == "__main__" and seen["torch_preloaded"] == "True"
+    assert seen["stderr"] == "to stderr"  # stdout and stderr are one pipe, as Popen(stderr=STDOUT)
+
+
+def test_a_killed_child_reports_the_signal_and_poll_never_blocks(server):
+    child = server.spawn(CHILD, ["wait"], dict(os.environ))
+    assert child.stdout.readline().startswith("pid=")
+    assert child.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        child.wait(timeout=0.2)
+    os.killpg(child.pid, signal.SIGTERM)  # its session is its own process group
+    assert child.wait(timeout=60) == -signal.SIGTERM
+    child.kill()  # after it was reaped: no signal to a pid that may be reused
+
+
+def test_an_exception_is_printed_and_exits_1(server):
+    child = server.spawn(CHILD, ["raise"], dict(os.environ))
+    out = child.stdout.read()
+    assert child.wait(timeout=60) == 1
+    assert "RuntimeError: asked to raise" in out
+
+
+def test_children_die_with_their_server_and_nothing_is_left():
+    s = prewarmed.PrewarmedServer(dict(os.environ))
+    try:
+        child = s.spawn(CHILD, ["wait"], dict(os.environ))
+        assert child.stdout.readline().startswith("pid=")
+        tree = process_tree(s.process.pid)
+        assert child.pid in tree
+    finally:
+        s.close()  # closes its request socket: the server ends, its child on its parent-death signal
+    assert child.wait(timeout=30) == -signal.SIGKILL
+    assert not still_running(tree, 10.0)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
