@@ -31,10 +31,8 @@ def test_a_swarm_runs_over_tls_and_clients_without_its_ca_are_refused(tmp_path):
         endpoint = swarm.coordinator_endpoint
         # A peer without the CA dials the coordinator directly and stops with what to pass.
         stranger = swarm.start_peer("stranger", ["--client-mode", "--connect-timeout", "20"], via_dht=False, tls=False)
-        # The swarm: two serving peers found through the DHT; in the sliced exchange they fetch
-        # each other's slices, so peer-to-peer channels run over TLS too.
-        peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/2"]) for i in range(2)]
-
+        # The probes run while the coordinator waits for its two expected peers (started after
+        # them): a swarm that had finished its 2 rounds meanwhile would no longer answer them.
         trusted = _status(endpoint, "--tls-ca", str(swarm.tls.ca))
         assert trusted.returncode == 0, trusted.stderr
         assert json.loads(trusted.stdout)["rounds"] == 2
@@ -44,6 +42,9 @@ def test_a_swarm_runs_over_tls_and_clients_without_its_ca_are_refused(tmp_path):
         untrusted = _status(endpoint, "--tls-ca", str(other_ca))
         assert untrusted.returncode == 1
         assert "TLS certificate is not trusted by the CA in --tls-ca" in untrusted.stderr, untrusted.stderr
+        # The swarm: two serving peers found through the DHT; in the sliced exchange they fetch
+        # each other's slices, so peer-to-peer channels run over TLS too.
+        peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/2"]) for i in range(2)]
 
         assert swarm.wait(stranger, 60) == 1
         assert f"{endpoint} serves TLS" in "".join(stranger.lines) and "pass --tls-ca" in "".join(stranger.lines)
