@@ -31,7 +31,6 @@ import argparse
 import hashlib
 import json
 import math
-import signal
 import statistics
 import sys
 import tempfile
@@ -45,6 +44,7 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
         sys.path.insert(0, extra)
 
 from machine_info import machine_lines, write_keeping_notes  # noqa: E402
+from stop_signals import unwind_on_stop_signals  # noqa: E402
 
 REFERENCE = "fp32 DiLoCo"
 RECIPE = "public-swarm recipe"
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from machine_info import command_line, load_average, machine_facts
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through Swarm's cleanup: no orphaned swarm
+    unwind_on_stop_signals()  # through Swarm's cleanup: no orphaned swarm
     started, load_before = time.monotonic(), load_average()
     runs, skipped, recipe = measure(args)
     invocation = {"command": command_line(), "load_before": load_before, "load_after": load_average(),

@@ -48,6 +48,7 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
 from chaos_cgroup import CpuThrottle  # noqa: E402
 from heterogeneous_report import render  # noqa: E402
 from machine_info import command_line, load_average, machine_facts, write_keeping_notes  # noqa: E402
+from stop_signals import unwind_on_stop_signals  # noqa: E402
 
 SPEEDS = (1.0, 1.0, 0.5, 0.25)
 MODEL = {"d_model": 64, "n_layer": 2, "n_head": 2, "seq_len": 64}
@@ -205,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     path = Path(args.json)
     if not args.report_only:
+        unwind_on_stop_signals()  # through Swarm's cleanup and the cgroups' removal
         record = json.loads(path.read_text()) if path.exists() else {"rows": {}}
         record["machine"] = machine_facts()
         plans = {"fixed-h": (SPEEDS, 0.0, args.fixed_rounds), "window": (SPEEDS, args.window_s, args.window_rounds),

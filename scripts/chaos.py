@@ -71,6 +71,7 @@ from scripts.chaos_plan import COORDINATOR_PHASES, PEERS, ChaosConfig, Schedule,
 from scripts.chaos_record import RunRecord  # noqa: E402
 from scripts.chaos_report import render, verdicts  # noqa: E402
 from scripts.machine_info import command_line, load_average, machine_facts, write_keeping_notes  # noqa: E402
+from scripts.stop_signals import unwind_on_stop_signals  # noqa: E402
 
 BYZANTINE = "tests.byzantine_peer"
 STATUS_TIMEOUT = timedelta(seconds=2)
@@ -455,8 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         config = ChaosConfig(rounds=args.rounds, seed=args.seed, inner_steps=args.inner_steps, lease_s=args.lease_s)
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds like Ctrl-C: the finally blocks clean up
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C too, also where a shell started us with SIGINT ignored
+        unwind_on_stop_signals()  # SIGTERM and Ctrl-C unwind: the finally blocks clean up
         try:
             result = run_chaos(config, Path(args.workdir), netns=not args.no_netns, baseline=not args.no_baseline,
                                schedule=draw_schedule(config.rounds, config.seed, args.coordinator_fault))

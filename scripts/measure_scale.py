@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
         sys.path.insert(0, extra)
 
 from scale_projection import COVERAGE, control_fit, control_runs, expected, expected_coordinator, projection, with_projection  # noqa: E402,F401
+from stop_signals import unwind_on_stop_signals  # noqa: E402
 from swarm_meters import CoordinatorCpu, MemoryGuard  # noqa: E402  (scripts/ is on the path now)
 
 JOINED_NODE_RE = re.compile(r"^peer (\S+) \| joined run ")  # peer/node/node.py prints it at its first accepted join
@@ -308,7 +308,7 @@ def measure_and_store(args, runs_key: str, *, start_peers=storm_peers, how: dict
     if not args.merge:
         stored.pop(runs_key, None)
         stored.pop(invocations_key, None)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through Swarm's cleanup: no orphaned swarm
+    unwind_on_stop_signals()  # through Swarm's cleanup: no orphaned swarm
     load_before, measured = load_average(), []
     previous = stored.get(invocations_key, [])
 
