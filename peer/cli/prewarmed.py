@@ -204,7 +204,7 @@ def _serve(requests: socket.socket) -> None:
     selector = selectors.DefaultSelector()
     selector.register(requests, selectors.EVENT_READ)
     selector.register(wake_read, selectors.EVENT_READ)
-    server_pid = os.getpid()
+    tie_to_server = lifetime.preexec_for_child()  # made here (the server's main thread), run in each child
     requests.send(b"ready")
     while True:
         for key, _ in selector.select():
@@ -228,7 +228,7 @@ def _serve(requests: socket.socket) -> None:
                         os.close(wake_read)
                         os.close(wake_write)
 
-                    _become_child(json.loads(message), fds[1], server_pid, close_server)
+                    _become_child(json.loads(message), fds[1], tie_to_server, close_server)
                 os.close(fds[1])
                 try:
                     status.send(b"pid %d" % pid)
@@ -257,7 +257,7 @@ def _reap(status_of: dict[int, socket.socket]) -> None:
             status.close()
 
 
-def _become_child(request: dict, output_fd: int, server_pid: int, close_server) -> None:
+def _become_child(request: dict, output_fd: int, tie_to_server, close_server) -> None:
     """In the forked child: become the process Popen(start_new_session=True) would have started,
     run the module, and end. Never returns."""
     code = 1
@@ -267,9 +267,8 @@ def _become_child(request: dict, output_fd: int, server_pid: int, close_server) 
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a fresh Python's handlers
         os.setsid()
-        lifetime.set_parent_death_signal(signal.SIGKILL)
-        if os.getppid() != server_pid:  # the server died before the signal was armed
-            os._exit(1)
+        if tie_to_server is not None:  # SIGKILL when the server dies; exit now if it already has
+            tie_to_server()
         close_server()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -301,13 +300,10 @@ def _run_module(module: str) -> int:
 
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit as exc:
+    except SystemExit as exc:  # any other exception: the caller prints it and exits 1
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
         print(exc.code, file=sys.stderr)
-        return 1
-    except BaseException:
-        traceback.print_exc()
         return 1
     return 0
 
