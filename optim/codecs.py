@@ -35,7 +35,6 @@ import zlib
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-import numpy as np
 import torch
 
 from optim.quantize import CAST_FORMATS, BlockQuantFormat, CastFormat, CodecError, SignFormat, ValueFormat
@@ -279,13 +278,11 @@ class ErrorFeedback:
         if self.last_sent is None:
             return 0
         # residual += (applied == 0 and last_sent != 0 ? last_sent : +0.0), then nan_to_num, with the
-        # rare exact zeros of the aggregate found in one pass (numpy) and only they touched:
-        # the same bits as the dense where() (x + 0.0 elsewhere turns a -0.0 residual into +0.0),
-        # at a quarter of its passes over (d,).
-        values = applied.detach().to("cpu")
-        if values.dtype not in (torch.float16, torch.float32, torch.float64):
-            values = values.float()  # bf16 (numpy has none): exact in float32, zeros stay zeros
-        zeros = torch.from_numpy(np.flatnonzero(values.contiguous().numpy() == 0))
+        # rare exact zeros of the aggregate found once and only they touched: the same bits as the
+        # dense where() (x + 0.0 elsewhere turns a -0.0 residual into +0.0), at a quarter of its
+        # passes over (d,). torch, not numpy: its kernels release the GIL, so the node's serving
+        # threads answer other peers' fetches meanwhile (a numpy pass over (d,) held them off).
+        zeros = (applied.detach().to("cpu") == 0).nonzero().squeeze(1)  # (z,) int64
         sent = self.last_sent[zeros]  # (z,)
         kept = sent != 0
         self.residual.add_(0.0)

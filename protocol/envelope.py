@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -191,8 +192,11 @@ def check_work(header: UpdateHeader, *, max_inner_steps: int, tokens_per_step: i
                                         f"at most {bound} fit (steps x batch x sequence length)")
 
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
 def _is_sha256(value: object) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    return isinstance(value, str) and _SHA256_HEX.fullmatch(value) is not None
 
 
 def check_payload(header: UpdateHeader, payload: bytes) -> None:

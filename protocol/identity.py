@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -67,6 +67,14 @@ def _write_key(path: Path, pem: bytes) -> bool:
 @dataclass(frozen=True, slots=True)
 class Identity:
     private_key: Ed25519PrivateKey
+    # Derived once: the node reads them for every header, slice result and stream it signs or serves.
+    public_key: bytes = field(init=False, repr=False)
+    peer_id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        public = self.private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        object.__setattr__(self, "public_key", public)
+        object.__setattr__(self, "peer_id", peer_id_of(public))
 
     @classmethod
     def generate(cls) -> "Identity":
@@ -102,14 +110,6 @@ class Identity:
         if not isinstance(key, Ed25519PrivateKey):
             raise IdentityError(f"{path} holds a {type(key).__name__}, not an Ed25519 key")
         return cls(key)
-
-    @property
-    def public_key(self) -> bytes:
-        return self.private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-    @property
-    def peer_id(self) -> str:
-        return peer_id_of(self.public_key)
 
     def sign(self, message: bytes) -> bytes:
         return self.private_key.sign(message)

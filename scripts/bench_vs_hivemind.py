@@ -32,7 +32,8 @@ hivemind round: matchmaking runs BEFORE the barrier (step(require_trigger=True) 
 The round time is the slowest worker's. hivemind is timed WITHOUT its matchmaking, while swarmloco's
 header, manifest and result relays are inside its timing: the comparison leans toward hivemind.
 Both are checked against the exact fp32 mean of the N tensors; every swarmloco peer's θ_{r+1} must be
-bit-identical (sha256 compared).
+bit-identical (sha256 compared). Those checks run after a second barrier, once every worker's round
+has ended (both systems): run inside the round of a slower worker, they took CPU from it on the shared cores.
 """
 
 from __future__ import annotations
