@@ -18,14 +18,17 @@ Figures, all from the processes' own --summary-json records:
 - utilization of a peer: its inner-step seconds over its rounds' wall seconds, rounds 1 on;
 - counted share: each peer's share of the work the aggregate counted, the capped weights the
   owners used recomputed from the signed claims with the same math (peer/run/work_math.WorkLedger;
-  a fixed-H run counts every update the same); compute share: its share of the CPU quota;
+  a fixed-H run counts every update the same); compute share: its share of the row's speeds;
 - val loss at equal wall time: the coordinator's val loss after the last round closed by the
   shorter run's end (time from round 1's start);
 - loss at equal tokens: the heterogeneous window run's final val loss against the homogeneous
   run's val loss interpolated (linear in tokens) at the same tokens trained.
 - calibrated compute share (window rows): before the swarm starts, one scripts/speed_probe.py per
   peer trains the row's model alone in that peer's cgroup, all four at once, for --calibrate-s
-  seconds: each quota's own training rate, which a small quota does not buy in proportion.
+  seconds: each quota's own training rate, which a small quota does not buy in proportion. So the
+  slower peers' quotas are scaled and probed again (--calibrate-attempts) until each probe trains
+  at its speed relative to the speed-1 probes (within 3%): the row's speeds are then what the
+  peers can train, and the swarm runs under those quotas (`cores` in the JSON).
 Rows of another seed than 0 are named `<row>-s<seed>` (--seed), so seeds sit side by side.
 The md is rendered from the JSON (scripts/heterogeneous_report.py), a pure function of it.
 """
@@ -93,17 +96,44 @@ def descendants(root: int) -> list[int]:
     return tree
 
 
+SPEED_TOLERANCE = 0.03  # a probe's speed ratio this close to the row's speed is matched
+
+
 def calibrate(name: str, speeds: tuple[float, ...], *, base_core: float, seconds: float, workdir: Path,
-              period_us: int) -> dict[str, Any]:
-    """Each speed's training rate alone under its quota: one speed probe per peer cgroup, all at once."""
+              period_us: int, attempts: int = 3) -> dict[str, Any]:
+    """The quotas that make the row's speeds real, and what each trains alone under them.
+
+    Each attempt runs one speed probe per peer cgroup, all at once. A quota does not buy training
+    in proportion to it (a throttled period resumes with cold caches, and this VM's speed varies),
+    so a slower peer's quota is scaled by speed / measured ratio (to the speed-1 probes' mean rate)
+    and probed again, up to `attempts` probes, until every ratio is within SPEED_TOLERANCE of its
+    speed. -> the last probe's steps, rates and CPU seconds, the quotas it ran under (`cores`, which
+    the swarm then gets) and every attempt's."""
+    cores = [speed * base_core for speed in speeds]
+    tried: list[dict[str, Any]] = []
+    for attempt in range(attempts):
+        probe = _probe(name, cores, seconds=seconds, workdir=workdir, period_us=period_us)
+        full = [r for r, s in zip(probe["rates"], speeds) if s == max(speeds)]
+        ratios = [r / (sum(full) / len(full)) * max(speeds) for r in probe["rates"]]  # in the row's speed units
+        tried.append({"cores": list(cores), **probe, "speed_ratios": ratios})
+        print(f"  calibration {attempt + 1}: cores {', '.join(f'{c:.3f}' for c in cores)} -> speeds "
+              f"{', '.join(f'{x:.3f}' for x in ratios)}", flush=True)
+        if all(abs(x / s - 1) <= SPEED_TOLERANCE for x, s in zip(ratios, speeds)) or attempt == attempts - 1:
+            break
+        cores = [c if s == max(speeds) else min(1.0, c * s / x) for c, s, x in zip(cores, speeds, ratios)]
+    return {"seconds": seconds, **tried[-1], "attempts": tried}
+
+
+def _probe(name: str, cores: list[float], *, seconds: float, workdir: Path, period_us: int) -> dict[str, Any]:
+    """Each quota's training rate alone: one speed probe per cgroup, all at once."""
     groups, probes = [], []
     try:
-        for i, speed in enumerate(speeds):
+        for i, core in enumerate(cores):
             probe = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "speed_probe.py"), str(workdir / "run.json"), str(seconds)],
                                      stdout=subprocess.PIPE, text=True)
             group = CpuThrottle(f"swlH{name}cal{i}")
             groups.append(group)
-            group.limit([probe.pid], speed * base_core, shares=SHARES, period_us=period_us)
+            group.limit([probe.pid], core, shares=SHARES, period_us=period_us)
             probes.append(probe)
         results = [json.loads(p.communicate(timeout=seconds * 20 + 300)[0].strip().splitlines()[-1]) for p in probes]
     finally:
@@ -113,20 +143,21 @@ def calibrate(name: str, speeds: tuple[float, ...], *, base_core: float, seconds
                 probe.wait()
         for group in groups:
             group.close()
-    return {"seconds": seconds, "steps": [r["steps"] for r in results], "rates": [r["steps"] / r["seconds"] for r in results],
+    return {"steps": [r["steps"] for r in results], "rates": [r["steps"] / r["seconds"] for r in results],
             "cpu_s": [r["cpu_s"] for r in results]}
 
 
 def run_row(name: str, speeds: tuple[float, ...], *, steps: int, window_s: float, rounds: int, base_core: float,
             coordinator_core: float, seed: int, workdir: Path, calibrate_s: float = 0.0, max_steps: int = 4000,
-            period_us: int = PERIOD_US) -> dict[str, Any]:
+            period_us: int = PERIOD_US, calibrate_attempts: int = 3) -> dict[str, Any]:
     from peer.cli.launcher import Swarm
 
     workdir.mkdir(parents=True, exist_ok=True)
     config = run_config(rounds=rounds, steps=steps, window_s=window_s, seed=seed, max_steps=max_steps)
     (workdir / "run.json").write_text(json.dumps(config))
-    calibration = calibrate(name, speeds, base_core=base_core, seconds=calibrate_s, workdir=workdir,
-                            period_us=period_us) if calibrate_s else None
+    calibration = calibrate(name, speeds, base_core=base_core, seconds=calibrate_s, workdir=workdir, period_us=period_us,
+                            attempts=calibrate_attempts) if calibrate_s else None
+    cores = calibration["cores"] if calibration else [speed * base_core for speed in speeds]
     groups: list[CpuThrottle] = []
     started = time.monotonic()
     try:
@@ -143,7 +174,7 @@ def run_row(name: str, speeds: tuple[float, ...], *, steps: int, window_s: float
                     if i not in throttled and peer.joined:
                         group = CpuThrottle(f"swlH{name}{i}")
                         groups.append(group)
-                        group.limit(descendants(peer.process.pid), speeds[i] * base_core, shares=SHARES, period_us=period_us)
+                        group.limit(descendants(peer.process.pid), cores[i], shares=SHARES, period_us=period_us)
                         throttled.add(i)
                     if not peer.alive():
                         raise RuntimeError(f"{peer.name} exited before joining: {peer.last_words()}")
@@ -158,7 +189,7 @@ def run_row(name: str, speeds: tuple[float, ...], *, steps: int, window_s: float
         for group in groups:
             group.close()
     return {"name": name, "speeds": list(speeds), "inner_steps": steps, "window_s": window_s, "rounds": rounds,
-            "base_core": base_core, "period_us": period_us, "coordinator_core": coordinator_core, "seed": seed, "config": config,
+            "base_core": base_core, "cores": cores, "period_us": period_us, "coordinator_core": coordinator_core, "seed": seed, "config": config,
             "wall_s": time.monotonic() - started, "calibration": calibration, "coordinator": _coordinator_record(summaries["coordinator"]),
             "peers": [_peer_record(summaries[f"peer{i}"]) for i in range(len(speeds))]}
 
@@ -202,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the rows' seed; rows of seed N != 0 are stored as <row>-sN")
     parser.add_argument("--calibrate-s", type=float, default=30.0,
                         help="seconds of each mixed-speed row's speed probes (its quotas' own training rates); 0: none")
+    parser.add_argument("--calibrate-attempts", type=int, default=3,
+                        help="speed probes per mixed-speed row: after each, a slower peer's quota is scaled so its measured "
+                             "speed matches the row's (within 3%%); 1: probe the nominal quotas (speed x base core) only, "
+                             "as the rows before this option did")
     parser.add_argument("--workdir", default="/tmp/swarmloco-heterogeneous")
     args = parser.parse_args(argv)
     path = Path(args.json)
@@ -219,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
             calibrate_s = args.calibrate_s if plan == "window" else 0.0
             row = run_row(name, speeds, steps=args.steps, window_s=window_s, rounds=rounds, base_core=args.base_core,
                           coordinator_core=args.coordinator_core, seed=args.seed, workdir=Path(args.workdir) / name,
-                          calibrate_s=calibrate_s, max_steps=args.max_steps, period_us=int(args.period_ms * 1000))
+                          calibrate_s=calibrate_s, max_steps=args.max_steps, period_us=int(args.period_ms * 1000),
+                          calibrate_attempts=args.calibrate_attempts)
             row.update({"load_before": load_before, "load_after": load_average(), "command": command_line()})
             record["rows"][name] = row
             path.write_text(json.dumps(record, indent=1) + "\n")  # after every row: a later failure keeps it

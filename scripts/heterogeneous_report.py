@@ -48,6 +48,18 @@ def seed_of(name: str) -> tuple[str, int]:
     return (match[1], int(match[2])) if match else (name, 0)
 
 
+def quota_cores(row: dict[str, Any]) -> list[float]:
+    """Each peer's CPU quota (cores): the calibrated ones where the row records them, else speed x base core."""
+    return row.get("cores") or [s * row["base_core"] for s in row["speeds"]]
+
+
+def speeds_matched(row: dict[str, Any]) -> bool:
+    """Whether the row's quotas were scaled until the speed probes trained at the row's speeds."""
+    attempts = (row.get("calibration") or {}).get("attempts") or []
+    return len(attempts) > 1 or bool(attempts and all(
+        abs(x / s - 1) <= 0.03 for x, s in zip(attempts[-1]["speed_ratios"], row["speeds"])))
+
+
 def calibrated_shares(row: dict[str, Any]) -> list[float] | None:
     """Each peer's share of the compute its quota bought alone (the speed probes' training rates), or None."""
     calibration = row.get("calibration")
@@ -136,9 +148,9 @@ def render(record: dict[str, Any]) -> str:
         lines.append(f"- {name}: `{row.get('command', record.get('command', 'not recorded'))}`")
     lines.append("")
     lines += ["| row | speeds (x base core) | schedule | rounds | wall s | peer utilization, rounds 1+ | measured speed | "
-              "tokens trained share | counted share | compute share (quota) | calibrated compute share | final val loss | "
+              "tokens trained share | counted share | compute share (speeds) | quota (cores) | calibrated compute share | final val loss | "
               "every peer on the final hash | load before/after |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
         most = row.get("config", {}).get("rounds", {}).get("max_steps")
         steps = f"min 1, max {most} steps" if most else "min 1 step"
@@ -148,8 +160,8 @@ def render(record: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {', '.join(f'{s:g}' for s in row['speeds'])} (base {row['base_core']:g} core, period {period_ms(row):g} ms) | {schedule} | {row['rounds']} | "
             f"{row['wall_s']:.0f} | {_pcts(utilization(p) for p in row['peers'])} | {_list(measured_speeds(row))} | "
-            f"{_pcts(t / sum(tokens) for t in tokens)} | {_pcts(counted_shares(row))} | {_pcts(compute)} | "
-            f"{_pcts(calibrated_shares(row) or []) or '-'} | "
+            f"{_pcts(t / sum(tokens) for t in tokens)} | {_pcts(counted_shares(row))} | {_pcts(compute)} | {', '.join(f'{c:.3g}' for c in quota_cores(row))}"
+            f"{' (matched)' if speeds_matched(row) else ''} | {_pcts(calibrated_shares(row) or []) or '-'} | "
             f"{row['coordinator']['history'][-1]['val_loss']:.4f} | {'yes' if in_sync(row) else 'NO'} | "
             f"{row['load_before']} / {row['load_after']} |")
     how = next(iter(rows.values()))["config"] if rows else {}
@@ -158,7 +170,9 @@ def render(record: dict[str, Any]) -> str:
                   f"{how['aggregation']['num_byzantine']}), codec {how['compression']['codec']}, outer {how['outer']['name']}, "
                   f"min deadline {how['rounds']['min_deadline_s']:g} s, model d_model {how['model']['d_model']} x {how['model']['n_layer']} layers, "
                   f"batch {how['data']['batch_size']} x {how['model']['seq_len']} tokens, seed 0 (`-sN` rows: seed N), one thread per peer, "
-                  f"each peer in its own cgroup (quota speed x base core of every CFS period, the row's period, cpu.shares 16384) once joined."]
+                  f"each peer in its own cgroup (quota speed x base core of every CFS period, the row's period, cpu.shares 16384) once joined; "
+                  f"in a row whose quotas say (matched), the quotas were scaled before the swarm started until each one's speed probe "
+                  f"trained at the row's speed (within 3%) relative to the speed-1 probes."]
     lines += ["", "## Targets", ""] + _targets(rows)
     return "\n".join(lines) + "\n"
 
@@ -179,7 +193,7 @@ def _targets(rows: dict[str, Any]) -> list[str]:
         counted = _mean_lists([counted_shares(row) for row in windows.values()])
         many = f" (mean of {len(windows)} seeds)" if len(windows) > 1 else ""
         off = [(c - k) / k for c, k in zip(counted, compute)]
-        out.append(f"- slow peers' counted share within {SHARE_TOLERANCE:.0%} of their compute share (the quota's){many}: "
+        out.append(f"- slow peers' counted share within {SHARE_TOLERANCE:.0%} of their compute share (the row's speeds){many}: "
                    + ", ".join(f"speed {window['speeds'][i]:g}: {counted[i]:.1%} vs {compute[i]:.1%} ({off[i]:+.0%})" for i in slow)
                    + f": **{verdict(all(abs(off[i]) <= SHARE_TOLERANCE for i in slow))}**"
                    + (f" (fixed H: {_pcts(counted_shares(fixed))})" if fixed else ""))
@@ -200,7 +214,7 @@ def _targets(rows: dict[str, Any]) -> list[str]:
                                f"({(counted[i] - rate_share[i]) / rate_share[i]:+.0%})" for i in slow))
         for seed, row in sorted(windows.items()):
             mine, cal = counted_shares(row), calibrated_shares(row)
-            out.append(f"  - seed {seed}: counted vs quota " + ", ".join(f"{(mine[i] - compute[i]) / compute[i]:+.0%}" for i in slow)
+            out.append(f"  - seed {seed}{' (quotas matched)' if speeds_matched(row) else ''}: counted vs speeds " + ", ".join(f"{(mine[i] - compute[i]) / compute[i]:+.0%}" for i in slow)
                        + ("" if not cal else "; vs calibrated " + ", ".join(f"{(mine[i] - cal[i]) / cal[i]:+.0%}" for i in slow)))
     if window and fixed:
         budget = min(timeline(window)[-1][0], timeline(fixed)[-1][0])
