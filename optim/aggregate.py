@@ -180,6 +180,9 @@ class Aggregator:
             _require_enough_rows(
                 self.name, mixed.shape[0], f, f" after bucketing {n} rows by bucket_size={bucket_size}"
             )
+        if not report and self.name in ("median", "trimmed-mean") and mixed is rows:
+            # No shares to report (a slice owner's reduce): the output alone, by a sorting network
+            return rules.sorted_band_output(rows, *rules.band(self.name, n, f))
         result = self._rule(mixed, f, center, rule_seed)
         if report:
             self.last_report = AggregationReport(

@@ -125,16 +125,22 @@ def calibrate(name: str, speeds: tuple[float, ...], *, base_core: float, seconds
 
 
 def _probe(name: str, cores: list[float], *, seconds: float, workdir: Path, period_us: int) -> dict[str, Any]:
-    """Each quota's training rate alone: one speed probe per cgroup, all at once."""
+    """Each quota's training rate alone: one speed probe per cgroup, all timed at once. A probe sets
+    itself up unthrottled (--wait-go): at a 0.0875-core quota its imports and corpus took minutes."""
     groups, probes = [], []
     try:
-        for i, core in enumerate(cores):
-            probe = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "speed_probe.py"), str(workdir / "run.json"), str(seconds)],
-                                     stdout=subprocess.PIPE, text=True)
+        for core in cores:
+            probes.append(subprocess.Popen([sys.executable, str(ROOT / "scripts" / "speed_probe.py"), str(workdir / "run.json"),
+                                            str(seconds), "--wait-go"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for i, (probe, core) in enumerate(zip(probes, cores)):
+            if json.loads(probe.stdout.readline() or "{}").get("ready") is not True:
+                raise RuntimeError(f"speed probe {i} exited before it was ready (exit status {probe.wait()})")
             group = CpuThrottle(f"swlH{name}cal{i}")
             groups.append(group)
             group.limit([probe.pid], core, shares=SHARES, period_us=period_us)
-            probes.append(probe)
+        for probe in probes:
+            probe.stdin.write("go\n")
+            probe.stdin.flush()
         results = [json.loads(p.communicate(timeout=seconds * 20 + 300)[0].strip().splitlines()[-1]) for p in probes]
     finally:
         for probe in probes:

@@ -8,7 +8,11 @@ swarm's peers get) to calibrate what each quota buys: a CPU quota's training rat
 proportional to it (each throttled period resumes with cold caches), so the compute a peer
 offers is this measured rate, not its quota.
 
-    .venv/bin/python scripts/speed_probe.py RUN.json SECONDS
+    .venv/bin/python scripts/speed_probe.py RUN.json SECONDS [--wait-go]
+
+--wait-go: once set up and warmed up, print {"ready": true} and wait for a line on stdin before
+timing: the caller can then throttle it (its set-up, ~7 CPU-seconds of imports and corpus, would
+take minutes under a small quota) and start every probe's timing at once.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ def main(argv: list[str]) -> int:
     from peer.learn.training import InnerTrainer
     from peer.run.config import RunConfig
 
+    wait_go = "--wait-go" in argv
+    argv = [a for a in argv if a != "--wait-go"]
     if len(argv) != 2:
-        print("usage: speed_probe.py RUN.json SECONDS", file=sys.stderr)
+        print("usage: speed_probe.py RUN.json SECONDS [--wait-go]", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
     cfg = RunConfig.from_dict(json.loads(Path(argv[0]).read_text()))
@@ -41,6 +47,10 @@ def main(argv: list[str]) -> int:
     trainer = InnerTrainer(build_model(cfg.model, cfg.seed), cfg.inner, sampler)
     trainer.run(WARMUP_STEPS, lambda step, loss: None, log_every=10**9)
     seconds = float(argv[1])
+    if wait_go:
+        print(json.dumps({"ready": True}), flush=True)
+        if not sys.stdin.readline():
+            return 1  # the caller went away
     start, cpu_start = time.monotonic(), time.process_time()
     closes = start + seconds
     stats = trainer.run(10**9, lambda step, loss: None, log_every=10**9, stop=lambda: time.monotonic() >= closes)
