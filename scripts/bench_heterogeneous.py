@@ -27,7 +27,7 @@ Figures, all from the processes' own --summary-json records:
   peer trains the row's model alone in that peer's cgroup, all four at once, for --calibrate-s
   seconds: each quota's own training rate, which a small quota does not buy in proportion. So the
   slower peers' quotas are scaled and probed again (--calibrate-attempts) until each probe trains
-  at its speed relative to the speed-1 probes (within 3%): the row's speeds are then what the
+  at its speed relative to the speed-1 probes (within 5%): the row's speeds are then what the
   peers can train, and the swarm runs under those quotas (`cores` in the JSON).
 Rows of another seed than 0 are named `<row>-s<seed>` (--seed), so seeds sit side by side.
 The md is rendered from the JSON (scripts/heterogeneous_report.py), a pure function of it.
@@ -96,7 +96,7 @@ def descendants(root: int) -> list[int]:
     return tree
 
 
-SPEED_TOLERANCE = 0.03  # a probe's speed ratio this close to the row's speed is matched
+SPEED_TOLERANCE = 0.05  # a probe's speed ratio this close to the row's speed is matched (30 s probes vary ~+-5%)
 
 
 def calibrate(name: str, speeds: tuple[float, ...], *, base_core: float, seconds: float, workdir: Path,
@@ -107,21 +107,23 @@ def calibrate(name: str, speeds: tuple[float, ...], *, base_core: float, seconds
     in proportion to it (a throttled period resumes with cold caches, and this VM's speed varies),
     so a slower peer's quota is scaled by speed / measured ratio (to the speed-1 probes' mean rate)
     and probed again, up to `attempts` probes, until every ratio is within SPEED_TOLERANCE of its
-    speed. -> the last probe's steps, rates and CPU seconds, the quotas it ran under (`cores`, which
-    the swarm then gets) and every attempt's."""
+    speed. -> the closest attempt's steps, rates and CPU seconds, the quotas it ran under (`cores`,
+    which the swarm then gets), whether it was within the tolerance (`matched`) and every attempt's."""
     cores = [speed * base_core for speed in speeds]
     tried: list[dict[str, Any]] = []
     for attempt in range(attempts):
         probe = _probe(name, cores, seconds=seconds, workdir=workdir, period_us=period_us)
         full = [r for r, s in zip(probe["rates"], speeds) if s == max(speeds)]
-        ratios = [r / (sum(full) / len(full)) * max(speeds) for r in probe["rates"]]  # in the row's speed units
-        tried.append({"cores": list(cores), **probe, "speed_ratios": ratios})
+        ratios = [r / max(sum(full) / len(full), 1e-9) * max(speeds) for r in probe["rates"]]  # in the row's speed units
+        off = max(abs(x / s - 1) for x, s in zip(ratios, speeds))
+        tried.append({"cores": list(cores), **probe, "speed_ratios": ratios, "worst_off": off})
         print(f"  calibration {attempt + 1}: cores {', '.join(f'{c:.3f}' for c in cores)} -> speeds "
-              f"{', '.join(f'{x:.3f}' for x in ratios)}", flush=True)
-        if all(abs(x / s - 1) <= SPEED_TOLERANCE for x, s in zip(ratios, speeds)) or attempt == attempts - 1:
+              f"{', '.join(f'{x:.3f}' for x in ratios)} (worst {off:+.1%})", flush=True)
+        if off <= SPEED_TOLERANCE:
             break
-        cores = [c if s == max(speeds) else min(1.0, c * s / x) for c, s, x in zip(cores, speeds, ratios)]
-    return {"seconds": seconds, **tried[-1], "attempts": tried}
+        cores = [c if s == max(speeds) else min(1.0, c * s / max(x, 1e-3)) for c, s, x in zip(cores, speeds, ratios)]
+    best = min(tried, key=lambda t: t["worst_off"])  # the quotas the swarm gets: the closest attempt, matched or not
+    return {"seconds": seconds, **best, "matched": best["worst_off"] <= SPEED_TOLERANCE, "attempts": tried}
 
 
 def _probe(name: str, cores: list[float], *, seconds: float, workdir: Path, period_us: int) -> dict[str, Any]:
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of each mixed-speed row's speed probes (its quotas' own training rates); 0: none")
     parser.add_argument("--calibrate-attempts", type=int, default=3,
                         help="speed probes per mixed-speed row: after each, a slower peer's quota is scaled so its measured "
-                             "speed matches the row's (within 3%%); 1: probe the nominal quotas (speed x base core) only, "
+                             "speed matches the row's (within 5%%); 1: probe the nominal quotas (speed x base core) only, "
                              "as the rows before this option did")
     parser.add_argument("--workdir", default="/tmp/swarmloco-heterogeneous")
     args = parser.parse_args(argv)

@@ -54,10 +54,9 @@ def quota_cores(row: dict[str, Any]) -> list[float]:
 
 
 def speeds_matched(row: dict[str, Any]) -> bool:
-    """Whether the row's quotas were scaled until the speed probes trained at the row's speeds."""
-    attempts = (row.get("calibration") or {}).get("attempts") or []
-    return len(attempts) > 1 or bool(attempts and all(
-        abs(x / s - 1) <= 0.03 for x, s in zip(attempts[-1]["speed_ratios"], row["speeds"])))
+    """Whether the row's quotas made its speed probes train at the row's speeds (within the
+    calibration's tolerance: bench_heterogeneous.SPEED_TOLERANCE)."""
+    return bool((row.get("calibration") or {}).get("matched"))
 
 
 def calibrated_shares(row: dict[str, Any]) -> list[float] | None:
@@ -161,7 +160,7 @@ def render(record: dict[str, Any]) -> str:
             f"| {name} | {', '.join(f'{s:g}' for s in row['speeds'])} (base {row['base_core']:g} core, period {period_ms(row):g} ms) | {schedule} | {row['rounds']} | "
             f"{row['wall_s']:.0f} | {_pcts(utilization(p) for p in row['peers'])} | {_list(measured_speeds(row))} | "
             f"{_pcts(t / sum(tokens) for t in tokens)} | {_pcts(counted_shares(row))} | {_pcts(compute)} | {', '.join(f'{c:.3g}' for c in quota_cores(row))}"
-            f"{' (matched)' if speeds_matched(row) else ''} | {_pcts(calibrated_shares(row) or []) or '-'} | "
+            f"{' (matched)' if speeds_matched(row) else ' (not matched)' if row.get('cores') and (row.get('calibration') or {}).get('attempts') else ''} | {_pcts(calibrated_shares(row) or []) or '-'} | "
             f"{row['coordinator']['history'][-1]['val_loss']:.4f} | {'yes' if in_sync(row) else 'NO'} | "
             f"{row['load_before']} / {row['load_after']} |")
     how = next(iter(rows.values()))["config"] if rows else {}
@@ -172,7 +171,7 @@ def render(record: dict[str, Any]) -> str:
                   f"batch {how['data']['batch_size']} x {how['model']['seq_len']} tokens, seed 0 (`-sN` rows: seed N), one thread per peer, "
                   f"each peer in its own cgroup (quota speed x base core of every CFS period, the row's period, cpu.shares 16384) once joined; "
                   f"in a row whose quotas say (matched), the quotas were scaled before the swarm started until each one's speed probe "
-                  f"trained at the row's speed (within 3%) relative to the speed-1 probes."]
+                  f"trained at the row's speed (within 5%) relative to the speed-1 probes; (not matched): the closest attempt's quotas, outside 5%."]
     lines += ["", "## Targets", ""] + _targets(rows)
     return "\n".join(lines) + "\n"
 
