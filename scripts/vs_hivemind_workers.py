@@ -99,7 +99,7 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
         s1 = cpu_s(pids)
         after = peer.counter.total()
         outcome = peer.outcome
-        barrier.wait()  # the checks below run once every worker's round is over, not inside a slower one's
+        barrier.wait(timeout=300)  # the checks below run once every worker's round is over, not inside a slower one's
         return {
             "round_s": t_end - t0, "encode_s": t_encoded - t0, "manifest_s": t_manifest - t_encoded,
             "reduce_s": t_reduced - t_manifest, "results_s": t_results - t_reduced, "gather_s": t_end - t_results,
@@ -126,7 +126,7 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
         group = control.result()
         t_end = time.perf_counter()
         s1 = cpu_s(pids)
-        barrier.wait()  # as swarm_round: the check after every worker's round
+        barrier.wait(timeout=300)  # as swarm_round: the check after every worker's round
         with averager.get_tensors() as tensors:
             error = float((tensors[0] - exact_mean).abs().max())
         return {"round_s": t_end - t0, "group_size": len(group) if group else 0, "max_abs_error": error, "cpu_s": s1 - s0}

@@ -8,6 +8,8 @@ throwaway coordinator identity exactly as the coordinator signs it.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import random
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -286,3 +288,34 @@ def test_a_spot_check_asks_no_author_that_every_owner_left_out(slice_nodes):
     assert sorted(outcome.recomputed) == spot and not outcome.liars  # each claim recomputed over its own inputs, and held
     assert all(outcome.excluded[j] == {gone: "unreachable"} for j in range(len(rounds[checker].owners)))
     assert torch.equal(outcome.combined, nodes[1].exchange.gather(rounds[1], batches, spot_checks=0).combined)
+
+
+def test_agreed_bytes_that_do_not_decode_are_recomputed_and_their_signers_named(slice_nodes):
+    """Both owners of slice 2 sign the same bytes, which are no aggregate (one byte short): a gather
+    takes the agreed claim, fails to decode it, recomputes the slice from its signed inputs and names
+    both signers, with every other slice decoded as agreed."""
+    cfg, nodes = slice_nodes
+    rounds, _ = make_round(cfg, nodes)
+    honest = reduce_all(nodes, rounds)
+    clean = nodes[0].exchange.gather(rounds[0], honest).combined
+    owners = rounds[0].owners[2]
+
+    def garbled_batch(owner_id: str):
+        i = next(k for k, n in enumerate(nodes) if n.identity.peer_id == owner_id)
+        node, results = nodes[i], []
+        for data, res in node.exchange.reduce_owned_slices(rounds[i]):
+            if res.slice == 2:
+                bad = data[:-1]
+                sha = hashlib.sha256(bad).hexdigest()
+                node.store.put_blob(sha, res.round, bad)
+                res = dataclasses.replace(res, result_sha256=sha, result_size=len(bad))
+            results.append(res)
+        return sign_slice_results(node.identity, results)
+
+    lies = [garbled_batch(owner_id) for owner_id in owners]
+    tampered = [s for s in honest if _owner(s) not in owners] + lies
+    gatherer = next(i for i, n in enumerate(nodes) if n.identity.peer_id not in owners)
+    outcome = nodes[gatherer].exchange.gather(rounds[gatherer], tampered, spot_checks=0)
+    assert torch.equal(outcome.combined, clean)
+    assert outcome.recomputed == [2]
+    assert sorted(s.signature for s, *_ in outcome.liars) == sorted(s.signature for s in lies)

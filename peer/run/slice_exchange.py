@@ -40,6 +40,7 @@ from protocol.slice_result_wire import BatchUnpacker, pack_batches
 from protocol.wire import swarm_pb2
 
 log = logging.getLogger("swarmloco.exchange")
+INLINE_DECODE_MAX = 1 << 16  # values: an agreed result slice this small is decoded on the gathering thread
 
 
 def draw_owners(math: RoundMath, r: int, entries: list[ManifestEntry]) -> list[list[str]]:
@@ -340,16 +341,35 @@ class SliceExchange(SliceFetching):
             data, liars, excluded = self.settle(rnd, j, results)
             return j, data, self.math.decode_result(data, j), liars, True, excluded
 
-        def held(j: int) -> bool:  # one agreed claim whose bytes the prefetch brought: decoding is all that is left
-            claims = slice_plan.distinct_claims((res.result_sha256, res.inputs) for res, _ in by_slice.get(j, []))
-            return len(claims) == 1 and j not in spot and self.store.get_blob(claims[0][0]) is not None
+        def held(j: int) -> tuple[bytes, SliceResult] | None:
+            """The usual slice: its one agreed claim's bytes, which the prefetch brought, and a signer."""
+            results = by_slice.get(j, [])
+            claims = slice_plan.distinct_claims((res.result_sha256, res.inputs) for res, _ in results)
+            if len(claims) != 1 or j in spot or layout.size(j) > INLINE_DECODE_MAX:
+                return None
+            data = self.store.get_blob(claims[0][0])
+            return None if data is None else (data, next(res for res, _ in results if res.result_sha256 == claims[0][0]))
 
-        # The usual slice costs a decode of a few tens of microseconds: done here, not handed to a
+        # A held slice is decoded here (tens of microseconds for a small slice), not handed to a slice
         # thread and back (32 hand-offs a round cost more than the decodes); what must fetch or
-        # recompute goes to the slice threads, beside it.
-        inline = {j for j in range(layout.num_slices) if held(j)}
-        pooled = [self.slice_workers.submit(one, j) for j in range(layout.num_slices) if j not in inline]
-        done = sorted([one(j) for j in inline] + [f.result() for f in pooled], key=lambda out: out[0])
+        # recompute, or held bytes that do not decode, go to the slice threads, submitted first.
+        ready = {j: held(j) for j in range(layout.num_slices)}
+        pooled = [self.slice_workers.submit(one, j) for j, item in ready.items() if item is None]
+        done = []
+        try:
+            for j, item in ready.items():
+                if item is None:
+                    continue
+                data, signer = item
+                try:
+                    done.append((j, data, self.math.decode_result(data, j), [], False, dict(signer.excluded)))
+                except ValueError:  # agreed bytes that cannot be an aggregate: recomputation says who lied
+                    pooled.append(self.slice_workers.submit(one, j))
+            done = sorted(done + [future.result() for future in pooled], key=lambda out: out[0])
+        except BaseException:
+            for future in pooled:
+                future.cancel()
+            raise
         for j, data, values, liars, recomputed, excluded in done:
             outcome.combined[layout.range(j)] = values
             outcome.result_bytes += len(data)
