@@ -68,3 +68,22 @@ def test_a_paced_phase_takes_exactly_its_steps_and_lasts_until_the_window_closes
     step_s(0.05)
     stats, seconds = phase.run(trainer, 1)
     assert (stats.steps, trainer.step) == (6, 9) and seconds >= 0.3
+
+
+def test_a_window_on_the_swarms_clock_closes_window_s_after_the_swarm_began_it(step_s):
+    """Synchronous window rounds pass when the swarm's window began (the coordinator applied the
+    last round): a phase that starts later ends window_s after that, not after its own start. A
+    start more than half a window ago (a stall) or in the future (a stepped clock) is not used."""
+    step_s(None)  # the real window clock, not the test hook
+    cfg = tiny_run_config(rounds={"window_s": 0.4, "max_steps": 10_000})
+    trainer = InnerTrainer(build_model(cfg.model, 0), cfg.inner, FixedSampler(*token_batch(4, cfg.model.seq_len)))
+    phase = InnerPhase(cfg, ByteCounter("me"), short="me", log_every=1000)
+    began = time.monotonic() - 0.15
+    stats, seconds = phase.run(trainer, 0, window_from=began)
+    ended = time.monotonic()
+    assert phase.window_late_s >= 0.15  # it began 0.15 s (or more) after the swarm's window
+    assert ended >= began + 0.4 and seconds + phase.window_late_s >= 0.4 and stats.steps >= 1
+    for unusable in (time.monotonic() - 0.25, time.monotonic() + 5.0):  # > window / 2 ago; ahead of us
+        started = time.monotonic()
+        phase.run(trainer, 1, window_from=unusable)
+        assert phase.window_late_s == 0 and time.monotonic() - started >= 0.4  # its own full window

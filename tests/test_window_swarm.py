@@ -83,7 +83,10 @@ def test_a_throttled_peers_work_counts_every_round_and_an_inflated_claim_is_capp
         assert summary["param_hash"] == final, name
         assert [(r["inner_steps"], r["tokens"], r["in_sync"]) for r in summary["history"]] == \
             [(steps, steps * tokens_per_step, True)] * 3, name
-        assert all(r["compute_s"] >= WINDOW_S for r in summary["history"]), name  # busy until its window closed
+        # Busy until the swarm's window closed: from round 1 on it began when the coordinator applied
+        # the last round (every peer heard it at once), before this peer had taken up θ_{r+1}.
+        assert all(r["compute_s"] + r["window_late_s"] >= WINDOW_S for r in summary["history"]), name
+        assert summary["history"][0]["window_late_s"] == 0 and all(r["window_late_s"] >= 0 for r in summary["history"]), name
     work = {p["peer_id"]: p["work"] for p in status["peers"]}
     total = FAST + FAST + SLOW + 2 * FAST  # the inflator's 4 x 8 = 32 counts 2x the median claim (8)
     expected = {"fast0": (FAST, FAST, ""), "fast1": (FAST, FAST, ""), "throttled": (SLOW, SLOW, ""),

@@ -30,9 +30,10 @@ class InnerPhase:
         self.compute_s = 0.0  # seconds in inner steps, all phases
         self.training_started: float | None = None  # the first step: utilization excludes start-up
         self.phase_first_step = 0  # the trainer's step count when this round's phase began
+        self.window_late_s = 0.0  # the last phase began this long after its window (window_from)
 
     def run(self, trainer: Any, r: int, *, steps: int | None = None, stop: Callable[[], bool] | None = None,
-            closes: float | None = None) -> tuple[Any, float]:
+            closes: float | None = None, window_from: float | None = None) -> tuple[Any, float]:
         """H inner steps of round r (or the `steps` left of a phase that was cut): (stats, seconds).
 
         Overlapped rounds split a phase in two: `stop` ends the first call early (after the step
@@ -42,7 +43,10 @@ class InnerPhase:
         A compute window (rounds.window_s > 0): the phase runs until `closes` (time.monotonic();
         default: window_s seconds after it began), at least rounds.min_steps and at most
         rounds.max_steps steps. Overlapped rounds pass `closes`: inf for a first call whose close
-        the exchange in flight will tell, then the swarm's close for the `steps` left. Under the
+        the exchange in flight will tell, then the swarm's close for the `steps` left. Synchronous
+        rounds pass `window_from`: when the swarm's window began (time.monotonic(), in the past,
+        within half a window), so the phase closes window_s after it, not after this peer's own
+        start. Under the
         test hook SWARMLOCO_STEP_S a phase on its own window takes the steps a machine of that
         speed fits (peer/run/paced_window.py)."""
         cfg = self.cfg
@@ -55,12 +59,16 @@ class InnerPhase:
             self.phase_first_step = trainer.step
         first_step, call_first_step = self.phase_first_step, trainer.step
         t0 = time.monotonic()
+        # The window's start: the swarm's, unless that is more than half a window ago (a stall, a long
+        # checkpoint: the phase would shrink to min_steps) or in the future (a stepped clock); then ours.
+        start = window_from if window_from is not None and t0 - window / 2 <= window_from <= t0 else t0
+        self.window_late_s = t0 - start
         # SWARMLOCO_STEP_S (tests): a machine of a known speed, on a phase's own window
         paced = paced_steps(cfg.rounds) if window and closes is None else None
         if paced is not None:
             asked = paced
         elif window:
-            closes = t0 + window if closes is None else closes
+            closes = start + window if closes is None else closes
             stop = window_stop(trainer, closes=closes, min_steps=cfg.rounds.min_steps, also=stop, first=first_step)
 
         def on_step(step: int, loss: float) -> None:
@@ -74,7 +82,7 @@ class InnerPhase:
 
         stats = trainer.run(asked, on_step, log_every=self.log_every, stop=stop)
         if paced is not None:
-            wait_for_close(t0 + window)  # that machine would still be computing
+            wait_for_close(start + window)  # that machine would still be computing
         compute = time.monotonic() - t0
         self.compute_s += compute
         self.on_progress()

@@ -34,7 +34,7 @@ from peer.node.heartbeat import Banned, Heartbeat, MustStop, NodeSnapshot, NotRe
 from peer.node.inner_phase import InnerPhase
 from peer.node.local_state import hold_identity, load_local_state, save_local_state
 from peer.node.options import PeerOptions
-from peer.node.overlap import run_overlapped
+from peer.node.overlap import outcome_mark, run_overlapped
 from peer.node.phase import RoundPhase
 from peer.node.resync import StateSource
 from peer.node.round import PeerRound, Update, round_record
@@ -92,6 +92,7 @@ class PeerNode:
         self.round = 0
         self._hash = ""  # sha256 of self.params once built
         self.finished, self.banned_reason = False, ""
+        self._window_from: float | None = None  # when the swarm's next compute window began (one_round)
         self.stop_reason = ""  # the coordinator will not have this process (MustStop)
         self.round_traffic: dict[str, int] = {}
         self.history: list[dict[str, Any]] = []
@@ -317,18 +318,29 @@ class PeerNode:
         return PeerRound(r=r, base=self.params.clone(), started=time.monotonic(), before=self.counter.total())
 
     def one_round(self) -> None:
-        """Train, commit, wait for the manifest, exchange: one synchronous round."""
+        """Train, commit, wait for the manifest, exchange: one synchronous round.
+
+        A compute window (rounds.window_s) runs on the swarm's clock: it begins when the coordinator
+        applied the last round, which every peer hears at once. A peer that is slow to take up θ_{r+1}
+        (on a 0.1-core volunteer, 2 s of saving its state and checks) trains that much less, instead of
+        committing that much later while the others wait for its commit."""
         rnd = self.open_round(self.round)
-        rnd.stats, rnd.compute_s = self.train(rnd.r)
+        window_from, self._window_from = self._window_from, None
+        rnd.stats, rnd.compute_s = self.train(rnd.r, window_from=window_from)
+        rnd.window_late_s = self.inner.window_late_s
         rnd.update = self.make_update(rnd.r, rnd.base - flat_params(self.model).cpu(), rnd.stats)  # Δ = θ_r − θ_local
         if self.commit(rnd.update, rnd.r):
-            self.finish_round(rnd, self.exchange(rnd))
+            outcome = self.exchange(rnd)
+            self.finish_round(rnd, outcome)
+            in_sync = bool(self.history) and self.history[-1]["round"] == rnd.r and self.history[-1]["in_sync"]
+            if self.cfg.rounds.window_s and in_sync and self.round == rnd.r + 1:  # not after a resync
+                self._window_from = outcome_mark(outcome, "applied")
 
     def utilization(self) -> float:  # share of wall time in inner steps since the first one (start-up excluded)
         return self.snapshot.utilization(time.monotonic())
 
     def train(self, r: int, *, steps: int | None = None, stop: Callable[[], bool] | None = None,
-              closes: float | None = None) -> tuple[Any, float]:
+              closes: float | None = None, window_from: float | None = None) -> tuple[Any, float]:
         """Round r's inner steps (peer/node/inner_phase.py) from the model as it is: (stats, seconds)."""
         self.phase = RoundPhase.TRAINING
         if self.cfg.rounds.window_s and ranks.world_size() > 1:
@@ -336,7 +348,8 @@ class PeerNode:
                            "run yet: start this peer with one rank")
         ranks.start_round(self, self.cfg.inner.steps if steps is None else steps)  # every rank from this θ
         # Followers run the steps they are told in lockstep: with several ranks a phase is not cut.
-        return self.inner.run(self.trainer, r, steps=steps, stop=stop if ranks.world_size() == 1 else None, closes=closes)
+        return self.inner.run(self.trainer, r, steps=steps, stop=stop if ranks.world_size() == 1 else None, closes=closes,
+                              window_from=window_from)
 
     def make_update(self, r: int, delta: torch.Tensor, stats: Any) -> Update:
         """Encode and sign this peer's pseudo-gradient Δ (d,) for round r, with the work behind it

@@ -133,10 +133,15 @@ def swarm_close(outcome: RoundOutcome, window_s: float, *, fallback: float) -> f
     """When a window run's phase closes (time.monotonic()): window_s after this peer received the
     signed manifest of the round that just landed (its timeline's wall-clock "manifest" mark),
     or `fallback` where the outcome has no such mark."""
-    received = outcome.timeline.get("manifest") if isinstance(outcome, Applied) else None
-    if received is None:
-        return fallback
-    return time.monotonic() - (time.time() - received) + window_s
+    received = outcome_mark(outcome, "manifest")
+    return fallback if received is None else received + window_s
+
+
+def outcome_mark(outcome: RoundOutcome, mark: str) -> float | None:
+    """When an applied round's exchange passed `mark` (its wall-clock timeline), on this process's
+    time.monotonic() clock; None for another outcome or a round without that mark."""
+    at = outcome.timeline.get(mark) if isinstance(outcome, Applied) else None
+    return None if at is None else time.monotonic() - (time.time() - at)
 
 
 def commit_then_exchange(node: RoundPhases, rnd: PeerRound) -> RoundOutcome:

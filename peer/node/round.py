@@ -33,6 +33,7 @@ class PeerRound:
     before: Traffic  # the byte counters then
     stats: Any = None  # the inner phase's TrainStats
     compute_s: float = 0.0
+    window_late_s: float = 0.0  # a window run: how long before this phase began its window opened (the swarm's clock)
     update: Update | None = None
 
 
@@ -46,5 +47,5 @@ def round_record(rnd: PeerRound, result: Any, *, traffic: dict[str, int], in_syn
         "wait_s": result.wait_s, "fetch_s": result.fetch_s, "aggregate_s": result.aggregate_s,
         "round_s": round_s, "in_sync": in_sync, "exchange_s": result.exchange_s, "utilization": utilization,
         "slices": result.slices, "timeline": result.timeline, "landed_after_steps": result.landed_after_steps,
-        "inner_steps": rnd.stats.steps, "tokens": rnd.stats.tokens,
+        "inner_steps": rnd.stats.steps, "tokens": rnd.stats.tokens, "window_late_s": rnd.window_late_s,
     }
