@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from tests.helpers import ROOT, assert_md_regenerates
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -33,6 +35,26 @@ def test_heterogeneous_md_is_generated_from_its_json(tmp_path):
     assert heterogeneous_report.counted_shares(rows["fixed-h"]) == [0.25] * 4
     window = heterogeneous_report.counted_shares(rows["window"])
     assert window[0] > window[2] > window[3]
+
+
+@pytest.mark.parametrize("name", ["heterogeneous_matched", "heterogeneous_swarmclock"])
+def test_matched_speed_runs_regenerate_and_ran_the_speeds_they_claim(name, tmp_path):
+    """Rows whose quotas were matched to the speeds: the md is their JSON's, and a row said to be
+    matched had a calibration attempt within the tolerance, whose quotas the swarm got."""
+    source = ROOT / f"benchmarks/{name}.json"
+    if not source.exists():
+        pytest.skip(f"{source.name} not recorded")
+    assert_md_regenerates(bench_heterogeneous.main, ["--report-only", "--json", str(source)], f"{name}.md", tmp_path)
+    for row_name, row in json.loads(source.read_text())["rows"].items():
+        assert heterogeneous_report.in_sync(row), row_name
+        calibration = row.get("calibration")
+        if not calibration:
+            continue
+        best = min(calibration["attempts"], key=lambda a: a["worst_off"])
+        assert row["cores"] == best["cores"] == calibration["cores"], row_name
+        ratios = best["speed_ratios"]
+        assert calibration["matched"] == all(abs(x / s - 1) <= bench_heterogeneous.SPEED_TOLERANCE
+                                             for x, s in zip(ratios, row["speeds"])), row_name
 
 
 def test_byzantine_mixed_md_is_generated_from_its_json(tmp_path):
