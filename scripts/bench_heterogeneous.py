@@ -209,9 +209,9 @@ def _coordinator_record(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _peer_record(summary: dict[str, Any]) -> dict[str, Any]:
-    keep = ("round", "inner_steps", "tokens", "compute_s", "round_s", "in_sync", "wait_s", "train_loss")
+    keep = ("round", "inner_steps", "tokens", "compute_s", "round_s", "in_sync", "wait_s", "train_loss", "window_late_s")
     return {"peer_id": summary["peer_id"], "param_hash": summary["param_hash"],
-            "history": [{k: r[k] for k in keep} for r in summary["history"]]}
+            "history": [{k: r[k] for k in keep if k in r} for r in summary["history"]]}
 
 
 def main(argv: list[str] | None = None) -> int:
