@@ -157,7 +157,7 @@ def _probe(name: str, cores: list[float], *, seconds: float, workdir: Path, peri
 
 def run_row(name: str, speeds: tuple[float, ...], *, steps: int, window_s: float, rounds: int, base_core: float,
             coordinator_core: float, seed: int, workdir: Path, calibrate_s: float = 0.0, max_steps: int = 4000,
-            period_us: int = PERIOD_US, calibrate_attempts: int = 3) -> dict[str, Any]:
+            period_us: int = PERIOD_US, calibrate_attempts: int = 3, cores: list[float] | None = None) -> dict[str, Any]:
     from peer.cli.launcher import Swarm
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -165,7 +165,7 @@ def run_row(name: str, speeds: tuple[float, ...], *, steps: int, window_s: float
     (workdir / "run.json").write_text(json.dumps(config))
     calibration = calibrate(name, speeds, base_core=base_core, seconds=calibrate_s, workdir=workdir, period_us=period_us,
                             attempts=calibrate_attempts) if calibrate_s else None
-    cores = calibration["cores"] if calibration else [speed * base_core for speed in speeds]
+    cores = calibration["cores"] if calibration else cores or [speed * base_core for speed in speeds]
     groups: list[CpuThrottle] = []
     started = time.monotonic()
     try:
@@ -260,10 +260,13 @@ def main(argv: list[str] | None = None) -> int:
             load_before = load_average()
             print(f"row {name}: speeds {speeds}, window {window_s or 'off'} s, H {args.steps}, {rounds} rounds (load {load_before})", flush=True)
             calibrate_s = args.calibrate_s if plan == "window" else 0.0
+            # fixed H against the window of its seed: on the same quotas when that row matched them to the speeds
+            window_row = record["rows"].get("window" if args.seed == 0 else f"window-s{args.seed}", {})
+            cores = window_row.get("cores") if plan == "fixed-h" and window_row.get("speeds") == list(speeds) else None
             row = run_row(name, speeds, steps=args.steps, window_s=window_s, rounds=rounds, base_core=args.base_core,
                           coordinator_core=args.coordinator_core, seed=args.seed, workdir=Path(args.workdir) / name,
                           calibrate_s=calibrate_s, max_steps=args.max_steps, period_us=int(args.period_ms * 1000),
-                          calibrate_attempts=args.calibrate_attempts)
+                          calibrate_attempts=args.calibrate_attempts, cores=cores)
             row.update({"load_before": load_before, "load_after": load_average(), "command": command_line()})
             record["rows"][name] = row
             path.write_text(json.dumps(record, indent=1) + "\n")  # after every row: a later failure keeps it
