@@ -53,10 +53,14 @@ def quota_cores(row: dict[str, Any]) -> list[float]:
     return row.get("cores") or [s * row["base_core"] for s in row["speeds"]]
 
 
-def speeds_matched(row: dict[str, Any]) -> bool:
+def speeds_matched(row: dict[str, Any]) -> bool | None:
     """Whether the row's quotas made its speed probes train at the row's speeds (within the
-    calibration's tolerance: bench_heterogeneous.SPEED_TOLERANCE)."""
-    return bool((row.get("calibration") or {}).get("matched"))
+    calibration's tolerance: bench_heterogeneous.SPEED_TOLERANCE); None: the row did not try."""
+    return (row.get("calibration") or {}).get("matched")
+
+
+def _quota_label(row: dict[str, Any]) -> str:
+    return {True: " (matched)", False: " (not matched)", None: ""}[speeds_matched(row)]
 
 
 def calibrated_shares(row: dict[str, Any]) -> list[float] | None:
@@ -160,7 +164,7 @@ def render(record: dict[str, Any]) -> str:
             f"| {name} | {', '.join(f'{s:g}' for s in row['speeds'])} (base {row['base_core']:g} core, period {period_ms(row):g} ms) | {schedule} | {row['rounds']} | "
             f"{row['wall_s']:.0f} | {_pcts(utilization(p) for p in row['peers'])} | {_list(measured_speeds(row))} | "
             f"{_pcts(t / sum(tokens) for t in tokens)} | {_pcts(counted_shares(row))} | {_pcts(compute)} | {', '.join(f'{c:.3g}' for c in quota_cores(row))}"
-            f"{' (matched)' if speeds_matched(row) else ' (not matched)' if row.get('cores') and (row.get('calibration') or {}).get('attempts') else ''} | {_pcts(calibrated_shares(row) or []) or '-'} | "
+            f"{_quota_label(row)} | {_pcts(calibrated_shares(row) or []) or '-'} | "
             f"{row['coordinator']['history'][-1]['val_loss']:.4f} | {'yes' if in_sync(row) else 'NO'} | "
             f"{row['load_before']} / {row['load_after']} |")
     how = next(iter(rows.values()))["config"] if rows else {}

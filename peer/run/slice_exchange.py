@@ -326,29 +326,35 @@ class SliceExchange(SliceFetching):
         if marks is not None:
             marks["results_fetched"] = time.time()
 
+        def agreed(j: int) -> tuple[str, list[SliceResult]] | None:
+            """Slice j's one agreed claim, when it is not spot-checked: its sha256 and the results that signed it."""
+            claims = slice_plan.distinct_claims((res.result_sha256, res.inputs) for res, _ in by_slice.get(j, []))
+            if len(claims) != 1 or j in spot:
+                return None
+            sha = claims[0][0]
+            return sha, [res for res, _ in by_slice[j] if res.result_sha256 == sha]
+
+        def take(j: int, data: bytes, signers: list[SliceResult]) -> tuple[int, bytes, torch.Tensor, list[Lie], bool, dict[str, str]]:
+            """The agreed bytes of slice j, decoded (ValueError: they are no aggregate)."""
+            return j, data, self.math.decode_result(data, j), [], False, dict(signers[0].excluded)
+
         def one(j: int) -> tuple[int, bytes, torch.Tensor, list[Lie], bool, dict[str, str]]:
-            results = by_slice.get(j, [])
-            claims = slice_plan.distinct_claims((res.result_sha256, res.inputs) for res, _ in results)
-            if len(claims) == 1 and j not in spot:
-                sha = claims[0][0]
-                signers = [res for res, _ in results if res.result_sha256 == sha]
-                data = self._fetch_result(rnd, j, sha, signers)
+            claim = agreed(j)
+            if claim is not None:
+                data = self._fetch_result(rnd, j, *claim)
                 try:
                     if data is not None:
-                        return j, data, self.math.decode_result(data, j), [], False, dict(signers[0].excluded)
+                        return take(j, data, claim[1])
                 except ValueError:  # agreed bytes that cannot be an aggregate: recomputation says who lied
                     pass
-            data, liars, excluded = self.settle(rnd, j, results)
+            data, liars, excluded = self.settle(rnd, j, by_slice.get(j, []))
             return j, data, self.math.decode_result(data, j), liars, True, excluded
 
-        def held(j: int) -> tuple[bytes, SliceResult] | None:
-            """The usual slice: its one agreed claim's bytes, which the prefetch brought, and a signer."""
-            results = by_slice.get(j, [])
-            claims = slice_plan.distinct_claims((res.result_sha256, res.inputs) for res, _ in results)
-            if len(claims) != 1 or j in spot or layout.size(j) > INLINE_DECODE_MAX:
-                return None
-            data = self.store.get_blob(claims[0][0])
-            return None if data is None else (data, next(res for res, _ in results if res.result_sha256 == claims[0][0]))
+        def held(j: int) -> tuple[bytes, list[SliceResult]] | None:
+            """The usual slice: its agreed bytes, which the prefetch brought, and their signers."""
+            claim = agreed(j) if layout.size(j) <= INLINE_DECODE_MAX else None
+            data = None if claim is None else self.store.get_blob(claim[0])
+            return None if data is None else (data, claim[1])
 
         # A held slice is decoded here (tens of microseconds for a small slice), not handed to a slice
         # thread and back (32 hand-offs a round cost more than the decodes); what must fetch or
@@ -360,9 +366,8 @@ class SliceExchange(SliceFetching):
             for j, item in ready.items():
                 if item is None:
                     continue
-                data, signer = item
                 try:
-                    done.append((j, data, self.math.decode_result(data, j), [], False, dict(signer.excluded)))
+                    done.append(take(j, *item))
                 except ValueError:  # agreed bytes that cannot be an aggregate: recomputation says who lied
                     pooled.append(self.slice_workers.submit(one, j))
             done = sorted(done + [future.result() for future in pooled], key=lambda out: out[0])
