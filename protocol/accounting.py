@@ -13,7 +13,7 @@ import inspect
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import grpc
 
@@ -202,7 +202,8 @@ def counting_interceptors(counter: ByteCounter, remote: str) -> list[Any]:
 
 def _counted_handler(handler: Any, counter: ByteCounter, handler_call_details: Any) -> Any:
     """`handler` with every message it receives and sends counted (a server interceptor's work,
-    sync or aio: an `async def` unary handler, one that waits on the loop, stays one)."""
+    sync or aio: an `async def` unary handler, one that waits on the loop, stays one, and so does an
+    async generator, a response stream the loop sends)."""
     if handler is None:
         return None
     remote = "anonymous"
@@ -256,6 +257,18 @@ def _counted_handler(handler: Any, counter: ByteCounter, handler_call_details: A
 
         return inner
 
+    def count_async_stream_out(fn):
+        async def inner(request, context) -> AsyncIterator[Any]:
+            counter.add(remote, received=_size(request), call=True, method=method)
+            async for response in fn(request, context):
+                sent(_size(response))
+                yield response
+
+        return inner
+
+    if inspect.isasyncgenfunction(handler.unary_stream):  # a response stream sent from the loop (FetchPayload)
+        fn = count_async_stream_out(handler.unary_stream)
+        return grpc.unary_stream_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
     if handler.unary_unary:
         if inspect.iscoroutinefunction(handler.unary_unary):
             fn = count_async_unary(handler.unary_unary)
@@ -264,7 +277,8 @@ def _counted_handler(handler: Any, counter: ByteCounter, handler_call_details: A
         return grpc.unary_unary_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
     for kind in ("unary_stream", "stream_unary", "stream_stream"):
         if inspect.iscoroutinefunction(getattr(handler, kind)) or inspect.isasyncgenfunction(getattr(handler, kind)):
-            raise TypeError(f"{method}: only unary-unary handlers may be async (a counted {kind} one must be a plain function)")
+            raise TypeError(f"{method}: only unary-unary and unary-stream handlers may be async (a counted {kind} one must be "
+                            "a plain function)")
     if handler.unary_stream:
         fn = count_stream_out(wrap_unary_in(handler.unary_stream))
         return grpc.unary_stream_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)

@@ -272,6 +272,16 @@ def create_channel(
     return channel
 
 
+def create_async_channel(target: str, *, tls: TlsConfig | None = None) -> grpc.aio.Channel:
+    """create_channel's twin for a grpc.aio channel (protocol/aio_channels.py: call it on the loop that
+    will use it). Same options and TLS; no interceptors: its one caller counts its calls and bytes itself
+    (protocol/batched_fetch.py)."""
+    tls = _tls_for(tls)
+    if tls is not None:
+        return grpc.aio.secure_channel(target, tls.channel_credentials(), options=_options())
+    return grpc.aio.insecure_channel(target, options=_options())
+
+
 PROBE_AFTER = timedelta(seconds=1)  # a channel not up by then is checked for a TLS mismatch
 
 

@@ -1,4 +1,6 @@
-"""Client side of the data plane: fetch a payload by sha256 from any holder, resuming on failure."""
+"""Client side of the data plane: fetch one object (a payload or a piece of one by sha256, a slice
+with its proof) from any holder, resuming on failure. Many objects from one holder in one stream,
+every holder at once: protocol/batched_fetch.py."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import grpc
 from protocol import merkle
 from protocol._generated import swarm_pb2, swarm_pb2_grpc
 from protocol.accounting import ByteCounter
+from protocol.aio_channels import AioChannels
 from protocol.channels import STALL_TIMEOUT, TRANSFER_DEADLINE, TlsConfig, create_channel
 from protocol.envelope import UpdateHeader
 from protocol.stall_watch import STALLS
@@ -34,6 +37,9 @@ class ChannelPool:
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, swarm_pb2_grpc.PeerStub] = {}  # building a stub costs ms: one per channel
+        # The batched fetches' channels (protocol/batched_fetch.py): every stream of a phase on one
+        # event loop; its thread starts on the first batched fetch.
+        self.aio = AioChannels(tls)
 
     def get(self, target: str) -> grpc.Channel:
         with self._lock:
@@ -63,6 +69,7 @@ class ChannelPool:
             channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
         for channel in channels:
             channel.close()
+        self.aio.close()
 
 
 class FetchError(IOError):
@@ -150,121 +157,6 @@ def fetch_slice(
     data, first = _fetch(pool, holders, request, max_size, exact=False, sha256=None, deadline=deadline, shuffle=shuffle,
                          verify=check_proof)
     return FetchedSlice(data=data, digest=leaf[0].hex(), proof=tuple(proven.proof_of(index) or ()))
-
-
-@dataclass(frozen=True, slots=True)
-class Wanted:
-    """One object of a batched fetch: slice `slice` of the update whose proofs `proven` collects
-    (checked against its root), or the object whose sha256 is `sha256`; at most `max_size` bytes."""
-
-    max_size: int
-    slice: int | None = None
-    proven: merkle.ProvenNodes | None = None
-    sha256: str = ""
-
-    def __post_init__(self) -> None:
-        a_slice = self.slice is not None and self.proven is not None and not self.sha256
-        an_object = self.slice is None and self.proven is None and len(self.sha256) == 64
-        if not (a_slice or an_object):
-            raise ValueError("a wanted object is a slice with its ProvenNodes, or an object by its sha256 hex")
-
-
-def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *,
-                deadline: timedelta = TRANSFER_DEADLINE, stall: timedelta = STALL_TIMEOUT,
-                on_item: Callable[[int, FetchedSlice], None] | None = None) -> list[FetchedSlice | None]:
-    """Every wanted object from one holder in ONE FetchPayload stream (one round trip for all of
-    them: issue 24), each checked as it completes (a slice against its signed root, an object
-    against its sha256). -> one entry per wanted object, None for what did not come or did not
-    check (the holder lacks it, a proof or digest failed, the stream broke); the caller fetches
-    those again alone. A holder that breaks the stream's rules is read no further.
-    `on_item(k, item)`: called with each object that checked, as soon as it did (while the
-    stream's later objects still arrive), on the calling thread. A holder that sends nothing for
-    `stall` is cut off (protocol/stall_watch.py); its objects are left to the caller's fallback."""
-    if not wanted:
-        return []
-    levels = [0] * len(wanted)
-    by_root: dict[int, list[int]] = {}
-    for k, w in enumerate(wanted):
-        if w.slice is not None and w.proven is not None:
-            by_root.setdefault(id(w.proven), []).append(k)
-    for ks in by_root.values():  # later slices of a root count on the proofs the earlier ones bring
-        for k, level in zip(ks, wanted[ks[0]].proven.plan([wanted[k].slice for k in ks])):  # type: ignore[union-attr]
-            levels[k] = level
-    items, root = [], b""
-    for k, w in enumerate(wanted):
-        if w.slice is not None and w.proven is not None:
-            items.append(swarm_pb2.FetchItem(slice=w.slice, slices_root=b"" if w.proven.root == root else w.proven.root,
-                                             proof_levels=levels[k]))
-            root = w.proven.root
-        else:
-            items.append(swarm_pb2.FetchItem(digest=bytes.fromhex(w.sha256)))
-    out: list[FetchedSlice | None] = [None] * len(wanted)
-
-    def finish(k: int, first: swarm_pb2.Chunk | None, buffer: bytearray | bytes) -> None:
-        if k < 0 or out[k] is not None or first is None or first.missing or len(buffer) != first.total_size:
-            return
-        w, data = wanted[k], buffer if isinstance(buffer, bytes) else bytes(buffer)
-        digest = hashlib.sha256(data).digest()
-        if w.slice is not None and w.proven is not None:
-            if w.proven.accept(digest, w.slice, list(first.proof)):
-                out[k] = FetchedSlice(data=data, digest=digest.hex(), proof=tuple(w.proven.proof_of(w.slice) or ()))
-        elif digest.hex() == w.sha256:
-            out[k] = FetchedSlice(data=data, digest=w.sha256, proof=())
-        if on_item is not None and out[k] is not None:
-            on_item(k, out[k])
-
-    # An item that came whole in one chunk (every slice under CHUNK_BYTES) is its chunk's bytes as
-    # they are; a bytearray gathers only an item split over several chunks.
-    current, first, buffer = -1, None, b""
-
-    def take(chunk: swarm_pb2.Chunk) -> None:
-        nonlocal current, first, buffer
-        if chunk.item != current:
-            if not current < chunk.item < len(wanted):
-                raise TransferError(f"item {chunk.item} out of order (after {current} of {len(wanted)})")
-            finish(current, first, buffer)
-            current, first, buffer = chunk.item, chunk, b""
-            if chunk.missing:
-                return
-            if not 0 <= chunk.total_size <= wanted[current].max_size:
-                raise TransferError(f"item {current}: {chunk.total_size} bytes declared, at most {wanted[current].max_size}")
-        elif first is None or first.missing or chunk.total_size != first.total_size:
-            raise TransferError(f"item {current} changed its declared size midway")
-        data = chunk.data  # read once: each read of a bytes field makes a new copy
-        if chunk.offset != len(buffer) or len(buffer) + len(data) > first.total_size:
-            raise TransferError(f"item {current}: chunk at offset {chunk.offset} of {first.total_size}, expected {len(buffer)}")
-        if not buffer:
-            buffer = data
-        else:
-            buffer = buffer if isinstance(buffer, bytearray) else bytearray(buffer)
-            buffer.extend(data)
-
-    stream = watched = None
-    try:
-        request = swarm_pb2.FetchRequest(items=items, packed=True)
-        stream = pool.peer_stub(holder).FetchPayload(request, timeout=deadline.total_seconds())
-        watched = STALLS.watch(stream, holder, stall.total_seconds())
-        for message in watched.messages():
-            if message.parts:  # packed: several chunks, in stream order (a holder that packs nothing sends them alone)
-                if message.item or message.data or message.missing or message.total_size:
-                    raise TransferError("a packed message carries a chunk of its own besides its parts")
-                for part in message.parts:
-                    if part.parts:
-                        raise TransferError("a packed part packs parts of its own")
-                    take(part)
-            else:
-                take(message)
-        finish(current, first, buffer)
-    except Exception as exc:  # noqa: BLE001 - a broken or lying stream: keep what checked, the caller refetches the rest
-        if stream is not None and hasattr(stream, "cancel"):
-            stream.cancel()
-        finish(current, first, buffer)  # an item whose bytes all came before the fault still checks on its own
-        log.info("batched fetch of %d objects from %s stopped: %s", len(wanted), holder,
-                 watched.why() if watched is not None and watched.stalled else exc)
-    finally:
-        if watched is not None:
-            STALLS.done(watched)
-    return out
 
 
 def _fetch(pool: ChannelPool, holders: Sequence[str], request: Callable[[int], swarm_pb2.FetchRequest], size: int, *,

@@ -17,7 +17,9 @@ import grpc
 
 from protocol import merkle
 from protocol._generated import swarm_pb2, swarm_pb2_grpc
-from protocol.channels import CHUNK_BYTES
+from protocol.accounting import ByteCounter
+from protocol.aio_server import AsyncServer
+from protocol.channels import CHUNK_BYTES, create_async_server
 from protocol.envelope import EnvelopeError, UpdateHeader, check_payload
 from protocol.ratelimit import CallerLimits
 from protocol.rpc_errors import RpcAbort, guarded, refusal_for
@@ -162,7 +164,15 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         self.max_stream_s = max_stream_s  # server-side bound on one transfer (slowloris)
 
     @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), streaming=True, max_stream_s=lambda s: s.max_stream_s)
-    def FetchPayload(self, request: swarm_pb2.FetchRequest, context: grpc.ServicerContext):
+    async def FetchPayload(self, request: swarm_pb2.FetchRequest, context: grpc.aio.ServicerContext):
+        """Served from the server's event loop (every server of the Peer service is a grpc.aio one,
+        protocol.channels.create_async_server): the messages are built from held bytes and never
+        wait on anything but the client, so a stream holds no thread, and its sends take no hand-off
+        between a handler thread and gRPC's (issue 24: the data plane's CPU)."""
+        for message in self._fetch_messages(request):
+            yield message
+
+    def _fetch_messages(self, request: swarm_pb2.FetchRequest):
         if request.items:
             yield from self._serve_items(request)
             return
@@ -305,6 +315,16 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
             return swarm_pb2.PushReply(accepted=False, sha256=header.payload_sha256, refusal=swarm_pb2.INVALID_UPDATE,
                                        reason=f"slices {refused} do not prove under the signed root; {kept} kept")
         return swarm_pb2.PushReply(accepted=True, sha256=header.payload_sha256)
+
+
+def serve_payloads(servicer: PayloadServicer, counter: ByteCounter | None, *, host: str, port: int) -> tuple[AsyncServer, int]:
+    """The Peer service of a peer (or a test's holder), started on a grpc.aio server whose loop sends
+    every FetchPayload stream (the pushes run on its thread pool). -> (server, bound port); OSError
+    with advice when the port cannot be bound. The coordinator adds the service to its own server."""
+    server, bound = create_async_server(counter, host=host, port=port)
+    swarm_pb2_grpc.add_PeerServicer_to_server(servicer, server)
+    server.start()
+    return server, bound
 
 
 PART_OVERHEAD = 64  # bytes a packed part may add beyond its data and proof (tags, lengths, item, offset, size)

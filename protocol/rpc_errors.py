@@ -14,6 +14,7 @@ the `swarm_pb2.Refusal` value, never on the human text.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import heapq
 import inspect
@@ -21,7 +22,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import grpc
 
@@ -203,6 +204,15 @@ def _cut_off(context: Any) -> None:
 WATCHDOG = StreamWatchdog()
 
 
+async def _abort_late(context: grpc.aio.ServicerContext) -> None:
+    """_cut_off for a stream a grpc.aio loop sends (guarded's async generators)."""
+    WATCHDOG.cancelled += 1
+    try:
+        await context.abort(grpc.StatusCode.CANCELLED, "the stream ran past the server's limit: cut off")
+    except (Exception, asyncio.CancelledError):  # noqa: BLE001 - abort raises by design (and fails harmlessly on a call already over)
+        pass
+
+
 def guarded(
     limits: Callable[[Any], CallerLimits],
     on_reject: Callable[[Any, str], None],
@@ -242,6 +252,29 @@ def guarded(
         def finish(token: list[bool] | None) -> None:
             if token is not None:
                 token[0] = True
+
+        if inspect.isasyncgenfunction(method):  # a response stream sent from a grpc.aio loop, holding no thread
+            assert streaming, "an async generator handler is a response stream"
+
+            @functools.wraps(method)
+            async def async_stream_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                if (status := refused(self, context)) is not None:
+                    await context.abort(*status)
+                # The server-side bound: a client that stops reading leaves the stream parked in
+                # flow control, not on a thread; at the limit an abort from a task of its own ends
+                # the call (cancelling the call's task would leave the client waiting).
+                cut = None if max_stream_s is None else asyncio.get_running_loop().call_later(
+                    max_stream_s(self), lambda: asyncio.ensure_future(_abort_late(context)))
+                try:
+                    async for message in method(self, request, context):
+                        yield message
+                except Exception as exc:  # noqa: BLE001 - every failure becomes a status
+                    await context.abort(*failure(self, context, exc))
+                finally:
+                    if cut is not None:
+                        cut.cancel()
+
+            return async_stream_wrapper
 
         if inspect.iscoroutinefunction(method):  # a unary handler that waits on a grpc.aio loop (protocol/aio_server.py)
             assert not streaming and max_stream_s is None, "async handlers here are unary and hold no thread to watch"

@@ -43,13 +43,12 @@ from peer.run.round_math import RoundMath
 from peer.run.slice_exchange import SliceExchange, SliceRound, sliced_manifest
 from protocol.keys import CoordinatorKeys
 from protocol.accounting import ByteCounter
-from protocol.channels import create_server
 from protocol.envelope import (ManifestEntry, RoundManifest, UpdateHeader, build_update_header, open_manifest, sign_manifest,
                                sign_update, signed_to_json)
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload
-from protocol.wire import swarm_pb2, swarm_pb2_grpc
+from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload, serve_payloads
+from protocol.wire import swarm_pb2
 
 RUN_ID = "bench"
 LAYOUT = "bench"
@@ -124,10 +123,8 @@ class ExchangePeer:
         self.identity = Identity.generate()
         self.counter = ByteCounter(self.identity.peer_id)
         self.store = PayloadStore(keep_rounds=1)
-        self.server, port = create_server(self.counter, host="127.0.0.1", port=0)
         servicer = PayloadServicer(self.store, verify_header=lambda signed: None, accept_pushes=False)
-        swarm_pb2_grpc.add_PeerServicer_to_server(servicer, self.server)
-        self.server.start()
+        self.server, port = serve_payloads(servicer, self.counter, host="127.0.0.1", port=0)
         self.endpoint = f"127.0.0.1:{port}"
         self.pool = ChannelPool(self.counter)
         self.workers = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="bench-fetch")

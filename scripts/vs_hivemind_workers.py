@@ -18,6 +18,8 @@ PRECISIONS = {  # wire precision -> (swarmloco codec, hivemind compression class
     "fp16": ("fp16", "Float16Compression"),
     "8-bit": ("int8", "Uniform8BitQuantization"),
 }
+MATCH_DEADLINE_S = 60.0  # a hivemind matchmaking (or all-reduce) not done by then is cancelled and the round tried again
+HIVEMIND_TRIES = 3
 SPLIT_KEYS = ("encode_s", "manifest_s", "reduce_s", "results_s", "gather_s")
 
 
@@ -114,22 +116,36 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
         }
 
     def hivemind_round() -> dict:
+        """One try. A matchmaking that does not form its group of n within MATCH_DEADLINE_S is
+        cancelled (every worker still meets the barriers), and the round comes back not `formed`:
+        the parent runs it again (WorkerPool.hivemind_round) instead of waiting out hivemind's
+        own step timeout on a group that never forms."""
         with averager.get_tensors() as tensors:
             tensors[0].copy_(local)
         control = averager.step(require_trigger=True, wait=False, timeout=120)
-        while control.stage != AveragingStage.AWAITING_TRIGGER and not control.done():
+        deadline = time.monotonic() + MATCH_DEADLINE_S
+        while control.stage != AveragingStage.AWAITING_TRIGGER and not control.done() and time.monotonic() < deadline:
             time.sleep(0.005)
-        barrier.wait()
+        matched = control.stage == AveragingStage.AWAITING_TRIGGER
+        if not matched:
+            control.cancel()
+        barrier.wait(timeout=300)
         s0 = cpu_s(pids)
         t0 = time.perf_counter()
-        control.allow_allreduce()
-        group = control.result()
+        group = None
+        if matched:
+            control.allow_allreduce()
+            try:
+                group = control.result(timeout=MATCH_DEADLINE_S)
+            except Exception:  # noqa: BLE001 - a failed or timed-out all-reduce: the parent retries the round
+                control.cancel()
         t_end = time.perf_counter()
         s1 = cpu_s(pids)
         barrier.wait(timeout=300)  # as swarm_round: the check after every worker's round
         with averager.get_tensors() as tensors:
             error = float((tensors[0] - exact_mean).abs().max())
-        return {"round_s": t_end - t0, "group_size": len(group) if group else 0, "max_abs_error": error, "cpu_s": s1 - s0}
+        return {"round_s": t_end - t0, "group_size": len(group) if group else 0, "max_abs_error": error, "cpu_s": s1 - s0,
+                "formed": group is not None and len(group) == n}
 
     try:
         while True:
@@ -260,9 +276,17 @@ class WorkerPool:
         return [self._recv(c, 600)[1] for c in self.conns], coordinator_s
 
     def hivemind_round(self) -> list[dict]:
-        for c in self.conns:
-            c.send(("hivemind",))
-        return [self._recv(c, 600)[1] for c in self.conns]
+        """One hivemind round; a try whose group did not form on every worker (a matchmaking that
+        never completed, an all-reduce that failed part-way) is run again, up to HIVEMIND_TRIES."""
+        for attempt in range(1, HIVEMIND_TRIES + 1):
+            for c in self.conns:
+                c.send(("hivemind",))
+            results = [self._recv(c, 600)[1] for c in self.conns]
+            if all(r["formed"] for r in results):
+                return results
+            print(f"  hivemind: the group did not form on every worker (try {attempt} of {HIVEMIND_TRIES}): running the round again",
+                  flush=True)
+        raise RuntimeError(f"hivemind's averaging group of {len(self.conns)} did not form in {HIVEMIND_TRIES} tries")
 
     def close(self) -> None:
         for c in self.conns:

@@ -134,3 +134,33 @@ def test_a_join_that_comes_as_the_run_ends_stops_on_the_runs_finished_record():
     finally:
         client.close()
         discovery.stop_dht(dht)
+
+
+def test_a_port_taken_by_a_server_that_is_not_a_coordinator_is_a_lost_coordinator():
+    """The active coordinator was SIGKILLed and the OS gave its freed port to another process's
+    gRPC server (a peer's, with the Peer service only): calls there answer UNIMPLEMENTED "Method not
+    found!". With a locator that is a gone coordinator (ask where the run is now); without one it is
+    a wrong address, said as such (make test, session 15: four peers died with a traceback)."""
+    from peer.node.coordinator_client import CoordinatorUnavailable
+    from protocol.channels import create_server
+    from tests.coordinator_harness import serve_coordinator, tiny_config
+
+    squatter, port = create_server(host="127.0.0.1", port=0)  # serves no service at all
+    squatter.start()
+    taken = f"127.0.0.1:{port}"
+    try:
+        with serve_coordinator(tiny_config()) as successor:
+            client = CoordinatorClient(taken, ByteCounter("p"), locate=lambda: successor.endpoint)
+            try:
+                assert client.run_info().run_id == successor.coordinator.cfg.run_id
+                assert client.endpoint == successor.endpoint and client.generation == 1
+            finally:
+                client.close()
+        lost = CoordinatorClient(taken, ByteCounter("p"))
+        try:
+            with pytest.raises(CoordinatorUnavailable, match="does not serve the coordinator's service.*same swarmloco version"):
+                lost.run_info()
+        finally:
+            lost.close()
+    finally:
+        squatter.stop(0).wait(5)

@@ -12,9 +12,10 @@ import pytest
 
 from protocol import merkle
 from protocol.accounting import ByteCounter
-from protocol.channels import CHUNK_BYTES, MAX_MESSAGE_BYTES, create_server
-from protocol.payload_fetch import ChannelPool, Wanted, fetch_items
-from protocol.payload_service import PayloadServicer, PayloadStore, StoredSlice, pack_chunks
+from protocol.channels import CHUNK_BYTES, MAX_MESSAGE_BYTES
+from protocol.batched_fetch import Wanted, fetch_items
+from protocol.payload_fetch import ChannelPool
+from protocol.payload_service import PayloadServicer, PayloadStore, StoredSlice, pack_chunks, serve_payloads
 from protocol.streaming import iter_chunks
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 
@@ -32,10 +33,10 @@ class CountingServicer(PayloadServicer):
         super().__init__(store, verify_header=lambda s: None)
         self.packs, self.messages = packs, []
 
-    def FetchPayload(self, request, context):
+    def _fetch_messages(self, request):
         if not self.packs:
             request = swarm_pb2.FetchRequest(items=request.items)
-        for message in super().FetchPayload(request, context):
+        for message in super()._fetch_messages(request):
             self.messages.append(message.ByteSize())
             yield message
 
@@ -49,9 +50,7 @@ def holders():
         for j, (data, proof) in enumerate(zip(SLICES, PROOFS)):
             store.put_slice(ROOT, j, StoredSlice(0, DIGESTS[j].hex(), tuple(proof), len(SLICES), data))
         servicer = servicer_of(store)
-        server, port = create_server(ByteCounter("holder"), host="127.0.0.1", port=0)
-        swarm_pb2_grpc.add_PeerServicer_to_server(servicer, server)
-        server.start()
+        server, port = serve_payloads(servicer, ByteCounter("holder"), host="127.0.0.1", port=0)
         made.append(server)
         return servicer, f"127.0.0.1:{port}"
 
@@ -125,3 +124,37 @@ def test_a_packed_message_that_breaks_the_rules_stops_the_stream_after_what_chec
     got = fetch_items(pool, endpoint, wanted([0, 1, 2]))
     assert got[0] is not None and got[0].data == SLICES[0]
     assert got[1] is None and got[2] is None  # left to the fallback fetch from the next holders
+
+
+def test_a_batched_fetch_after_the_pool_closed_brings_nothing_and_raises_nothing(holders):
+    """A node shutting down closes its pool while a phase may still ask: every object comes back
+    None (left to the caller's fallback), as from a broken stream, instead of an error mid-round."""
+    make, pool = holders
+    _, endpoint = make(CountingServicer)
+    assert fetch_items(pool, endpoint, wanted([0]))[0] is not None  # the pool's loop started
+    pool.close()
+    assert fetch_items(pool, endpoint, wanted([0, 1])) == [None, None]
+
+
+def test_closing_the_pool_ends_a_batched_fetch_in_flight(holders):
+    """A fetch blocked on a holder that answers nothing, and the pool closed meanwhile (shutdown):
+    the caller is released at once with nothing fetched, not left waiting on a stopped loop."""
+    import socket
+    import threading
+    import time
+
+    make, pool = holders
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # accepts, never answers
+    got: list = []
+    fetching = threading.Thread(target=lambda: got.append(fetch_items(pool, f"127.0.0.1:{silent.getsockname()[1]}", wanted([0]))))
+    try:
+        fetching.start()
+        time.sleep(0.5)
+        assert fetching.is_alive()  # in flight: the holder is silent and the stall bound is 5 s
+        pool.close()
+        fetching.join(10)
+        assert not fetching.is_alive() and got == [[None]]
+    finally:
+        silent.close()

@@ -78,6 +78,45 @@ def test_slowloris_push_is_cut_off_by_the_server():
         assert served.stub.GetRunInfo(swarm_pb2.RunInfoRequest(), timeout=10).run_id == served.coordinator.cfg.run_id
 
 
+def test_a_fetch_whose_client_stops_reading_is_cut_off_by_the_server():
+    """FetchPayload streams from the server's event loop (protocol/payload_service.serve_payloads): a
+    client that reads one message of a 64 MiB object and then nothing parks the stream in flow
+    control; at the servicer's max_stream_s the server ends it with CANCELLED, client deadline or
+    not, and goes on serving."""
+    from hashlib import sha256
+
+    from protocol.accounting import ByteCounter
+    from protocol.payload_service import PayloadServicer, PayloadStore, serve_payloads
+    from protocol.rpc_errors import WATCHDOG
+    from protocol.wire import swarm_pb2_grpc
+
+    store = PayloadStore()
+    blob = bytes(range(256)) * (1 << 18)  # 64 MiB: far more than the HTTP/2 windows hold
+    digest = sha256(blob).digest()
+    store.put_blob(digest.hex(), 0, blob)
+    server, port = serve_payloads(PayloadServicer(store, verify_header=lambda s: None, max_stream_s=1.0), ByteCounter("holder"),
+                                  host="127.0.0.1", port=0)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        stub = swarm_pb2_grpc.PeerStub(channel)
+        cut_before = WATCHDOG.cancelled
+        started = time.monotonic()
+        stream = stub.FetchPayload(swarm_pb2.FetchRequest(digest=digest))  # no client deadline at all
+        assert len(next(stream).data) > 0
+        time.sleep(2.0)  # past the server's 1 s: the stream is cut while we do not read
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in stream:
+                pass
+        assert info.value.code() == grpc.StatusCode.CANCELLED and "past the server's limit" in info.value.details()
+        assert WATCHDOG.cancelled == cut_before + 1 and time.monotonic() - started < 20
+        # And the server still serves: a whole read within the limit.
+        again = b"".join(m.data for m in stub.FetchPayload(swarm_pb2.FetchRequest(digest=digest, offset=len(blob) - 10), timeout=10))
+        assert again == blob[-10:]
+    finally:
+        channel.close()
+        server.stop(0).wait(5)
+
+
 def test_flooding_is_rate_limited_per_peer_and_per_host():
     # 1 call/s per claimed peer id (burst 20); the host gets 10x that (burst 200).
     limits = CallerLimits(per_peer_rate=1.0, per_peer_burst=20.0)

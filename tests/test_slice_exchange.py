@@ -22,13 +22,11 @@ from peer.run.config import RunConfig
 from peer.run.round_math import RoundMath
 from peer.run.slice_exchange import SliceExchange, sliced_manifest
 from protocol.accounting import ByteCounter
-from protocol.channels import create_server
 from protocol.envelope import ManifestEntry, build_update_header, sign_manifest, sign_update, signed_to_json
 from protocol.identity import Identity, peer_id_of
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload
+from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload, serve_payloads
 from protocol.slice_result import sign_slice_results
-from protocol.wire import swarm_pb2_grpc
 
 NUMEL = 4096
 LAYOUT = "test-layout"
@@ -40,9 +38,8 @@ class Node:
         self.math = RoundMath(cfg, NUMEL)
         self.counter = ByteCounter(self.identity.peer_id)
         self.store = PayloadStore()
-        self.server, port = create_server(self.counter, host="127.0.0.1", port=0)
-        swarm_pb2_grpc.add_PeerServicer_to_server(PayloadServicer(self.store, verify_header=lambda s: None, accept_pushes=False), self.server)
-        self.server.start()
+        self.server, port = serve_payloads(PayloadServicer(self.store, verify_header=lambda s: None, accept_pushes=False), self.counter,
+                                           host="127.0.0.1", port=0)
         self.endpoint = f"127.0.0.1:{port}"
         self.pool = ChannelPool(self.counter)
         self.workers = ThreadPoolExecutor(8)
@@ -241,7 +238,7 @@ def test_a_batched_fetch_keeps_what_checks_and_leaves_the_rest_to_the_fallback(s
     """One stream, several items: an item the holder lacks comes back marked missing, an item whose
     bytes do not check (a wrong digest asked for) is refused, and the others still arrive, checked."""
     from protocol import merkle
-    from protocol.payload_fetch import Wanted, fetch_items
+    from protocol.batched_fetch import Wanted, fetch_items
 
     cfg, nodes = slice_nodes
     rounds, _ = make_round(cfg, nodes)
@@ -272,7 +269,7 @@ def test_a_spot_check_asks_no_author_that_every_owner_left_out(slice_nodes):
     rounds, _ = make_round(cfg, nodes)
     victim = 3
     gone, gone_endpoint = nodes[victim].identity.peer_id, nodes[victim].endpoint
-    nodes[victim].server.stop(0)  # gone: nothing serves its slices any more
+    nodes[victim].server.stop(0).wait(5)  # gone: nothing serves its slices any more
     batches = [signed for i, (node, rnd) in enumerate(zip(nodes, rounds)) if i != victim
                for signed in node.exchange.reduce_owned(rnd)]
     checker = 0

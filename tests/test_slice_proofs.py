@@ -12,12 +12,11 @@ import torch
 
 from protocol import merkle
 from protocol.accounting import ByteCounter
-from protocol.channels import create_server
 from protocol.envelope import build_update_header
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool, FetchError, fetch_slice
-from protocol.payload_service import PayloadServicer, PayloadStore, StoredSlice
-from protocol.wire import swarm_pb2, swarm_pb2_grpc
+from protocol.payload_service import PayloadServicer, PayloadStore, StoredSlice, serve_payloads
+from protocol.wire import swarm_pb2
 
 SLICES = [bytes([i]) * (100 + 37 * i) for i in range(11)]  # 11 slices: odd levels in the tree
 DIGESTS = [hashlib.sha256(s).digest() for s in SLICES]
@@ -29,9 +28,8 @@ class Holder:
 
     def __init__(self) -> None:
         self.store = PayloadStore()
-        self.server, port = create_server(ByteCounter("holder"), host="127.0.0.1", port=0)
-        swarm_pb2_grpc.add_PeerServicer_to_server(PayloadServicer(self.store, verify_header=lambda s: None), self.server)
-        self.server.start()
+        self.server, port = serve_payloads(PayloadServicer(self.store, verify_header=lambda s: None), ByteCounter("holder"),
+                                           host="127.0.0.1", port=0)
         self.endpoint = f"127.0.0.1:{port}"
 
     def serve(self, root: bytes, index: int, *, data: bytes, proof) -> None:
@@ -206,7 +204,7 @@ def test_a_batched_fetch_takes_objects_of_one_chunk_and_of_several(setup):
     several chunks (over CHUNK_BYTES) gathered whole; each checked against its sha256; a corrupt
     one left out, the rest kept."""
     from protocol.channels import CHUNK_BYTES
-    from protocol.payload_fetch import Wanted, fetch_items
+    from protocol.batched_fetch import Wanted, fetch_items
 
     _, (holder, *_), pool = setup
     blobs = [b"a" * 1000, bytes(range(256)) * (CHUNK_BYTES // 256 * 2 + 3), b"c" * 10, b"d" * (CHUNK_BYTES + 1)]

@@ -12,12 +12,11 @@ import pytest
 
 from protocol import merkle
 from protocol.accounting import ByteCounter
-from protocol.channels import create_server
 from protocol.envelope import build_update_header, sign_update
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadServicer, PayloadStore, StoredSlice, push_slices
-from protocol.wire import swarm_pb2, swarm_pb2_grpc
+from protocol.payload_service import PayloadServicer, PayloadStore, StoredSlice, push_slices, serve_payloads
+from protocol.wire import swarm_pb2
 
 SLICES = [bytes([i]) * (100 + 37 * i) for i in range(5)]
 DIGESTS = [hashlib.sha256(s).digest() for s in SLICES]
@@ -36,10 +35,8 @@ def owner():
                                  base_param_hash="B", payload=b"".join(SLICES), slices=[d.hex() for d in DIGESTS])
     signed = sign_update(author, header)
     store = PayloadStore()
-    server, port = create_server(ByteCounter("owner"), host="127.0.0.1", port=0)
-    swarm_pb2_grpc.add_PeerServicer_to_server(
-        PayloadServicer(store, verify_header=lambda s: header, accept_slice_pushes=True), server)
-    server.start()
+    server, port = serve_payloads(PayloadServicer(store, verify_header=lambda s: header, accept_slice_pushes=True),
+                                  ByteCounter("owner"), host="127.0.0.1", port=0)
     pool = ChannelPool()
     stub = pool.peer_stub(f"127.0.0.1:{port}")
     yield header, signed, store, stub

@@ -13,12 +13,11 @@ from datetime import timedelta
 import pytest
 
 from protocol.accounting import ByteCounter
-from protocol.channels import create_server
 from protocol.identity import Identity
-from protocol.payload_fetch import ChannelPool, FetchError, Wanted, fetch_blob, fetch_items
-from protocol.payload_service import PayloadServicer, PayloadStore
+from protocol.batched_fetch import Wanted, fetch_items
+from protocol.payload_fetch import ChannelPool, FetchError, fetch_blob
+from protocol.payload_service import PayloadServicer, PayloadStore, serve_payloads
 from protocol.stall_watch import STALLS
-from protocol.wire import swarm_pb2_grpc
 
 STALL = timedelta(seconds=1)
 BOUND_S = 15.0  # generous: the stall bound is 1 s (without it: the 120 s transfer deadline)
@@ -33,9 +32,8 @@ def holders():
     data = bytes(range(256)) * 40
     sha = hashlib.sha256(data).hexdigest()
     store.put_blob(sha, 0, data)
-    server, port = create_server(ByteCounter("holder"), host="127.0.0.1", port=0)
-    swarm_pb2_grpc.add_PeerServicer_to_server(PayloadServicer(store, verify_header=lambda s: None, accept_pushes=False), server)
-    server.start()
+    server, port = serve_payloads(PayloadServicer(store, verify_header=lambda s: None, accept_pushes=False), ByteCounter("holder"),
+                                  host="127.0.0.1", port=0)
     counter = ByteCounter(Identity.generate().peer_id)
     pool = ChannelPool(counter)
     yield f"127.0.0.1:{frozen.getsockname()[1]}", f"127.0.0.1:{port}", data, sha, counter, pool

@@ -12,13 +12,11 @@ from optim.slicing import SliceLayout
 from peer.run import state_sync
 from protocol.keys import CoordinatorKeys
 from protocol.accounting import ByteCounter
-from protocol.channels import create_server
 from protocol.envelope import EnvelopeError
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool, FetchError
-from protocol.payload_service import PayloadServicer, PayloadStore
+from protocol.payload_service import PayloadServicer, PayloadStore, serve_payloads
 from protocol.state_manifest import open_state_manifest
-from protocol.wire import swarm_pb2_grpc
 
 D = 10_000
 
@@ -49,9 +47,8 @@ class Holder:
     def __init__(self) -> None:
         self.counter = ByteCounter("holder")
         self.store = PayloadStore()
-        self.server, port = create_server(self.counter, host="127.0.0.1", port=0)
-        swarm_pb2_grpc.add_PeerServicer_to_server(PayloadServicer(self.store, verify_header=lambda s: None, accept_pushes=False), self.server)
-        self.server.start()
+        self.server, port = serve_payloads(PayloadServicer(self.store, verify_header=lambda s: None, accept_pushes=False), self.counter,
+                                           host="127.0.0.1", port=0)
         self.endpoint = f"127.0.0.1:{port}"
 
 

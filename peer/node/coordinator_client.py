@@ -29,6 +29,10 @@ TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grp
 # The coordinator is gone, or answers nothing (a frozen process keeps its connections open): ask
 # whether another one holds the run now.
 LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+# Something that is not a coordinator answers at the address ("Method not found"): the dead
+# coordinator's port was given to another process. While a locator may find the run's coordinator
+# elsewhere (failover), that is as good as gone; without one it is a wrong address.
+NOT_HERE = grpc.StatusCode.UNIMPLEMENTED
 MAX_CHECKPOINT_BYTES = 8 << 30
 RECONNECT_EVERY_S = 3.0
 # A lost coordinator: the run's coordinators are asked this often who holds the run now (the
@@ -113,6 +117,14 @@ class CoordinatorClient:
                 return fn()
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
+                if code is NOT_HERE:
+                    if self.locate is None:
+                        raise CoordinatorUnavailable(
+                            f"{self.endpoint} does not serve the coordinator's service ({what}: "
+                            f"{exc.details() if hasattr(exc, 'details') else exc}): is it the coordinator's address "
+                            "(its --listen port), and does the coordinator run the same swarmloco version?"
+                        ) from None
+                    code = grpc.StatusCode.UNAVAILABLE
                 if code not in TRANSIENT or time.monotonic() + delay > deadline:
                     if code in TRANSIENT:
                         raise CoordinatorUnavailable(
@@ -151,7 +163,7 @@ class CoordinatorClient:
         try:
             reply = self.stub.Heartbeat(signed, timeout=DEFAULT_DEADLINE.total_seconds())
         except grpc.RpcError as exc:
-            if exc.code() in LOST:
+            if exc.code() in LOST or exc.code() is NOT_HERE:
                 self._reconnect()
             raise Refused.from_rpc_error(exc) or exc
         return Refused.check(reply)

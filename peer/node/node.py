@@ -47,15 +47,13 @@ from peer.run.progress import round_line
 from peer.run.round_math import RoundMath
 from protocol import discovery
 from protocol.accounting import ByteCounter, Traffic
-from protocol.channels import create_server
 from protocol.envelope import JOIN_TAG, UpdateHeader, build_update_header, sign_update
 from protocol.identity import Identity
 from protocol.lifetime import timed_step
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload
+from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload, serve_payloads
 from protocol.rpc_errors import Refused
 from protocol.signing import sign_body
-from protocol.wire import swarm_pb2_grpc
 
 __all__ = ["PeerExit", "PeerNode", "PeerOptions"]  # the first and last live in peer.node.errors / .options
 log = logging.getLogger("swarmloco.peer")
@@ -200,11 +198,9 @@ class PeerNode:
         if o.client_mode:
             self.endpoint = ""
             return
-        self.server, port = create_server(self.counter, host=o.host, port=o.port)
         servicer = PayloadServicer(self.store, verify_header=lambda s: self._verify_header(s, None), accept_pushes=False,
                                     accept_slice_pushes=True)  # sliced: client-mode authors push us the slices we own
-        swarm_pb2_grpc.add_PeerServicer_to_server(servicer, self.server)
-        self.server.start()
+        self.server, port = serve_payloads(servicer, self.counter, host=o.host, port=o.port)
         self.endpoint = f"{o.announce_host}:{port}"
 
     def exchange_context(self) -> PeerExchangeContext:

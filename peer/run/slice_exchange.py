@@ -32,7 +32,8 @@ from peer.run.work_math import RowWork
 from protocol.reasons import FOR_CAUSE
 from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest, UpdateHeader, check_entry, signed_from_json
 from protocol import merkle
-from peer.run.slice_fetch import MAX_STREAMS, SliceFetching
+from peer.run.slice_fetch import SliceFetching
+from protocol.batched_fetch import MAX_STREAMS
 from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadStore, StoredSlice
 from protocol.slice_result import SliceResult, open_slice_results, sign_slice_results
@@ -154,7 +155,7 @@ class SliceExchange(SliceFetching):
         # Slices are gathered a few at a time; each may fetch its inputs through `workers`, so the
         # two levels use two pools (one pool for both could fill with slices waiting on fetches).
         self.slice_workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="swarmloco-slice")
-        # One batched stream per counterpart, all in flight at once (a phase's streams wait on the network, not the CPU).
+        # Client mode: one push stream per owner, all in flight at once (fetches run on the pool's loop: protocol/batched_fetch.py).
         self.streams = ThreadPoolExecutor(max_workers=MAX_STREAMS, thread_name_prefix="swarmloco-stream")
         self._hashed: tuple[bytes, list[bytes], list[bytes]] | None = None  # (payload, slices, digests)
 

@@ -31,13 +31,13 @@ from protocol import merkle
 from protocol.envelope import UpdateHeader
 from peer.run import slice_plan
 from protocol.channels import TRANSFER_DEADLINE
-from protocol.payload_fetch import ChannelPool, FetchedSlice, FetchError, Wanted, fetch_blob, fetch_items, fetch_slice
+from protocol.batched_fetch import Wanted, fetch_streams
+from protocol.payload_fetch import ChannelPool, FetchedSlice, FetchError, fetch_blob, fetch_slice
 from protocol.payload_service import PayloadStore, StoredSlice, push_slices
 from protocol.slice_result import SliceResult
 from protocol.wire import swarm_pb2
 
 log = logging.getLogger("swarmloco.exchange")
-MAX_STREAMS = 64  # counterparts fetched from at once in one phase (a larger swarm's phase takes more waves)
 
 
 class SliceRound(Protocol):
@@ -58,7 +58,7 @@ class SliceFetching:
     pool: ChannelPool
     store: PayloadStore
     workers: ThreadPoolExecutor  # one object per call (fallbacks, recomputation inputs)
-    streams: ThreadPoolExecutor  # one batched stream per counterpart, all in flight at once
+    streams: ThreadPoolExecutor  # client mode: one push stream per owner, all in flight at once
     own_endpoint: str
     push_wait_s: float  # how long an owner waits for the slices client-mode authors push it
 
@@ -116,7 +116,8 @@ class SliceFetching:
         """(author, slice) -> (its bytes or None, why not): what we hold, then one batched stream
         per first holder, then each missing one alone (store, author, the slice's other owners).
         `arrived(pair, data)`: told of each input we held or a batched stream brought, as soon as
-        it is in (on a stream's thread; it must not raise); not of what the fallback fetches."""
+        it is in (on the fetch loop's thread, protocol/batched_fetch.py: quick, never raising);
+        not of what the fallback fetches."""
         got: dict[tuple[str, int], tuple[bytes | None, str]] = {}
         groups: dict[str, list[tuple[str, int]]] = {}
         pushed = [(rnd.headers[p].root_bytes(), j) for p, j in wanted if not any(rnd.holders[p])]
@@ -133,23 +134,18 @@ class SliceFetching:
             if holder:
                 groups.setdefault(holder, []).append((p, j))
 
-        def one_stream(holder: str) -> None:
-            pairs = groups[holder]
+        def keep(holder: str, k: int, item: FetchedSlice) -> None:  # as each input checks, while the streams go on
+            p, j = groups[holder][k]
+            header = rnd.headers[p]
+            self.store.put_slice(header.root_bytes(), j, StoredSlice(rnd.round, item.digest, item.proof, header.num_slices,
+                                                                    item.data))  # re-served
+            got[(p, j)] = (item.data, "")
+            if arrived is not None:
+                arrived((p, j), item.data)
 
-            def keep(k: int, item: FetchedSlice) -> None:  # as each input checks, while the stream goes on
-                p, j = pairs[k]
-                header = rnd.headers[p]
-                self.store.put_slice(header.root_bytes(), j, StoredSlice(rnd.round, item.digest, item.proof, header.num_slices,
-                                                                        item.data))  # re-served
-                got[(p, j)] = (item.data, "")
-                if arrived is not None:
-                    arrived((p, j), item.data)
-
-            fetch_items(self.pool, holder, [
-                Wanted(max_size=self.math.sliced_codec.max_slice_payload_size(j), slice=j, proven=rnd.proven[p]) for p, j in pairs],
-                on_item=keep)
-
-        list(self.streams.map(one_stream, groups))
+        fetch_streams(self.pool, {holder: [Wanted(max_size=self.math.sliced_codec.max_slice_payload_size(j), slice=j,
+                                                  proven=rnd.proven[p]) for p, j in pairs] for holder, pairs in groups.items()},
+                      on_item=keep)
         missing = [pair for pair in wanted if pair not in got]
         for pair, outcome in zip(missing, self.workers.map(lambda pair: self._try_fetch(rnd, *pair), missing)):
             got[pair] = outcome
@@ -171,13 +167,12 @@ class SliceFetching:
             if holders and self.store.get_blob(sha) is None:
                 groups.setdefault(random.choice(holders), []).append((sha, signers[0].result_size))
 
-        def one_stream(holder: str) -> None:
-            wanted = groups[holder]
-            for (sha, _), item in zip(wanted, fetch_items(self.pool, holder, [Wanted(max_size=size, sha256=sha) for sha, size in wanted])):
+        fetched = fetch_streams(self.pool, {holder: [Wanted(max_size=size, sha256=sha) for sha, size in wanted]
+                                            for holder, wanted in groups.items()})
+        for holder, items in fetched.items():
+            for (sha, _), item in zip(groups[holder], items):
                 if item is not None:
                     self.store.put_blob(sha, rnd.round, item.data)
-
-        list(self.streams.map(one_stream, groups))
 
     def _fetch_result(self, rnd: SliceRound, j: int, sha: str, signers: list[SliceResult]) -> bytes | None:
         data = self.store.get_blob(sha)

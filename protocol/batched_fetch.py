@@ -1,0 +1,214 @@
+"""Batched fetches: every object wanted from one holder in ONE FetchPayload stream, every holder of
+a phase at once, all on one event loop (protocol/aio_channels.py) instead of a thread per stream.
+
+One round trip per holder for all its objects (issue 24): the holder streams them in order, each
+chunk naming its item, several items packed in one message (`packed`, payload_service.pack_chunks),
+an item it lacks marked `missing`. Each object is checked as it completes (a slice against the
+Merkle root its author signed, an object against its sha256) and handed to `on_item` at once,
+while the stream's later objects still arrive. What did not come or did not check (missing, a
+failed proof, a broken or lying stream) is None: the caller fetches it alone from the next holders
+(protocol/payload_fetch.py). A holder that sends nothing for `stall` is cut off and remembered as
+stalled (protocol/stall_watch.py), so that fallback asks the others first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable, Mapping, Sequence
+
+import grpc
+
+from protocol import merkle
+from protocol._generated import swarm_pb2, swarm_pb2_grpc
+from protocol.accounting import PEER_HEADER
+from protocol.aio_channels import PoolClosed
+from protocol.channels import STALL_TIMEOUT, TRANSFER_DEADLINE
+from protocol.payload_fetch import ChannelPool, FetchedSlice
+from protocol.stall_watch import STALLS
+from protocol.streaming import TransferError
+
+log = logging.getLogger("swarmloco.fetch")
+MAX_STREAMS = 64  # streams of one phase in flight at once (a larger phase queues the rest)
+METHOD = "FetchPayload"
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """One object of a batched fetch: slice `slice` of the update whose proofs `proven` collects
+    (checked against its root), or the object whose sha256 is `sha256`; at most `max_size` bytes."""
+
+    max_size: int
+    slice: int | None = None
+    proven: merkle.ProvenNodes | None = None
+    sha256: str = ""
+
+    def __post_init__(self) -> None:
+        a_slice = self.slice is not None and self.proven is not None and not self.sha256
+        an_object = self.slice is None and self.proven is None and len(self.sha256) == 64
+        if not (a_slice or an_object):
+            raise ValueError("a wanted object is a slice with its ProvenNodes, or an object by its sha256 hex")
+
+
+OnItem = Callable[[str, int, FetchedSlice], None]  # (holder, index in its wanted list, the checked object)
+
+
+def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *, deadline: timedelta = TRANSFER_DEADLINE,
+                stall: timedelta = STALL_TIMEOUT, on_item: Callable[[int, FetchedSlice], None] | None = None,
+                ) -> list[FetchedSlice | None]:
+    """fetch_streams from one holder: -> one entry per wanted object, None for what did not come."""
+    each = None if on_item is None else (lambda _, k, item: on_item(k, item))
+    return fetch_streams(pool, {holder: wanted}, deadline=deadline, stall=stall, on_item=each)[holder]
+
+
+def fetch_streams(pool: ChannelPool, plan: Mapping[str, Sequence[Wanted]], *, deadline: timedelta = TRANSFER_DEADLINE,
+                  stall: timedelta = STALL_TIMEOUT, on_item: OnItem | None = None) -> dict[str, list[FetchedSlice | None]]:
+    """ONE stream per holder in `plan` (holder -> the objects wanted from it), every holder at once
+    (at most MAX_STREAMS in flight), on the pool's event loop; blocks until every stream ended.
+    -> holder -> one entry per wanted object, None for what did not come or did not check.
+    `on_item(holder, k, item)`: each object as soon as it checked, ON THE LOOP's thread: it must be
+    quick and must not block (store it, hand work to a pool)."""
+    plan = {holder: list(wanted) for holder, wanted in plan.items() if wanted}
+    if not plan:
+        return {}
+
+    async def every_stream() -> dict[str, list[FetchedSlice | None]]:
+        gate = asyncio.Semaphore(MAX_STREAMS)
+
+        async def one(holder: str) -> list[FetchedSlice | None]:
+            async with gate:
+                return await _stream(pool, holder, plan[holder], deadline, stall, on_item)
+
+        holders = list(plan)
+        return dict(zip(holders, await asyncio.gather(*(one(h) for h in holders))))
+
+    try:
+        return pool.aio.run(every_stream)
+    except PoolClosed as exc:  # shutting down: nothing came (the caller's fallback finds the pool closed too)
+        log.info("batched fetch from %d holders not started: %s", len(plan), exc)
+        return {holder: [None] * len(wanted) for holder, wanted in plan.items()}
+
+
+def _request(wanted: list[Wanted]) -> swarm_pb2.FetchRequest:
+    """The FetchRequest for `wanted`: later slices of a root count on the proofs the earlier ones
+    bring (proof_levels), and a root is named only where it changes."""
+    levels = [0] * len(wanted)
+    by_root: dict[int, list[int]] = {}
+    for k, w in enumerate(wanted):
+        if w.slice is not None and w.proven is not None:
+            by_root.setdefault(id(w.proven), []).append(k)
+    for ks in by_root.values():
+        for k, level in zip(ks, wanted[ks[0]].proven.plan([wanted[k].slice for k in ks])):  # type: ignore[union-attr]
+            levels[k] = level
+    items, root = [], b""
+    for k, w in enumerate(wanted):
+        if w.slice is not None and w.proven is not None:
+            items.append(swarm_pb2.FetchItem(slice=w.slice, slices_root=b"" if w.proven.root == root else w.proven.root,
+                                             proof_levels=levels[k]))
+            root = w.proven.root
+        else:
+            items.append(swarm_pb2.FetchItem(digest=bytes.fromhex(w.sha256)))
+    return swarm_pb2.FetchRequest(items=items, packed=True)
+
+
+async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline: timedelta, stall: timedelta,
+                  on_item: OnItem | None) -> list[FetchedSlice | None]:
+    reader = ItemReader(wanted, None if on_item is None else (lambda k, item: on_item(holder, k, item)))
+    request = _request(wanted)
+    counter = pool.counter
+    if counter is not None:
+        counter.add(holder, sent=request.ByteSize(), call=True, method=METHOD)
+    metadata = ((PEER_HEADER, (counter.local_peer if counter is not None else "") or "anonymous"),)
+    call = None
+    try:
+        call = swarm_pb2_grpc.PeerStub(pool.aio.channel(holder)).FetchPayload(
+            request, timeout=deadline.total_seconds(), metadata=metadata)
+        while True:
+            try:
+                message = await asyncio.wait_for(call.read(), stall.total_seconds())
+            except asyncio.TimeoutError:
+                STALLS.mark(holder, stall.total_seconds())
+                raise TransferError(f"sent nothing for {stall.total_seconds():g} s: cut off (its link or process is down)") from None
+            if message is grpc.aio.EOF:
+                break
+            if counter is not None:
+                counter.add(holder, received=message.ByteSize(), method=METHOD)
+            reader.message(message)
+        reader.close()
+    except Exception as exc:  # noqa: BLE001 - a broken or lying stream: keep what checked, the caller refetches the rest
+        if call is not None:
+            call.cancel()
+        reader.close()  # an item whose bytes all came before the fault still checks on its own
+        log.info("batched fetch of %d objects from %s stopped: %s", len(wanted), holder,
+                 exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc)
+    return reader.out
+
+
+class ItemReader:
+    """The items of one batched stream, message by message: each checked once its bytes are in."""
+
+    def __init__(self, wanted: list[Wanted], on_item: Callable[[int, FetchedSlice], None] | None) -> None:
+        self.wanted, self.on_item = wanted, on_item
+        self.out: list[FetchedSlice | None] = [None] * len(wanted)
+        # An item that came whole in one chunk (every slice under CHUNK_BYTES) is its chunk's bytes
+        # as they are; a bytearray gathers only an item split over several chunks.
+        self.current, self.first, self.buffer = -1, None, b""
+        self.closed = False
+
+    def message(self, message: swarm_pb2.Chunk) -> None:
+        """One message of the stream; TransferError when it breaks the stream's rules."""
+        if not message.parts:  # a holder that packs nothing sends each chunk alone
+            self._take(message)
+            return
+        if message.item or message.data or message.missing or message.total_size:
+            raise TransferError("a packed message carries a chunk of its own besides its parts")
+        for part in message.parts:  # several chunks, in stream order
+            if part.parts:
+                raise TransferError("a packed part packs parts of its own")
+            self._take(part)
+
+    def close(self) -> None:
+        """The stream ended (or broke): the item in progress checks if its bytes are all in."""
+        if not self.closed:
+            self.closed = True
+            self._finish()
+
+    def _take(self, chunk: swarm_pb2.Chunk) -> None:
+        if chunk.item != self.current:
+            if not self.current < chunk.item < len(self.wanted):
+                raise TransferError(f"item {chunk.item} out of order (after {self.current} of {len(self.wanted)})")
+            self._finish()
+            self.current, self.first, self.buffer = chunk.item, chunk, b""
+            if chunk.missing:
+                return
+            if not 0 <= chunk.total_size <= self.wanted[self.current].max_size:
+                raise TransferError(f"item {self.current}: {chunk.total_size} bytes declared, "
+                                    f"at most {self.wanted[self.current].max_size}")
+        elif self.first is None or self.first.missing or chunk.total_size != self.first.total_size:
+            raise TransferError(f"item {self.current} changed its declared size midway")
+        data = chunk.data  # read once: each read of a bytes field makes a new copy
+        if chunk.offset != len(self.buffer) or len(self.buffer) + len(data) > self.first.total_size:
+            raise TransferError(f"item {self.current}: chunk at offset {chunk.offset} of {self.first.total_size}, "
+                                f"expected {len(self.buffer)}")
+        if not self.buffer:
+            self.buffer = data
+        else:
+            self.buffer = self.buffer if isinstance(self.buffer, bytearray) else bytearray(self.buffer)
+            self.buffer.extend(data)
+
+    def _finish(self) -> None:
+        k, first, buffer = self.current, self.first, self.buffer
+        if k < 0 or self.out[k] is not None or first is None or first.missing or len(buffer) != first.total_size:
+            return
+        w, data = self.wanted[k], buffer if isinstance(buffer, bytes) else bytes(buffer)
+        digest = hashlib.sha256(data).digest()
+        if w.slice is not None and w.proven is not None:
+            if w.proven.accept(digest, w.slice, list(first.proof)):
+                self.out[k] = FetchedSlice(data=data, digest=digest.hex(), proof=tuple(w.proven.proof_of(w.slice) or ()))
+        elif digest.hex() == w.sha256:
+            self.out[k] = FetchedSlice(data=data, digest=w.sha256, proof=())
+        if self.on_item is not None and self.out[k] is not None:
+            self.on_item(k, self.out[k])
