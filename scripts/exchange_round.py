@@ -40,7 +40,8 @@ from peer.exchange.peer_side import PeerExchangeContext
 from peer.run.timeouts import PeerTimeouts
 from peer.run.config import RunConfig
 from peer.run.round_math import RoundMath
-from peer.run.slice_exchange import SliceExchange, SliceRound, sliced_manifest
+from peer.run.slice_exchange import SliceExchange
+from peer.run.slice_round import SliceRound, sliced_manifest
 from protocol.keys import CoordinatorKeys
 from protocol.accounting import ByteCounter
 from protocol.envelope import (ManifestEntry, RoundManifest, UpdateHeader, build_update_header, open_manifest, sign_manifest,

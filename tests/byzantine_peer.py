@@ -24,7 +24,8 @@ from peer.exchange.sliced_peer import SlicedPeer
 from peer.node.node import PeerNode, PeerOptions
 from peer.cli.simulate_slices import false_result
 from peer.node.round import Update
-from peer.run.slice_exchange import SliceExchange, SliceRound
+from peer.run.slice_exchange import SliceExchange
+from peer.run.slice_round import SliceRound
 from protocol.slice_result import sign_slice_results
 from protocol.wire import swarm_pb2
 

@@ -15,7 +15,7 @@ import pytest
 from peer.coordinator.continuation import continue_round
 from peer.coordinator.state import Coordinator
 from peer.run import slice_plan
-from peer.run.slice_exchange import SliceRound
+from peer.run.slice_round import SliceRound
 from protocol.envelope import MANIFEST_TAG, EnvelopeError, RoundManifest, open_manifest, sign_manifest
 from protocol.identity import Identity
 from protocol.run_state import CoordinatorKeys

@@ -20,7 +20,8 @@ import torch
 from peer.cli.simulate_slices import false_result
 from peer.run.config import RunConfig
 from peer.run.round_math import RoundMath
-from peer.run.slice_exchange import SliceExchange, sliced_manifest
+from peer.run.slice_exchange import SliceExchange
+from peer.run.slice_round import sliced_manifest
 from protocol.accounting import ByteCounter
 from protocol.envelope import ManifestEntry, build_update_header, sign_manifest, sign_update, signed_to_json
 from protocol.identity import Identity, peer_id_of

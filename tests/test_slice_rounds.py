@@ -258,7 +258,7 @@ def test_an_applied_round_is_announced_once_its_hash_is_set():
     applied hash must be set when the notification that wakes it goes out, or it parks until
     some later news (on 8 WAN peers: 2.5 s late)."""
     from peer.exchange.coordinator_side import Aggregated
-    from peer.run.slice_exchange import GatherOutcome
+    from peer.run.slice_round import GatherOutcome
 
     with final_sliced_round() as fr:
         c, side = fr.served.coordinator, sliced_side(fr.served)
@@ -274,7 +274,7 @@ def test_the_applied_reply_carries_the_signed_state_of_the_next_round():
     """A peer checks θ_{r+1} against the coordinator's signed state of round r + 1: the applied
     long-poll brings it (no GetRunInfo round trip after every round); the final-results reply does not."""
     from peer.exchange.coordinator_side import Aggregated
-    from peer.run.slice_exchange import GatherOutcome
+    from peer.run.slice_round import GatherOutcome
 
     with final_sliced_round() as fr:
         c, side, stub = fr.served.coordinator, sliced_side(fr.served), fr.served.stub

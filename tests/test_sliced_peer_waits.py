@@ -14,7 +14,7 @@ import torch
 from peer.exchange.outcome import Applied
 from peer.exchange.peer_side import ManifestInHand, PeerExchangeContext
 from peer.exchange.sliced_peer import SlicedPeer
-from peer.run.slice_exchange import GatherOutcome
+from peer.run.slice_round import GatherOutcome
 from peer.run.timeouts import PeerTimeouts
 from protocol.identity import Identity
 from protocol.wire import swarm_pb2

@@ -27,7 +27,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from optim import slicing
 from peer.run import slice_plan
 from peer.run.round_math import RoundMath
-from peer.run.slice_exchange import SliceExchange, sliced_manifest
+from peer.run.slice_exchange import SliceExchange
+from peer.run.slice_round import sliced_manifest
 from protocol.envelope import ManifestEntry, build_update_header, sign_manifest, sign_update, signed_to_json
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool

@@ -31,7 +31,8 @@ import torch
 from peer.coordinator.round_book import Commitment, RoundBook
 from peer.exchange.coordinator_side import Aggregated, CoordinatorExchange, RoundContext
 from peer.exchange.spot_budget import SpotBudget
-from peer.run.slice_exchange import Lie, SliceExchange, SliceRound, sliced_manifest
+from peer.run.slice_exchange import SliceExchange
+from peer.run.slice_round import Lie, SliceRound, sliced_manifest
 from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest
 from protocol.payload_service import StoredPayload
 from protocol.reasons import Reason

@@ -23,13 +23,12 @@ from __future__ import annotations
 import logging
 import random
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import grpc
 
-from protocol import merkle
-from protocol.envelope import UpdateHeader
 from peer.run import slice_plan
+from peer.run.slice_round import SliceRound
 from protocol.channels import TRANSFER_DEADLINE
 from protocol.batched_fetch import Wanted, fetch_streams
 from protocol.payload_fetch import ChannelPool, FetchedSlice, FetchError, fetch_blob, fetch_slice
@@ -38,17 +37,6 @@ from protocol.slice_result import SliceResult
 from protocol.wire import swarm_pb2
 
 log = logging.getLogger("swarmloco.exchange")
-
-
-class SliceRound(Protocol):
-    """What fetching needs of a round (peer/run/slice_exchange.SliceRound)."""
-
-    round: int
-    headers: dict[str, UpdateHeader]  # peer_id -> its verified header
-    holders: dict[str, list[str]]  # peer_id -> endpoints holding its update's slices
-    endpoints: dict[str, str]  # owner peer_id -> its serving endpoint
-    owners: list[list[str]]  # slice -> owner peer_ids
-    proven: dict[str, merkle.ProvenNodes]
 
 
 class SliceFetching:
