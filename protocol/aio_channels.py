@@ -19,6 +19,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import grpc
 
+from protocol._generated import swarm_pb2_grpc
 from protocol.channels import TlsConfig, create_async_channel
 
 T = TypeVar("T")
@@ -35,23 +36,23 @@ class AioChannels:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, swarm_pb2_grpc.PeerStub] = {}  # building a stub costs ms: one per channel
+        self._running: set[concurrent.futures.Future] = set()  # what callers of run() wait on
         self._closed = False
 
-    def _started(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
+    def run(self, work: Callable[[], Awaitable[T]], timeout: float | None = None) -> T:
+        """Run the coroutine `work()` on the loop; block the calling thread for its result (or its
+        exception). PoolClosed when the pool is closed, before or while it runs. `timeout`:
+        TimeoutError after that long (the coroutine is cancelled)."""
+        with self._lock:  # scheduled under the lock: close() either sees this future or refuses it
             if self._closed:
                 raise PoolClosed("the channel pool is closed: the node is shutting down")
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(target=self._loop.run_forever, name="swarmloco-fetch-loop", daemon=True)
                 self._thread.start()
-            return self._loop
-
-    def run(self, work: Callable[[], Awaitable[T]], timeout: float | None = None) -> T:
-        """Run the coroutine `work()` on the loop; block the calling thread for its result (or its
-        exception). `timeout`: TimeoutError after that long (the coroutine is cancelled)."""
-        loop = self._started()  # raises when closed, before the coroutine exists
-        future = asyncio.run_coroutine_threadsafe(work(), loop)
+            future = asyncio.run_coroutine_threadsafe(work(), self._loop)
+            self._running.add(future)
         try:
             return future.result(timeout)
         except concurrent.futures.CancelledError:  # close() ended it
@@ -59,13 +60,17 @@ class AioChannels:
         except BaseException:
             future.cancel()
             raise
+        finally:
+            with self._lock:
+                self._running.discard(future)
 
-    def channel(self, target: str) -> grpc.aio.Channel:
-        """The channel to `target` (made on first use); call it on the loop."""
-        channel = self._channels.get(target)
-        if channel is None:
-            channel = self._channels[target] = create_async_channel(target, tls=self.tls)
-        return channel
+    def peer_stub(self, target: str) -> swarm_pb2_grpc.PeerStub:
+        """The Peer service at `target`, over one channel per target (made on first use); call it on the loop."""
+        stub = self._stubs.get(target)
+        if stub is None:
+            self._channels[target] = channel = create_async_channel(target, tls=self.tls)
+            stub = self._stubs[target] = swarm_pb2_grpc.PeerStub(channel)
+        return stub
 
     def close(self) -> None:
         """Close every channel (calls in flight end with CANCELLED) and stop the loop's thread."""
@@ -73,12 +78,12 @@ class AioChannels:
             if self._closed:
                 return
             self._closed = True
-            loop, thread = self._loop, self._thread
+            loop, thread, running = self._loop, self._thread, list(self._running)
         if loop is None or thread is None:
             return
 
         async def shut() -> None:
-            channels, self._channels = list(self._channels.values()), {}
+            channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
             await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
             # What is still running (a fetch whose streams were just cancelled) ends now, so no
             # caller blocked in run() waits on a loop that stopped.
@@ -91,6 +96,8 @@ class AioChannels:
             asyncio.run_coroutine_threadsafe(shut(), loop).result(5.0)
         except Exception:  # noqa: BLE001 - closing is best effort: the loop stops either way
             pass
+        for future in running:  # whatever shut() did not end: no caller waits on a stopped loop
+            future.cancel()
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5.0)
         if not thread.is_alive():

@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 import grpc
 
 from protocol import merkle
-from protocol._generated import swarm_pb2, swarm_pb2_grpc
+from protocol._generated import swarm_pb2
 from protocol.accounting import PEER_HEADER
 from protocol.aio_channels import PoolClosed
 from protocol.channels import STALL_TIMEOUT, TRANSFER_DEADLINE
@@ -34,6 +34,7 @@ from protocol.streaming import TransferError
 log = logging.getLogger("swarmloco.fetch")
 MAX_STREAMS = 64  # streams of one phase in flight at once (a larger phase queues the rest)
 METHOD = "FetchPayload"
+HASH_OFF_LOOP_BYTES = 1 << 20  # an item this large is hashed off the loop, in parallel with other streams'
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +88,7 @@ def fetch_streams(pool: ChannelPool, plan: Mapping[str, Sequence[Wanted]], *, de
 
     try:
         return pool.aio.run(every_stream)
-    except PoolClosed as exc:  # shutting down: nothing came (the caller's fallback finds the pool closed too)
+    except PoolClosed as exc:  # shutting down: nothing came (the caller's fallback finds the pool closed too: PoolClosed)
         log.info("batched fetch from %d holders not started: %s", len(plan), exc)
         return {holder: [None] * len(wanted) for holder, wanted in plan.items()}
 
@@ -121,11 +122,12 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
     counter = pool.counter
     if counter is not None:
         counter.add(holder, sent=request.ByteSize(), call=True, method=METHOD)
-    metadata = ((PEER_HEADER, (counter.local_peer if counter is not None else "") or "anonymous"),)
+    # who we are, as the sync channels' counting interceptor says it (protocol/accounting.py); a pool
+    # without a counter says nothing, as a sync channel without one does
+    metadata = () if counter is None else ((PEER_HEADER, counter.local_peer or "anonymous"),)
     call = None
     try:
-        call = swarm_pb2_grpc.PeerStub(pool.aio.channel(holder)).FetchPayload(
-            request, timeout=deadline.total_seconds(), metadata=metadata)
+        call = pool.aio.peer_stub(holder).FetchPayload(request, timeout=deadline.total_seconds(), metadata=metadata)
         while True:
             try:
                 message = await asyncio.wait_for(call.read(), stall.total_seconds())
@@ -137,6 +139,7 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
             if counter is not None:
                 counter.add(holder, received=message.ByteSize(), method=METHOD)
             reader.message(message)
+            await _check(reader)
         reader.close()
     except Exception as exc:  # noqa: BLE001 - a broken or lying stream: keep what checked, the caller refetches the rest
         if call is not None:
@@ -144,7 +147,25 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
         reader.close()  # an item whose bytes all came before the fault still checks on its own
         log.info("batched fetch of %d objects from %s stopped: %s", len(wanted), holder,
                  exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc)
+    await _check(reader)
     return reader.out
+
+
+async def _check(reader: "ItemReader") -> None:
+    """Check the items whose bytes are all in. A large item's sha256 runs on the loop's executor
+    (hashlib releases the GIL: several streams' large items hash in parallel, as they did on a
+    thread each); the proof and the hand-over stay on the loop."""
+    while reader.complete:
+        k, first, data = reader.complete.pop(0)
+        if len(data) >= HASH_OFF_LOOP_BYTES:
+            digest = await asyncio.get_running_loop().run_in_executor(None, _sha256, data)
+        else:
+            digest = _sha256(data)
+        reader.verify(k, first, data, digest)
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
 
 
 class ItemReader:
@@ -156,6 +177,7 @@ class ItemReader:
         # An item that came whole in one chunk (every slice under CHUNK_BYTES) is its chunk's bytes
         # as they are; a bytearray gathers only an item split over several chunks.
         self.current, self.first, self.buffer = -1, None, b""
+        self.complete: list[tuple[int, swarm_pb2.Chunk, bytes]] = []  # items whose bytes are in, to check (_check)
         self.closed = False
 
     def message(self, message: swarm_pb2.Chunk) -> None:
@@ -203,12 +225,18 @@ class ItemReader:
         k, first, buffer = self.current, self.first, self.buffer
         if k < 0 or self.out[k] is not None or first is None or first.missing or len(buffer) != first.total_size:
             return
-        w, data = self.wanted[k], buffer if isinstance(buffer, bytes) else bytes(buffer)
-        digest = hashlib.sha256(data).digest()
+        self.complete.append((k, first, buffer if isinstance(buffer, bytes) else bytes(buffer)))
+
+    def verify(self, k: int, first: swarm_pb2.Chunk, data: bytes, digest: bytes) -> None:
+        """Item k's bytes, whose sha256 is `digest`: kept (and handed to on_item) if they check."""
+        w = self.wanted[k]
         if w.slice is not None and w.proven is not None:
             if w.proven.accept(digest, w.slice, list(first.proof)):
                 self.out[k] = FetchedSlice(data=data, digest=digest.hex(), proof=tuple(w.proven.proof_of(w.slice) or ()))
         elif digest.hex() == w.sha256:
             self.out[k] = FetchedSlice(data=data, digest=w.sha256, proof=())
         if self.on_item is not None and self.out[k] is not None:
-            self.on_item(k, self.out[k])
+            try:
+                self.on_item(k, self.out[k])
+            except Exception:  # noqa: BLE001 - the caller's fault, not the holder's: the stream goes on
+                log.exception("handling item %d of a batched fetch failed", k)

@@ -17,7 +17,7 @@ import grpc
 from protocol import merkle
 from protocol._generated import swarm_pb2, swarm_pb2_grpc
 from protocol.accounting import ByteCounter
-from protocol.aio_channels import AioChannels
+from protocol.aio_channels import AioChannels, PoolClosed
 from protocol.channels import STALL_TIMEOUT, TRANSFER_DEADLINE, TlsConfig, create_channel
 from protocol.envelope import UpdateHeader
 from protocol.stall_watch import STALLS
@@ -40,9 +40,13 @@ class ChannelPool:
         # The batched fetches' channels (protocol/batched_fetch.py): every stream of a phase on one
         # event loop; its thread starts on the first batched fetch.
         self.aio = AioChannels(tls)
+        self._closed = False
 
     def get(self, target: str) -> grpc.Channel:
+        """The channel to `target`; PoolClosed once the pool is closed (no channel is made anew)."""
         with self._lock:
+            if self._closed:
+                raise PoolClosed("the channel pool is closed: the node is shutting down")
             channel = self._channels.get(target)
             if channel is None:
                 channel = create_channel(target, self.counter, tls=self.tls)
@@ -57,15 +61,9 @@ class ChannelPool:
                 stub = self._stubs[target] = swarm_pb2_grpc.PeerStub(channel)
             return stub
 
-    def drop(self, target: str) -> None:
-        with self._lock:
-            self._stubs.pop(target, None)
-            channel = self._channels.pop(target, None)
-        if channel is not None:
-            channel.close()
-
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
         for channel in channels:
             channel.close()

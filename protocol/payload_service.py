@@ -25,6 +25,7 @@ from protocol.ratelimit import CallerLimits
 from protocol.rpc_errors import RpcAbort, guarded, refusal_for
 from protocol.streaming import TransferError, iter_chunks, receive_chunks
 
+MAX_FETCH_STREAMS = 1024  # FetchPayload streams a node serves at once (more: RESOURCE_EXHAUSTED, the fetcher falls back)
 MAX_ITEMS = 4096  # objects in one batched fetch (exchange.slices' bound): a request names at most that many
 
 
@@ -154,6 +155,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         on_reject: Callable[[str], None] | None = None,
         limits: CallerLimits | None = None,
         max_stream_s: float = 120.0,
+        max_streams: int = MAX_FETCH_STREAMS,
     ) -> None:
         self.store = store
         self.verify_header = verify_header
@@ -162,6 +164,10 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         self.on_reject = on_reject or (lambda reason: None)
         self.limits = limits or CallerLimits(per_peer_rate=50.0, per_peer_burst=200.0)
         self.max_stream_s = max_stream_s  # server-side bound on one transfer (slowloris)
+        # FetchPayload streams in flight at once: each may hold a message of up to CHUNK_BYTES that a
+        # client does not read until its deadline frees it, so their memory is bounded here.
+        self.max_streams = max_streams
+        self.streaming = 0
 
     @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), streaming=True, max_stream_s=lambda s: s.max_stream_s)
     async def FetchPayload(self, request: swarm_pb2.FetchRequest, context: grpc.aio.ServicerContext):
@@ -169,8 +175,15 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         protocol.channels.create_async_server): the messages are built from held bytes and never
         wait on anything but the client, so a stream holds no thread, and its sends take no hand-off
         between a handler thread and gRPC's (issue 24: the data plane's CPU)."""
-        for message in self._fetch_messages(request):
-            yield message
+        if self.streaming >= self.max_streams:
+            raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.streaming} transfers in flight here, at most "
+                                                               f"{self.max_streams}: try another holder or retry shortly")
+        self.streaming += 1  # on the loop's thread only: no lock
+        try:
+            for message in self._fetch_messages(request):
+                yield message
+        finally:
+            self.streaming -= 1
 
     def _fetch_messages(self, request: swarm_pb2.FetchRequest):
         if request.items:

@@ -22,6 +22,7 @@ import itertools
 import logging
 import threading
 import time
+from datetime import timedelta
 from typing import Any, AsyncIterator, Callable, Iterator
 
 import grpc
@@ -204,13 +205,25 @@ def _cut_off(context: Any) -> None:
 WATCHDOG = StreamWatchdog()
 
 
-async def _abort_late(context: grpc.aio.ServicerContext) -> None:
-    """_cut_off for a stream a grpc.aio loop sends (guarded's async generators)."""
-    WATCHDOG.cancelled += 1
-    try:
-        await context.abort(grpc.StatusCode.CANCELLED, "the stream ran past the server's limit: cut off")
-    except (Exception, asyncio.CancelledError):  # noqa: BLE001 - abort raises by design (and fails harmlessly on a call already over)
-        pass
+MAX_STREAM_DEADLINE = timedelta(minutes=10)  # the longest deadline a stream served from a grpc.aio loop may ask for
+_ABORTS: set[asyncio.Task] = set()  # the late aborts in flight (a task nobody holds may be collected mid-way)
+
+
+def _abort_late(context: grpc.aio.ServicerContext) -> None:
+    """_cut_off for a stream a grpc.aio loop sends (guarded's async generators): the abort runs as
+    a task of its own, since the call's own task may be parked in a send."""
+
+    async def abort() -> None:
+        try:
+            await context.abort(grpc.StatusCode.CANCELLED, "the stream ran past the server's limit: cut off")
+        except (Exception, asyncio.CancelledError):  # noqa: BLE001 - abort raises by design (and fails harmlessly on a call already over)
+            pass
+
+    with WATCHDOG._cv:
+        WATCHDOG.cancelled += 1
+    task = asyncio.ensure_future(abort())
+    _ABORTS.add(task)
+    task.add_done_callback(_ABORTS.discard)
 
 
 def guarded(
@@ -260,11 +273,18 @@ def guarded(
             async def async_stream_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 if (status := refused(self, context)) is not None:
                     await context.abort(*status)
-                # The server-side bound: a client that stops reading leaves the stream parked in
-                # flow control, not on a thread; at the limit an abort from a task of its own ends
-                # the call (cancelling the call's task would leave the client waiting).
+                # The server-side bounds. A client that reads slowly is cut at max_stream_s by an
+                # abort from a task of its own. One that stops reading parks the call in flow
+                # control, where an abort cannot free it: only the call's deadline does (gRPC
+                # cancels it server-side), so a stream must come with one, at most MAX_STREAM_DEADLINE.
+                remaining = context.time_remaining()
+                if remaining is None or remaining > MAX_STREAM_DEADLINE.total_seconds():
+                    on_reject(self, "malformed")
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        f"a stream needs a deadline of at most {MAX_STREAM_DEADLINE.total_seconds():.0f} s "
+                                        "(pass timeout= on the call)")
                 cut = None if max_stream_s is None else asyncio.get_running_loop().call_later(
-                    max_stream_s(self), lambda: asyncio.ensure_future(_abort_late(context)))
+                    max_stream_s(self), _abort_late, context)
                 try:
                     async for message in method(self, request, context):
                         yield message

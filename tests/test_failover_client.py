@@ -162,5 +162,15 @@ def test_a_port_taken_by_a_server_that_is_not_a_coordinator_is_a_lost_coordinato
                 lost.run_info()
         finally:
             lost.close()
+        # A locator that never names another coordinator (an old coordinator without this method,
+        # say): the same advice once the retries run out, not a bare "unreachable".
+        from datetime import timedelta
+
+        stuck = CoordinatorClient(taken, ByteCounter("p"), retry_for=timedelta(seconds=1), locate=lambda: taken)
+        try:
+            with pytest.raises(CoordinatorUnavailable, match="same swarmloco version.*no other coordinator of the run found"):
+                stuck.run_info()
+        finally:
+            stuck.close()
     finally:
         squatter.stop(0).wait(5)

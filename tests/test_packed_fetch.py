@@ -158,3 +158,25 @@ def test_closing_the_pool_ends_a_batched_fetch_in_flight(holders):
         assert not fetching.is_alive() and got == [[None]]
     finally:
         silent.close()
+
+
+def test_an_object_over_a_mebibyte_is_hashed_off_the_loop_and_still_checked(holders):
+    """Objects of 1 MiB and more are hashed on the fetch loop's executor (several streams' large
+    items in parallel); they are checked against their sha256 all the same, beside small ones."""
+    import hashlib
+
+    from protocol.batched_fetch import HASH_OFF_LOOP_BYTES
+
+    big = bytes(range(256)) * (3 * HASH_OFF_LOOP_BYTES // 256)  # 3 MiB: several chunks, one item
+    small = b"small object"
+    make, pool = holders
+    servicer, endpoint = make(CountingServicer)
+    servicer.store.put_blob(hashlib.sha256(big).hexdigest(), 0, big)
+    servicer.store.put_blob(hashlib.sha256(small).hexdigest(), 0, small)
+    lie = hashlib.sha256(b"another object").hexdigest()
+    servicer.store.put_blob(lie, 0, big)  # served under a digest its bytes do not have
+    got = fetch_items(pool, endpoint, [Wanted(max_size=len(big), sha256=hashlib.sha256(big).hexdigest()),
+                                       Wanted(max_size=64, sha256=hashlib.sha256(small).hexdigest()),
+                                       Wanted(max_size=len(big), sha256=lie)])
+    assert got[0] is not None and got[0].data == big and got[1] is not None and got[1].data == small
+    assert got[2] is None  # its bytes are not what the digest says: left to the fallback

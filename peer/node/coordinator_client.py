@@ -47,6 +47,11 @@ class CoordinatorUnavailable(ConnectionError):
     pass
 
 
+def _not_a_coordinator(endpoint: str, what: str, exc: grpc.RpcError) -> str:
+    return (f"{endpoint} does not serve the coordinator's service ({what}: {exc.details() if hasattr(exc, 'details') else exc}): "
+            "is it the coordinator's address (its --listen port), and does the coordinator run the same swarmloco version?")
+
+
 class CoordinatorClient:
     def __init__(self, endpoint: str, counter: ByteCounter, *, retry_for: timedelta = timedelta(seconds=120),
                  locate: Callable[[], str | None] | None = None) -> None:
@@ -117,15 +122,15 @@ class CoordinatorClient:
                 return fn()
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
-                if code is NOT_HERE:
+                not_here = code is NOT_HERE
+                if not_here:
                     if self.locate is None:
-                        raise CoordinatorUnavailable(
-                            f"{self.endpoint} does not serve the coordinator's service ({what}: "
-                            f"{exc.details() if hasattr(exc, 'details') else exc}): is it the coordinator's address "
-                            "(its --listen port), and does the coordinator run the same swarmloco version?"
-                        ) from None
+                        raise CoordinatorUnavailable(_not_a_coordinator(self.endpoint, what, exc)) from None
                     code = grpc.StatusCode.UNAVAILABLE
                 if code not in TRANSIENT or time.monotonic() + delay > deadline:
+                    if not_here:  # the run's locator never named another coordinator: maybe not a failover at all
+                        raise CoordinatorUnavailable(_not_a_coordinator(self.endpoint, what, exc)
+                                                     + f" (no other coordinator of the run found for {self.retry_for.total_seconds():.0f}s)") from None
                     if code in TRANSIENT:
                         raise CoordinatorUnavailable(
                             f"coordinator {self.endpoint} unreachable for {self.retry_for.total_seconds():.0f}s ({what}): "
