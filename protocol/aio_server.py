@@ -81,6 +81,12 @@ class AsyncServer:
         async def stop() -> None:
             try:
                 await self._server.stop(grace)
+                # What the server's stop left running (a handler's task still winding down) ends
+                # here, not destroyed pending when the loop closes.
+                rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in rest:
+                    task.cancel()
+                await asyncio.wait(rest, timeout=1.0) if rest else None
             finally:
                 self._loop.stop()  # after this coroutine: _run closes the loop and sets the Event
 
