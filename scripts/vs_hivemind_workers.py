@@ -53,6 +53,7 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
     averager = hivemind.averaging.DecentralizedAverager(
         [local.clone()], dht, start=True, prefix="bench", target_group_size=n, min_group_size=n,
         min_matchmaking_time=match_s, request_timeout=max(0.5, match_s / 2), compression=compression,
+        allreduce_timeout=MATCH_DEADLINE_S,  # a stuck all-reduce lets go of the averaged tensors (and the round is tried again)
     )
 
     # gRPC only now: hivemind's DHT and averager have forked their children.
