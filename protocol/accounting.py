@@ -259,7 +259,6 @@ def _counted_handler(handler: Any, counter: ByteCounter, handler_call_details: A
 
     def count_async_stream_out(fn):
         async def inner(request, context) -> AsyncIterator[Any]:
-            counter.add(remote, received=_size(request), call=True, method=method)
             async for response in fn(request, context):
                 sent(_size(response))
                 yield response
@@ -267,7 +266,7 @@ def _counted_handler(handler: Any, counter: ByteCounter, handler_call_details: A
         return inner
 
     if inspect.isasyncgenfunction(handler.unary_stream):  # a response stream sent from the loop (FetchPayload)
-        fn = count_async_stream_out(handler.unary_stream)
+        fn = count_async_stream_out(wrap_unary_in(handler.unary_stream))
         return grpc.unary_stream_rpc_method_handler(fn, handler.request_deserializer, handler.response_serializer)
     if handler.unary_unary:
         if inspect.iscoroutinefunction(handler.unary_unary):

@@ -20,6 +20,7 @@ from typing import Awaitable, Callable, TypeVar
 import grpc
 
 from protocol._generated import swarm_pb2_grpc
+from protocol.aio_server import end_other_tasks
 from protocol.channels import TlsConfig, create_async_channel
 
 T = TypeVar("T")
@@ -27,6 +28,9 @@ T = TypeVar("T")
 
 class PoolClosed(ConnectionError):
     """A fetch after the pool was closed (the node is shutting down)."""
+
+    def __init__(self, message: str = "the channel pool is closed: the node is shutting down") -> None:
+        super().__init__(message)
 
 
 class AioChannels:
@@ -46,7 +50,7 @@ class AioChannels:
         TimeoutError after that long (the coroutine is cancelled)."""
         with self._lock:  # scheduled under the lock: close() either sees this future or refuses it
             if self._closed:
-                raise PoolClosed("the channel pool is closed: the node is shutting down")
+                raise PoolClosed()
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(target=self._loop.run_forever, name="swarmloco-fetch-loop", daemon=True)
@@ -85,12 +89,8 @@ class AioChannels:
         async def shut() -> None:
             channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
             await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
-            # What is still running (a fetch whose streams were just cancelled) ends now, so no
-            # caller blocked in run() waits on a loop that stopped.
-            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            # a fetch whose streams were just cancelled ends now: no caller of run() waits on a stopped loop
+            await end_other_tasks()
 
         try:
             asyncio.run_coroutine_threadsafe(shut(), loop).result(5.0)

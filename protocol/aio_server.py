@@ -81,12 +81,7 @@ class AsyncServer:
         async def stop() -> None:
             try:
                 await self._server.stop(grace)
-                # What the server's stop left running (a handler's task still winding down) ends
-                # here, not destroyed pending when the loop closes.
-                rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-                for task in rest:
-                    task.cancel()
-                await asyncio.wait(rest, timeout=1.0) if rest else None
+                await end_other_tasks()  # a handler's task still winding down: not destroyed pending
             finally:
                 self._loop.stop()  # after this coroutine: _run closes the loop and sets the Event
 
@@ -96,3 +91,13 @@ class AsyncServer:
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         """True when the server stopped within `timeout` (None: wait for it)."""
         return not self._stopped.wait(timeout)
+
+
+async def end_other_tasks(timeout_s: float = 1.0) -> None:
+    """Cancel every other task of the running loop and wait (up to timeout_s) for them to end:
+    what a loop about to stop still runs ends here instead of being destroyed pending."""
+    rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in rest:
+        task.cancel()
+    if rest:
+        await asyncio.wait(rest, timeout=timeout_s)

@@ -27,6 +27,7 @@ from concurrent import futures
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -261,12 +262,7 @@ def create_channel(
 ) -> grpc.Channel:
     """A channel to HOST:PORT; every call through it is counted under `remote_peer` (default: target).
     `tls`: None = the process-wide setting (`configure_tls`)."""
-    tls = _tls_for(tls)
-    options = [*_options(), SINGLE_THREADED_STREAMS]
-    if tls is not None:
-        channel = grpc.secure_channel(target, tls.channel_credentials(), options=options)
-    else:
-        channel = grpc.insecure_channel(target, options=options)
+    channel = _open_channel(grpc, target, tls, [*_options(), SINGLE_THREADED_STREAMS])
     if counter is not None:
         channel = grpc.intercept_channel(channel, *counting_interceptors(counter, remote_peer or target))
     return channel
@@ -276,10 +272,15 @@ def create_async_channel(target: str, *, tls: TlsConfig | None = None) -> grpc.a
     """create_channel's twin for a grpc.aio channel (protocol/aio_channels.py: call it on the loop that
     will use it). Same options and TLS; no interceptors: its one caller counts its calls and bytes itself
     (protocol/batched_fetch.py)."""
+    return _open_channel(grpc.aio, target, tls, _options())
+
+
+def _open_channel(api, target: str, tls: TlsConfig | None, options: list) -> Any:
+    """`api` (grpc or grpc.aio)'s channel to target: TLS per `tls` (None: the process-wide setting)."""
     tls = _tls_for(tls)
     if tls is not None:
-        return grpc.aio.secure_channel(target, tls.channel_credentials(), options=_options())
-    return grpc.aio.insecure_channel(target, options=_options())
+        return api.secure_channel(target, tls.channel_credentials(), options=options)
+    return api.insecure_channel(target, options=options)
 
 
 PROBE_AFTER = timedelta(seconds=1)  # a channel not up by then is checked for a TLS mismatch

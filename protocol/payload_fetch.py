@@ -46,7 +46,7 @@ class ChannelPool:
         """The channel to `target`; PoolClosed once the pool is closed (no channel is made anew)."""
         with self._lock:
             if self._closed:
-                raise PoolClosed("the channel pool is closed: the node is shutting down")
+                raise PoolClosed()
             channel = self._channels.get(target)
             if channel is None:
                 channel = create_channel(target, self.counter, tls=self.tls)

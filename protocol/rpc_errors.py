@@ -185,8 +185,13 @@ class StreamWatchdog:
                     continue
                 heapq.heappop(self._heap)
                 if not token[0]:
-                    self.cancelled += 1
+                    self.note_cut()
                     _cut_off(context)
+
+    def note_cut(self) -> None:
+        """Count a stream cut off at its limit (here, or from a grpc.aio loop: _abort_late)."""
+        with self._cv:
+            self.cancelled += 1
 
 
 def _cut_off(context: Any) -> None:
@@ -219,8 +224,7 @@ def _abort_late(context: grpc.aio.ServicerContext) -> None:
         except (Exception, asyncio.CancelledError):  # noqa: BLE001 - abort raises by design (and fails harmlessly on a call already over)
             pass
 
-    with WATCHDOG._cv:
-        WATCHDOG.cancelled += 1
+    WATCHDOG.note_cut()
     task = asyncio.ensure_future(abort())
     _ABORTS.add(task)
     task.add_done_callback(_ABORTS.discard)

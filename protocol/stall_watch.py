@@ -66,7 +66,10 @@ class StallWatch:
         """A stream from `holder` was cut off for silence elsewhere (a batched fetch on the fetch
         loop bounds each read itself: protocol/batched_fetch.py): not asked again for `stall_s`."""
         with self._lock:
-            self._stalled[holder] = max(self._stalled.get(holder, 0.0), time.monotonic() + stall_s)
+            self._stall(holder, time.monotonic() + stall_s)
+
+    def _stall(self, holder: str, until: float) -> None:  # under self._lock
+        self._stalled[holder] = max(self._stalled.get(holder, 0.0), until)
 
     def stalled(self, holder: str) -> bool:
         """Whether a stream from `holder` was cut off for silence within its stall bound."""
@@ -87,7 +90,7 @@ class StallWatch:
                 for w in late:
                     w.stalled = True
                     self._watched.discard(w)
-                    self._stalled[w.holder] = max(self._stalled.get(w.holder, 0.0), now + w.stall_s)  # as mark()
+                    self._stall(w.holder, now + w.stall_s)
             for w in late:
                 w.call.cancel()  # its iteration ends with CANCELLED on the thread that reads it
             time.sleep(POLL_S)
