@@ -192,7 +192,7 @@ def test_a_frozen_active_coordinator_neither_forks_the_run_nor_leaves_it_without
         skip_if_the_lease_ran_out_first(active)
         took_over = wait_line(standby, r"took over run \S+ with term (\d+) at round (\d+)", 90)
         assert (int(took_over.group(1)), int(took_over.group(2))) == (1, 3)  # from the state of the round it recorded last
-        endpoint = GRPC_RE.search("".join(standby.lines)).group(1)
+        endpoint = wait_line(standby, GRPC_RE.pattern, 30).group(1)  # printed after the takeover line: wait for it
         wait_status(endpoint, lambda s: s["coordinator"]["term"] == 1, 30)
         swarm.kill(active, signal.SIGCONT)
 
