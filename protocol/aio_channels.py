@@ -6,7 +6,9 @@ thread, and the threads took turns at the GIL and the poller (issue 24: at 8 pee
 2 cores, ~1,650 context switches per worker per round, 13% of the CPU in switching). Here one
 thread runs every stream of the process; the caller blocks on the whole phase's result.
 
-Created lazily, on the first fetch: after any fork (the DHT's), as gRPC requires. Channels are made
+Created lazily, on the first fetch: after any fork (the DHT's), as gRPC requires. A node that
+serves shares its Peer server's loop instead (share_loop): one loop for everything gRPC-async in
+the process. Channels are made
 by `protocol.channels.create_async_channel` (options and TLS in one place), one per target.
 """
 
@@ -43,6 +45,19 @@ class AioChannels:
         self._stubs: dict[str, swarm_pb2_grpc.PeerStub] = {}  # building a stub costs ms: one per channel
         self._running: set[concurrent.futures.Future] = set()  # what callers of run() wait on
         self._closed = False
+        self._borrowed = False  # the loop is another's (share_loop): not ours to stop
+
+    def share_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run this pool's streams on `loop`, the running loop of this process's own grpc.aio
+        server (AsyncServer.loop), instead of on a thread of its own. gRPC hands every completion
+        of the process to one of the loops bound to it and passes the others' on with a wake-up
+        of their thread: with the server and the fetches on two loops, a served peer's round was
+        ~70 such hand-overs (one system call, a GIL switch and a loop pass each, measured at 8
+        peers x S = 32), and both threads woke for every event. Once the server has stopped,
+        run() says PoolClosed. A no-op once this pool has started a loop of its own."""
+        with self._lock:
+            if self._loop is None and not self._closed:
+                self._loop, self._borrowed = loop, True
 
     def run(self, work: Callable[[], Awaitable[T]], timeout: float | None = None) -> T:
         """Run the coroutine `work()` on the loop; block the calling thread for its result (or its
@@ -55,7 +70,12 @@ class AioChannels:
                 self._loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(target=self._loop.run_forever, name="swarmloco-fetch-loop", daemon=True)
                 self._thread.start()
-            future = asyncio.run_coroutine_threadsafe(work(), self._loop)
+            coroutine = work()
+            try:
+                future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+            except RuntimeError:  # a shared loop whose server stopped (the node is shutting down)
+                coroutine.close()
+                raise PoolClosed("the gRPC server whose loop this pool shares has stopped: the node is shutting down") from None
             self._running.add(future)
         try:
             return future.result(timeout)
@@ -83,7 +103,28 @@ class AioChannels:
                 return
             self._closed = True
             loop, thread, running = self._loop, self._thread, list(self._running)
-        if loop is None or thread is None:
+        if loop is None:
+            return
+        if self._borrowed:  # the server's loop goes on serving: close our channels, end our fetches
+            for future in running:
+                future.cancel()
+
+            async def close_channels() -> None:
+                channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+                await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+
+            coroutine = close_channels()
+            try:
+                closing = asyncio.run_coroutine_threadsafe(coroutine, loop)
+            except RuntimeError:  # the server stopped first: its loop took the channels with it
+                coroutine.close()
+                return
+            try:
+                closing.result(5.0)
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+            return
+        if thread is None:
             return
 
         async def shut() -> None:

@@ -53,6 +53,12 @@ class AsyncServer:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._stopped.set()
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop this server runs on, for a channel pool of the same process to share
+        (protocol/aio_channels.py, AioChannels.share_loop); closed once the server stopped."""
+        return self._loop
+
     @staticmethod
     async def _async(fn: Callable[[], Any]) -> Any:
         return fn()

@@ -136,6 +136,7 @@ def run_config(n: int, numel: int, precision: str, repeats: int, specs: list, ma
             "coordinator_manifest_s": statistics.median(coordinator_s[label]),
             "swarmloco_cpu_s": statistics.median(cpu[label]), "hivemind_cpu_s": statistics.median(cpu["hivemind"]),
             "swarmloco_max_gc_s": max(f["gc_s"] for f in figures),
+            "swarmloco_thread_cpu_s": thread_split(figures),
             "received_bytes_per_peer": statistics.median(f["max_received_bytes"] for f in figures),
             "sent_bytes_per_peer": statistics.median(f["max_sent_bytes"] for f in figures),
             "recomputed_slices": max(f["recomputed"] for f in figures), "liars": max(f["liars"] for f in figures),
@@ -143,6 +144,13 @@ def run_config(n: int, numel: int, precision: str, repeats: int, specs: list, ma
             "load_before": load_before, "load_after": load_average(),
         })
     return rows
+
+
+def thread_split(figures: list[dict]) -> dict[str, float]:
+    """Median over the repetitions of one worker's (the round's slowest) CPU seconds by kind of thread."""
+    kinds = {k for f in figures for k in f.get("thread_cpu_s", {})}
+    split = {k: statistics.median(f.get("thread_cpu_s", {}).get(k, 0.0) for f in figures) for k in kinds}
+    return dict(sorted(split.items(), key=lambda kv: -kv[1]))
 
 
 def worker_bytes(n: int, numel: int, specs: list) -> int:

@@ -128,6 +128,7 @@ class ExchangePeer:
         self.server, port = serve_payloads(servicer, self.counter, host="127.0.0.1", port=0)
         self.endpoint = f"127.0.0.1:{port}"
         self.pool = ChannelPool(self.counter)
+        self.pool.aio.share_loop(self.server.loop)  # as a node does (peer/node/node.py)
         self.workers = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="bench-fetch")
         self.math = RoundMath(spec.config(), self.numel)
         self.sliced = self.math.mode.name == "sliced"  # this harness drives each mode's engine directly

@@ -86,6 +86,7 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
         barrier.wait()
         before = peer.counter.total()
         gc_s[:] = [0.0, 0.0]
+        threads0 = thread_cpu_s()
         s0 = cpu_s(pids)
         t0 = time.perf_counter()
         with profile or _nothing():
@@ -101,6 +102,7 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
             params = peer.gather(results, round_)
             t_end = time.perf_counter()
         s1 = cpu_s(pids)
+        threads1 = thread_cpu_s()
         after = peer.counter.total()
         outcome = peer.outcome
         barrier.wait(timeout=300)  # the checks below run once every worker's round is over, not inside a slower one's
@@ -114,7 +116,7 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
             "recomputed": len(outcome.recomputed) if outcome is not None else 0,
             "liars": len(outcome.liars) if outcome is not None else 0,
             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "cpu_s": s1 - s0, "gc_s": gc_s[1],
+            "cpu_s": s1 - s0, "gc_s": gc_s[1], "thread_cpu_s": cpu_by_kind(threads0, threads1),
         }
 
     def hivemind_round() -> dict:
@@ -207,6 +209,34 @@ def cpu_s(pids: list[int]) -> float:
             continue
         total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s() -> dict[int, float]:
+    """CPU seconds so far of each thread of this process, by native thread id."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def cpu_by_kind(before: dict[int, float], after: dict[int, float]) -> dict[str, float]:
+    """The worker's CPU seconds between two thread_cpu_s() by kind of thread: the Python thread's
+    name without its number (swarmloco-rpc-loop, swarmloco-slice, MainThread, ...), "native" for
+    threads Python did not start (gRPC's event engine and timers)."""
+    import re
+    import threading
+
+    names = {t.native_id: re.sub(r"[_-]?\d+$", "", t.name) for t in threading.enumerate()}
+    kinds: dict[str, float] = {}
+    for tid, cpu in after.items():
+        kind = names.get(tid, "native")
+        kinds[kind] = kinds.get(kind, 0.0) + cpu - before.get(tid, 0.0)
+    return {k: round(v, 4) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]) if v > 0}
 
 
 def _stat_fields(pid: int) -> list[str]:

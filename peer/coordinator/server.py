@@ -39,6 +39,7 @@ def build_coordinator_server(
     `limits` and `max_stream_s` apply to both services; other options go to CoordinatorServicer.
     The caller starts the server (and stops it)."""
     server, bound = create_async_server(coordinator.counter, host=host, port=port)
+    coordinator.channels.aio.share_loop(server.loop)  # its fetches on the server's loop: one gRPC loop (protocol/aio_channels.py)
     coordinator.endpoint = f"{announce_host}:{bound}"
     servicer = CoordinatorServicer(coordinator, limits=limits, max_stream_s=max_stream_s, **servicer_options)
     payloads = PayloadServicer(

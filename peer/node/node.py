@@ -201,6 +201,7 @@ class PeerNode:
         servicer = PayloadServicer(self.store, verify_header=lambda s: self._verify_header(s, None), accept_pushes=False,
                                     accept_slice_pushes=True)  # sliced: client-mode authors push us the slices we own
         self.server, port = serve_payloads(servicer, self.counter, host=o.host, port=o.port)
+        self.pool.aio.share_loop(self.server.loop)  # one gRPC loop in the process (protocol/aio_channels.py)
         self.endpoint = f"{o.announce_host}:{port}"
 
     def exchange_context(self) -> PeerExchangeContext:

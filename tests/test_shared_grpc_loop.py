@@ -1,0 +1,103 @@
+"""A serving node's batched fetches run on its own Peer server's event loop (AioChannels.share_loop):
+one gRPC loop per process, so gRPC does not hand completions from one loop's thread to another's.
+Over real gRPC on loopback: fetches from the node's own server and from another come back checked,
+no fetch-loop thread is started, closing the pool leaves the server serving, a fetch after the
+server stopped brings nothing (PoolClosed inside, None to the caller), and a fetch in flight when
+the pool closes is released at once."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+import time
+
+import pytest
+
+from protocol.accounting import ByteCounter
+from protocol.aio_channels import PoolClosed
+from protocol.batched_fetch import Wanted, fetch_items
+from protocol.payload_fetch import ChannelPool
+from protocol.payload_service import PayloadServicer, PayloadStore, serve_payloads
+
+BLOBS = [bytes([i]) * (40_000 + i) for i in range(5)]
+
+
+def _holder():
+    store = PayloadStore()
+    for blob in BLOBS:
+        store.put_blob(hashlib.sha256(blob).hexdigest(), 0, blob)
+    return serve_payloads(PayloadServicer(store, verify_header=lambda s: None), ByteCounter("holder"), host="127.0.0.1", port=0)
+
+
+def _wanted() -> list[Wanted]:
+    return [Wanted(max_size=len(b), sha256=hashlib.sha256(b).hexdigest()) for b in BLOBS]
+
+
+@pytest.fixture
+def node():
+    """A node's pair: its Peer server and its pool on that server's loop; plus another holder."""
+    (own, own_port), (other, other_port) = _holder(), _holder()
+    pool = ChannelPool(ByteCounter("node"))
+    pool.aio.share_loop(own.loop)
+    yield pool, own, f"127.0.0.1:{own_port}", f"127.0.0.1:{other_port}"
+    pool.close()
+    for server in (own, other):
+        server.stop(0).wait(5)
+
+
+def _fetch_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "swarmloco-fetch-loop"]
+
+
+def test_fetches_run_on_the_servers_loop_and_check(node):
+    pool, _, own, other = node
+    before = _fetch_threads()
+    for endpoint in (own, other):
+        got = fetch_items(pool, endpoint, _wanted())
+        assert [g.data if g is not None else None for g in got] == BLOBS
+    assert _fetch_threads() == before  # no loop thread of the pool's own
+    assert pool.counter.total().received > sum(map(len, BLOBS)) * 2  # both fetches counted
+
+
+def test_closing_the_pool_leaves_the_server_serving(node):
+    pool, _, own, _ = node
+    assert fetch_items(pool, own, _wanted()[:1])[0] is not None
+    pool.close()
+    assert fetch_items(pool, own, _wanted()[:1]) == [None]  # a closed pool fetches nothing
+    other_pool = ChannelPool()  # but the server still answers everyone else
+    try:
+        assert fetch_items(other_pool, own, _wanted())[4].data == BLOBS[4]
+    finally:
+        other_pool.close()
+
+
+def test_after_the_server_stopped_a_fetch_brings_nothing_and_raises_nothing(node):
+    pool, server, _, other = node
+    server.stop(0).wait(5)
+    with pytest.raises(PoolClosed, match="has stopped"):
+        pool.aio.run(lambda: _nothing())
+    assert fetch_items(pool, other, _wanted()[:2]) == [None, None]  # the caller's fallback takes over
+    pool.close()  # and closing after it is quiet
+
+
+async def _nothing() -> None:
+    return None
+
+
+def test_closing_the_pool_releases_a_fetch_in_flight(node):
+    pool, _, _, _ = node
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # accepts, never answers
+    got: list = []
+    fetching = threading.Thread(target=lambda: got.append(fetch_items(pool, f"127.0.0.1:{silent.getsockname()[1]}", _wanted()[:1])))
+    try:
+        fetching.start()
+        time.sleep(0.5)
+        assert fetching.is_alive()  # in flight: the holder is silent and the stall bound is 5 s
+        pool.close()
+        fetching.join(10)
+        assert not fetching.is_alive() and got == [[None]]
+    finally:
+        silent.close()
