@@ -2,8 +2,8 @@
 
 cProfile sees only the thread that enables it, and the sliced exchange does its fetching and
 gathering in thread pools. ThreadProfiles swaps the peer's pools for ones whose tasks run under
-a per-thread profiler (enabled only while a task runs, so idle threads add nothing) and profiles
-the calling thread inside `with`. The written report merges every thread: cumulative times of
+a per-thread profiler (enabled only while a task runs, so idle threads add nothing), profiles the
+calling thread inside `with`, and the peer's gRPC loop thread throughout. The written report merges every thread: cumulative times of
 concurrent threads add up, so they can exceed the wall time; tottime says where CPU went.
 """
 
@@ -45,6 +45,11 @@ class ThreadProfiles:
         peer.exchange.slice_workers = ProfiledExecutor(profiles, peer.exchange.slice_workers._max_workers, "bench-slice")
         for pool in old:
             pool.shutdown(wait=False)
+        # and the peer's gRPC loop (its Peer server's, which its batched fetches share), from now on:
+        # its idle time shows as the selector's poll
+        loop_profile = cProfile.Profile()
+        profiles.by_thread.append(loop_profile)
+        peer.server.loop.call_soon_threadsafe(loop_profile.enable)
         return profiles
 
     def run(self, fn, *args, **kwargs):
