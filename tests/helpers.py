@@ -202,6 +202,29 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {block_start}-{block_start + _PORT_BLOCK - 1}")
 
 
+def assert_closing_releases_a_fetch_in_flight(pool, wanted: list) -> None:
+    """A batched fetch from a holder that accepts and never answers, and `pool` closed while it is
+    in flight (a node shutting down): the caller is released at once with nothing fetched."""
+    import threading
+
+    from protocol.batched_fetch import fetch_items
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)  # accepts, never answers
+    got: list = []
+    fetching = threading.Thread(target=lambda: got.append(fetch_items(pool, f"127.0.0.1:{silent.getsockname()[1]}", wanted)))
+    try:
+        fetching.start()
+        time.sleep(0.5)
+        assert fetching.is_alive()  # in flight: the holder is silent and the stall bound is 5 s
+        pool.close()
+        fetching.join(10)
+        assert not fetching.is_alive() and got == [[None] * len(wanted)]
+    finally:
+        silent.close()
+
+
 def wait_line(child, pattern: str, timeout_s: float) -> re.Match:
     """The first match of `pattern` in a Swarm child's output so far, waiting up to `timeout_s`;
     an AssertionError with the child's last output when it never prints it (or exits first: its
