@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Awaitable, Callable, TypeVar
+import time
+from typing import Any, Awaitable, Callable, TypeVar
 
 import grpc
 
@@ -26,6 +27,7 @@ from protocol.aio_server import end_other_tasks
 from protocol.channels import TlsConfig, create_async_channel
 
 T = TypeVar("T")
+CLOSED_LOOP_CHECK_S = 0.5  # how often a caller waiting on a shared loop checks that the loop still exists
 
 
 class PoolClosed(ConnectionError):
@@ -77,8 +79,9 @@ class AioChannels:
                 coroutine.close()
                 raise PoolClosed("the gRPC server whose loop this pool shares has stopped: the node is shutting down") from None
             self._running.add(future)
+            loop, borrowed = self._loop, self._borrowed
         try:
-            return future.result(timeout)
+            return self._result(future, loop, timeout) if borrowed else future.result(timeout)
         except concurrent.futures.CancelledError:  # close() ended it
             raise PoolClosed("the channel pool was closed during the fetch: the node is shutting down") from None
         except BaseException:
@@ -87,6 +90,24 @@ class AioChannels:
         finally:
             with self._lock:
                 self._running.discard(future)
+
+    @staticmethod
+    def _result(future: concurrent.futures.Future, loop: asyncio.AbstractEventLoop, timeout: float | None) -> Any:
+        """future.result(timeout) for a coroutine on a shared loop, which its server may stop and
+        close at any time: work scheduled just before the close is dropped with the loop and would
+        never resolve. Waits in short steps; the loop closed with the work not done: cancelled."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            step = CLOSED_LOOP_CHECK_S if deadline is None else min(CLOSED_LOOP_CHECK_S, max(0.0, deadline - time.monotonic()))
+            try:
+                return future.result(step)
+            except concurrent.futures.TimeoutError:
+                if loop.is_closed() and not future.done():
+                    future.cancel()
+                    raise PoolClosed("the gRPC server whose loop this pool shares stopped during the fetch: "
+                                     "the node is shutting down") from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
 
     def peer_stub(self, target: str) -> swarm_pb2_grpc.PeerStub:
         """The Peer service at `target`, over one channel per target (made on first use); call it on the loop."""

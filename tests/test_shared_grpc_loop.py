@@ -93,3 +93,35 @@ def test_closing_the_pool_releases_a_fetch_in_flight(node):
         assert fetch_items(other_pool, own, _wanted()[:1])[0] is not None  # the server still answers
     finally:
         other_pool.close()
+
+
+@pytest.mark.filterwarnings("ignore:coroutine '_nothing' was never awaited")  # dropped with the loop, as meant
+def test_work_left_on_a_loop_closed_under_it_ends_with_pool_closed():
+    """The window a server's stop leaves: the loop has stopped but is not yet closed, a fetch is
+    scheduled on it, and the close then drops it. The caller gets PoolClosed instead of waiting
+    forever (here: a loop that never runs, closed while the caller waits)."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()  # stopped: what it is handed is never run
+    pool = ChannelPool()
+    pool.aio.share_loop(loop)
+    outcome: list = []
+
+    def call() -> None:
+        try:
+            pool.aio.run(lambda: _nothing())
+        except PoolClosed as exc:
+            outcome.append(str(exc))
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    try:
+        caller.join(1.0)
+        assert caller.is_alive()  # scheduled on the loop, nothing ran it
+        loop.close()
+        caller.join(10)
+        assert not caller.is_alive() and outcome and "stopped during the fetch" in outcome[0]
+    finally:
+        if not loop.is_closed():
+            loop.close()
+        pool.close()
