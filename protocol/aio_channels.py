@@ -27,6 +27,7 @@ from protocol.aio_server import end_other_tasks
 from protocol.channels import TlsConfig, create_async_channel
 
 T = TypeVar("T")
+HASH_THREADS = 4  # large items hashed at once (hashlib releases the GIL)
 CLOSED_LOOP_CHECK_S = 0.5  # how often a caller waiting on a shared loop checks that the loop still exists
 
 
@@ -48,6 +49,19 @@ class AioChannels:
         self._running: set[concurrent.futures.Future] = set()  # what callers of run() wait on
         self._closed = False
         self._borrowed = False  # the loop is another's (share_loop): not ours to stop
+        self._hashing: concurrent.futures.ThreadPoolExecutor | None = None
+
+    @property
+    def hashing(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads that hash large fetched items beside the loop (protocol/batched_fetch.py): the
+        pool's own, so that on a shared loop they never queue behind the server's handler threads
+        (a checkpoint stream holds one for up to its max_stream_s), nor take threads from them."""
+        with self._lock:
+            if self._closed:
+                raise PoolClosed()
+            if self._hashing is None:
+                self._hashing = concurrent.futures.ThreadPoolExecutor(max_workers=HASH_THREADS, thread_name_prefix="swarmloco-hash")
+            return self._hashing
 
     def share_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Run this pool's streams on `loop`, the running loop of this process's own grpc.aio
@@ -65,6 +79,9 @@ class AioChannels:
         """Run the coroutine `work()` on the loop; block the calling thread for its result (or its
         exception). PoolClosed when the pool is closed, before or while it runs. `timeout`:
         TimeoutError after that long (the coroutine is cancelled)."""
+        if self._loop is not None and asyncio._get_running_loop() is self._loop:
+            raise RuntimeError("AioChannels.run called on its own loop's thread: it would block that loop (and, shared, "
+                               "the server on it) forever; await the coroutine there instead")
         with self._lock:  # scheduled under the lock: close() either sees this future or refuses it
             if self._closed:
                 raise PoolClosed()
@@ -84,6 +101,8 @@ class AioChannels:
             return self._result(future, loop, timeout) if borrowed else future.result(timeout)
         except concurrent.futures.CancelledError:  # close() ended it
             raise PoolClosed("the channel pool was closed during the fetch: the node is shutting down") from None
+        except PoolClosed:  # its loop is gone: nothing to cancel there
+            raise
         except BaseException:
             future.cancel()
             raise
@@ -102,8 +121,7 @@ class AioChannels:
             try:
                 return future.result(step)
             except concurrent.futures.TimeoutError:
-                if loop.is_closed() and not future.done():
-                    future.cancel()
+                if loop.is_closed() and not future.done():  # (not cancelled: that would call into the closed loop)
                     raise PoolClosed("the gRPC server whose loop this pool shares stopped during the fetch: "
                                      "the node is shutting down") from None
                 if deadline is not None and time.monotonic() >= deadline:
@@ -126,9 +144,12 @@ class AioChannels:
             loop, thread, running = self._loop, self._thread, list(self._running)
         if loop is None:
             return
+        if self._hashing is not None:
+            self._hashing.shutdown(wait=False, cancel_futures=True)
         if self._borrowed:  # the server's loop goes on serving: close our channels, end our fetches
-            for future in running:
-                future.cancel()
+            if not loop.is_closed():  # (closed: each caller finds it so and stops by itself)
+                for future in running:
+                    future.cancel()
 
             async def close_channels() -> None:
                 channels, self._channels, self._stubs = list(self._channels.values()), {}, {}

@@ -14,6 +14,7 @@ stalled (protocol/stall_watch.py), so that fallback asks the others first.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -139,7 +140,7 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
             if counter is not None:
                 counter.add(holder, received=message.ByteSize(), method=METHOD)
             reader.message(message)
-            await _check(reader)
+            await _check(reader, pool.aio.hashing)
         reader.close()
     except Exception as exc:  # noqa: BLE001 - a broken or lying stream: keep what checked, the caller refetches the rest
         if call is not None:
@@ -147,18 +148,18 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
         reader.close()  # an item whose bytes all came before the fault still checks on its own
         log.info("batched fetch of %d objects from %s stopped: %s", len(wanted), holder,
                  exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc)
-    await _check(reader)
+    await _check(reader, pool.aio.hashing)
     return reader.out
 
 
-async def _check(reader: "ItemReader") -> None:
-    """Check the items whose bytes are all in. A large item's sha256 runs on the loop's executor
-    (hashlib releases the GIL: several streams' large items hash in parallel, as they did on a
-    thread each); the proof and the hand-over stay on the loop."""
+async def _check(reader: "ItemReader", hashing: concurrent.futures.Executor) -> None:
+    """Check the items whose bytes are all in. A large item's sha256 runs on the pool's `hashing`
+    threads (hashlib releases the GIL: several streams' large items hash in parallel, as they did
+    on a thread each); the proof and the hand-over stay on the loop."""
     while reader.complete:
         k, first, data = reader.complete.pop(0)
         if len(data) >= HASH_OFF_LOOP_BYTES:
-            digest = await asyncio.get_running_loop().run_in_executor(None, _sha256, data)
+            digest = await asyncio.get_running_loop().run_in_executor(hashing, _sha256, data)
         else:
             digest = _sha256(data)
         reader.verify(k, first, data, digest)

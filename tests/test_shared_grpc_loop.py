@@ -125,3 +125,20 @@ def test_work_left_on_a_loop_closed_under_it_ends_with_pool_closed():
         if not loop.is_closed():
             loop.close()
         pool.close()
+
+
+def test_run_refuses_to_block_its_own_loop(node):
+    """Called from a coroutine on the shared loop, run() would wait on that very loop (and freeze the
+    server on it): it says so instead."""
+    pool, own_server, _, _ = node
+    import asyncio
+
+    async def inside() -> str:
+        try:
+            pool.aio.run(lambda: _nothing())
+        except RuntimeError as exc:
+            return str(exc)
+        return "ran"
+
+    said = asyncio.run_coroutine_threadsafe(inside(), own_server.loop).result(10)
+    assert "its own loop's thread" in said
