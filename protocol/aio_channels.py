@@ -101,7 +101,8 @@ class AioChannels:
             return self._result(future, loop, timeout) if borrowed else future.result(timeout)
         except concurrent.futures.CancelledError:  # close() ended it
             raise PoolClosed("the channel pool was closed during the fetch: the node is shutting down") from None
-        except PoolClosed:  # its loop is gone: nothing to cancel there
+        except PoolClosed:  # its loop is gone: nothing to cancel there, and the work was dropped with it
+            coroutine.close()
             raise
         except BaseException:
             future.cancel()

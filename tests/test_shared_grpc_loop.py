@@ -95,7 +95,6 @@ def test_closing_the_pool_releases_a_fetch_in_flight(node):
         other_pool.close()
 
 
-@pytest.mark.filterwarnings("ignore:coroutine '_nothing' was never awaited")  # dropped with the loop, as meant
 def test_work_left_on_a_loop_closed_under_it_ends_with_pool_closed():
     """The window a server's stop leaves: the loop has stopped but is not yet closed, a fetch is
     scheduled on it, and the close then drops it. The caller gets PoolClosed instead of waiting
