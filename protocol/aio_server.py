@@ -49,6 +49,10 @@ class AsyncServer:
         try:
             self._loop.run_forever()
         finally:
+            try:  # what was handed to the loop after stop() ended its tasks (a sharing pool's fetch): ended too
+                self._loop.run_until_complete(end_other_tasks())
+            except Exception:  # noqa: BLE001 - stopping is best effort; the loop closes either way
+                pass
             self._loop.close()
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._stopped.set()
