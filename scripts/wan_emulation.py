@@ -276,8 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only say whether namespaces + tbf (+ netem) work here")
     args = parser.parse_args(argv)
     if args.report_only:
+        if not args.write_md:  # it would rewrite benchmarks/wan.md from these JSONs alone, dropping every other row
+            parser.error("--report-only rewrites an md from exactly the JSONs given: say which with --write-md PATH "
+                         "(benchmarks/wan.md lists every JSON it is made of; pass them all to rewrite it)")
         sources = [{"json": p, **json.loads(Path(p).read_text())} for p in args.report_only]
-        write_markdown(Path(args.write_md or ROOT / "benchmarks/wan.md"), sources)
+        write_markdown(Path(args.write_md), sources)
         return 0
     reason = namespaces_permitted()
     if reason:

@@ -287,3 +287,15 @@ def test_the_wan_run_config_takes_the_exchange_mode(tmp_path):
     assert json.loads(default.read_text())["exchange"]["mode"] == "sliced"
     with pytest.raises(SystemExit):
         wan_emulation.main(["--exchange", "ring"])
+
+
+def test_wan_report_only_needs_to_be_told_which_md(capsys):
+    """--report-only without --write-md would have rewritten benchmarks/wan.md from the JSONs given
+    alone (every other row gone): refused, saying what to pass; nothing is written."""
+    md = ROOT / "benchmarks" / "wan.md"
+    before = md.read_bytes()
+    with pytest.raises(SystemExit) as exit_info:
+        wan_emulation.main(["--report-only", "benchmarks/wan_s17_p4_sync.json"])
+    assert exit_info.value.code == 2
+    assert "--write-md PATH" in capsys.readouterr().err
+    assert md.read_bytes() == before
