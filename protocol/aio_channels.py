@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 import grpc
 
 from protocol._generated import swarm_pb2_grpc
-from protocol.aio_server import end_other_tasks
+from protocol.aio_server import run_loop
 from protocol.channels import TlsConfig, create_async_channel
 
 T = TypeVar("T")
@@ -87,7 +87,7 @@ class AioChannels:
                 raise PoolClosed()
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(target=self._loop.run_forever, name="swarmloco-fetch-loop", daemon=True)
+                self._thread = threading.Thread(target=run_loop, args=(self._loop,), name="swarmloco-fetch-loop", daemon=True)
                 self._thread.start()
             coroutine = work()
             try:
@@ -137,53 +137,39 @@ class AioChannels:
         return stub
 
     def close(self) -> None:
-        """Close every channel (calls in flight end with CANCELLED) and stop the loop's thread."""
+        """Close every channel (calls in flight end with CANCELLED), end this pool's fetches, and
+        stop the loop's thread when the loop is the pool's own (a shared one goes on serving)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             loop, thread, running = self._loop, self._thread, list(self._running)
-        if loop is None:
-            return
         if self._hashing is not None:
             self._hashing.shutdown(wait=False, cancel_futures=True)
-        if self._borrowed:  # the server's loop goes on serving: close our channels, end our fetches
-            if not loop.is_closed():  # (closed: each caller finds it so and stops by itself)
-                for future in running:
-                    future.cancel()
-
-            async def close_channels() -> None:
-                channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
-                await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
-
-            coroutine = close_channels()
-            try:
-                closing = asyncio.run_coroutine_threadsafe(coroutine, loop)
-            except RuntimeError:  # the server stopped first: its loop took the channels with it
-                coroutine.close()
-                return
-            try:
-                closing.result(5.0)
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
+        if loop is None:
             return
-        if thread is None:
-            return
+        if not loop.is_closed():  # (closed: each caller finds it so and stops by itself)
+            for future in running:
+                future.cancel()
+        _best_effort(loop, self._close_channels())
+        if not self._borrowed and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)  # run_loop then ends what is left and closes the loop
+            thread.join(5.0)
 
-        async def shut() -> None:
-            channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
-            await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
-            # a fetch whose streams were just cancelled ends now: no caller of run() waits on a stopped loop
-            await end_other_tasks()
+    async def _close_channels(self) -> None:
+        channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
 
-        try:
-            asyncio.run_coroutine_threadsafe(shut(), loop).result(5.0)
-        except Exception:  # noqa: BLE001 - closing is best effort: the loop stops either way
-            pass
-        for future in running:  # whatever shut() did not end: no caller waits on a stopped loop
-            future.cancel()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5.0)
-        if not thread.is_alive():
-            loop.close()
 
+def _best_effort(loop: asyncio.AbstractEventLoop, coroutine: Any, timeout_s: float = 5.0) -> None:
+    """Run `coroutine` on `loop` from another thread and wait up to timeout_s; a loop already
+    closed (a shared loop whose server stopped first took the channels with it) runs nothing."""
+    try:
+        done = asyncio.run_coroutine_threadsafe(coroutine, loop)
+    except RuntimeError:
+        coroutine.close()
+        return
+    try:
+        done.result(timeout_s)
+    except Exception:  # noqa: BLE001 - closing is best effort
+        pass

@@ -47,13 +47,8 @@ class AsyncServer:
 
     def _run(self) -> None:
         try:
-            self._loop.run_forever()
+            run_loop(self._loop)
         finally:
-            try:  # what was handed to the loop after stop() ended its tasks (a sharing pool's fetch): ended too
-                self._loop.run_until_complete(end_other_tasks())
-            except Exception:  # noqa: BLE001 - stopping is best effort; the loop closes either way
-                pass
-            self._loop.close()
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._stopped.set()
 
@@ -90,8 +85,7 @@ class AsyncServer:
 
         async def stop() -> None:
             try:
-                await self._server.stop(grace)
-                await end_other_tasks()  # a handler's task still winding down: not destroyed pending
+                await self._server.stop(grace)  # a handler's task still winding down is ended by run_loop
             finally:
                 self._loop.stop()  # after this coroutine: _run closes the loop and sets the Event
 
@@ -101,6 +95,20 @@ class AsyncServer:
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         """True when the server stopped within `timeout` (None: wait for it)."""
         return not self._stopped.wait(timeout)
+
+
+def run_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """A loop thread's life: run until stopped, then end what is left on it (its tasks, and work
+    handed to it after the stop, such as a sharing pool's fetch) so that nothing is destroyed
+    pending and no caller waits on it, then close it."""
+    try:
+        loop.run_forever()
+    finally:
+        try:
+            loop.run_until_complete(end_other_tasks())
+        except Exception:  # noqa: BLE001 - stopping is best effort; the loop closes either way
+            pass
+        loop.close()
 
 
 async def end_other_tasks(timeout_s: float = 1.0) -> None:

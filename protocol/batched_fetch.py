@@ -127,6 +127,7 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
     # without a counter says nothing, as a sync channel without one does
     metadata = () if counter is None else ((PEER_HEADER, counter.local_peer or "anonymous"),)
     call = None
+    hashing = pool.aio.hashing  # once per stream: PoolClosed here when the pool closed meanwhile
     try:
         call = pool.aio.peer_stub(holder).FetchPayload(request, timeout=deadline.total_seconds(), metadata=metadata)
         while True:
@@ -140,7 +141,7 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
             if counter is not None:
                 counter.add(holder, received=message.ByteSize(), method=METHOD)
             reader.message(message)
-            await _check(reader, pool.aio.hashing)
+            await _check(reader, hashing)
         reader.close()
     except Exception as exc:  # noqa: BLE001 - a broken or lying stream: keep what checked, the caller refetches the rest
         if call is not None:
@@ -148,7 +149,7 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
         reader.close()  # an item whose bytes all came before the fault still checks on its own
         log.info("batched fetch of %d objects from %s stopped: %s", len(wanted), holder,
                  exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc)
-    await _check(reader, pool.aio.hashing)
+    await _check(reader, hashing)
     return reader.out
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
+import threading
 import time
 from dataclasses import asdict
 
@@ -21,6 +23,7 @@ PRECISIONS = {  # wire precision -> (swarmloco codec, hivemind compression class
 MATCH_DEADLINE_S = 60.0  # a hivemind matchmaking (or all-reduce) not done by then is cancelled and the round tried again
 HIVEMIND_TRIES = 3
 AVERAGE_TOLERANCE = 0.05  # |hivemind's average - the exact mean| above this: a partial all-reduce (fp16 rounding is ~3e-3)
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # /proc's CPU times are in these
 SPLIT_KEYS = ("encode_s", "manifest_s", "reduce_s", "results_s", "gather_s")
 
 
@@ -175,8 +178,6 @@ def _die_with(parent: int) -> None:
     """Kill this worker's whole process group (hivemind's DHT, averager and p2pd children too)
     once `parent` is gone: a bench killed by a signal it cannot catch (SIGKILL, a timeout's second
     signal) must not leave setsid'd workers behind, out of reach of its terminal and its group."""
-    import threading
-
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(0.5)
@@ -201,36 +202,27 @@ def session_pids() -> list[int]:
 def cpu_s(pids: list[int]) -> float:
     """CPU seconds (user + system, every thread) these processes used so far. Both systems' rounds
     are charged the same background (the other system's idle processes)."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = _stat_fields(pid)
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    return sum(_cpu_of(str(pid)) for pid in pids)
 
 
 def thread_cpu_s() -> dict[int, float]:
     """CPU seconds so far of each thread of this process, by native thread id."""
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return out
+    return {int(tid): _cpu_of(f"self/task/{tid}") for tid in os.listdir("/proc/self/task")}
+
+
+def _cpu_of(proc: str) -> float:
+    """User + system CPU seconds of /proc/PROC (a process, or self/task/TID); 0 once it is gone."""
+    try:
+        fields = _stat_fields(proc)
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def cpu_by_kind(before: dict[int, float], after: dict[int, float]) -> dict[str, float]:
     """The worker's CPU seconds between two thread_cpu_s() by kind of thread: the Python thread's
     name without its number (swarmloco-rpc-loop, swarmloco-slice, MainThread, ...), "native" for
     threads Python did not start (gRPC's event engine and timers)."""
-    import re
-    import threading
-
     names = {t.native_id: re.sub(r"[_-]?\d+$", "", t.name) for t in threading.enumerate()}
     kinds: dict[str, float] = {}
     for tid, cpu in after.items():
@@ -239,9 +231,9 @@ def cpu_by_kind(before: dict[int, float], after: dict[int, float]) -> dict[str, 
     return {k: round(v, 4) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]) if v > 0}
 
 
-def _stat_fields(pid: int) -> list[str]:
-    """/proc/PID/stat after the command name: fields[0] is the state (field 3)."""
-    with open(f"/proc/{pid}/stat") as f:
+def _stat_fields(proc: int | str) -> list[str]:
+    """/proc/PROC/stat after the command name: fields[0] is the state (field 3)."""
+    with open(f"/proc/{proc}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()
 
 
