@@ -142,9 +142,10 @@ def test_a_takeover_continues_the_round_in_flight_under_the_manifest_the_peers_c
         assert summary["history"][2]["updates"] == 2 and summary["param_hash"] == final and summary["coordinator_term"] == 1
 
 
-def _active_standby_and_two_peers(swarm, tmp_path, monkeypatch, rounds: int, fail_at: str):
+def _active_standby_and_two_peers(swarm, tmp_path, monkeypatch, rounds: int, fail_at: str, standby_fail_at: str = ""):
     """An active coordinator listing a standby's key, started with fail point `fail_at`, the standby
-    following it, and 2 peers: (standby_key, run logs by role, active, standby, peers)."""
+    (with `standby_fail_at`) following it, and 2 peers: (standby_key, run logs by role, active,
+    standby, peers)."""
     standby_key = Identity.load_or_create(swarm.workdir / "standby.pem")
     config = write_run_config(tmp_path / "run.json", rounds={"rounds": rounds, "expected_peers": 2}, control={"lease_s": LEASE_S})
     logs = {name: swarm.workdir / f"{name}.jsonl" for name in ("coordinator", "standby")}
@@ -152,7 +153,10 @@ def _active_standby_and_two_peers(swarm, tmp_path, monkeypatch, rounds: int, fai
         m.setenv("SWARMLOCO_FAIL_AT", fail_at)
         active = swarm.start_coordinator(["--config", str(config), "--coordinators", standby_key.peer_id,
                                           "--run-log", str(logs["coordinator"])])
-    standby = swarm.start_standby("standby", ["--port", str(free_port()), "--run-log", str(logs["standby"])])
+    with monkeypatch.context() as m:
+        if standby_fail_at:
+            m.setenv("SWARMLOCO_FAIL_AT", standby_fail_at)
+        standby = swarm.start_standby("standby", ["--port", str(free_port()), "--run-log", str(logs["standby"])])
     wait_line(standby, r"following run \S+'s active coordinator", 60)
     peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/2"]) for i in range(2)]
     return standby_key, logs, active, standby, peers
@@ -183,9 +187,12 @@ def test_a_frozen_active_coordinator_neither_forks_the_run_nor_leaves_it_without
     logs; every peer ends on the new coordinator's final hash. With `hog`, a busy loop shares the
     two cores throughout."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])] if hog else []
+    # The new active waits after recording round 4 until the demoted one is seen following it: with
+    # fast rounds the run could otherwise end (and its status go) before the check below.
+    gate = Gate(tmp_path / "following", "round-recorded", 4)
     try:
         standby_key, logs, active, standby, peers = _active_standby_and_two_peers(swarm, tmp_path, monkeypatch, 5,
-                                                                                  "round-recorded:2:stop")
+                                                                                  "round-recorded:2:stop", gate.fault)
         old_key = wait_line(active, r"coordinator fingerprint: (\w+)", 30).group(1)
 
         wait_line(active, rf"reached round-recorded:2, stopping this process|{STEPPED_DOWN}", 240)
@@ -200,10 +207,12 @@ def test_a_frozen_active_coordinator_neither_forks_the_run_nor_leaves_it_without
         wait_line(active, r"following run \S+'s active coordinator", 90)
         status = wait_status(endpoint, lambda s: any(f["fingerprint"] == old_key for f in s["coordinator"]["standbys"]), 60)
         assert status["coordinator"]["fingerprint"] == standby_key.peer_id
+        gate.open()
 
         for child in (standby, *peers, active):  # the demoted one follows to the end, then leaves with the run
             assert swarm.wait(child, 300) == 0, "".join(child.lines)[-3000:]
     finally:
+        gate.open()  # (a failed check: nothing stays held)
         for process in hogs:
             process.kill()
             process.wait()
