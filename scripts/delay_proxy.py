@@ -8,15 +8,25 @@ sees RTT + 2 x delay. Used by scripts/wan_emulation.py where the kernel lacks `t
 sits in front of each node's gRPC port, so every gRPC connection gets the delay exactly once.
 At most MAX_BUFFERED chunks wait per direction, so a slow receiver pushes back on the sender
 instead of the proxy buffering without bound.
+
+scripts/delay_proxy.c is the same proxy in C (same flags and behaviour); `command` picks it where a
+C compiler can build it (into build/, once), since a Python proxy per node costs the emulated swarm
+CPU that a real WAN's latency does not (eight of them ~0.27 CPU-s per 8-peer round on 2 cores).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import signal
+import subprocess
 import sys
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+NATIVE_SOURCE = ROOT / "scripts" / "delay_proxy.c"
+NATIVE_BINARY = ROOT / "build" / "delay_proxy"
 CHUNK = 64 << 10
 MAX_BUFFERED = 64  # chunks per direction: 4 MiB, more than 100 Mbit/s x 50 ms (625 KB) in flight
 
@@ -72,6 +82,31 @@ async def serve(listen: tuple[str, int], target: tuple[str, int], delay_s: float
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     async with server:
         await stop.wait()
+
+
+def native_binary(source: Path = NATIVE_SOURCE, binary: Path = NATIVE_BINARY) -> Path | None:
+    """The C proxy, compiled from `source` if it is missing or older than it; None (with the reason
+    on stderr) where no C compiler is found or the build fails."""
+    if binary.exists() and binary.stat().st_mtime >= source.stat().st_mtime:
+        return binary
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        print("delay_proxy: no C compiler (cc, gcc, clang) found: using the Python proxy", file=sys.stderr)
+        return None
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    built = subprocess.run([compiler, "-O2", "-o", str(binary), str(source)], capture_output=True, text=True)
+    if built.returncode != 0:
+        print(f"delay_proxy: building {source.name} failed, using the Python proxy:\n{built.stderr}", file=sys.stderr)
+        return None
+    return binary
+
+
+def command(listen: str, target: str, delay_ms: float, *, native: bool = True) -> list[str]:
+    """The argv of a delay proxy from `listen` to `target` adding `delay_ms` each way: the C one
+    where `native` and it builds, else this Python one."""
+    flags = ["--listen", listen, "--target", target, "--delay-ms", f"{delay_ms:g}"]
+    binary = native_binary() if native else None
+    return [str(binary), *flags] if binary is not None else [sys.executable, str(Path(__file__).resolve()), *flags]
 
 
 def _address(text: str) -> tuple[str, int]:

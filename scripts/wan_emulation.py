@@ -12,7 +12,7 @@ also on failure or ^C; the host's own network namespace is never touched):
 Bandwidth: a `tbf` qdisc on every node's eth0 (its uplink) and on its hub-side veth (its
 downlink), rate --rate-mbit, burst 32 KiB (> the MTU), so each node has a symmetric link of that rate.
 Latency: `tc netem` where the kernel has it; otherwise (these machines: "Specified qdisc kind is
-unknown") a user-space delaying proxy (scripts/delay_proxy.py) in front of every node's gRPC port
+unknown") a user-space delaying proxy (scripts/delay_proxy.c, or .py: --delay-proxy) in front of every node's gRPC port
 adds rtt/2 in each direction, so every gRPC connection (updates, manifests, checkpoints) sees the
 RTT. The hivemind DHT's libp2p traffic then is NOT delayed (discovery only); the output says which.
 
@@ -40,6 +40,7 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
     if extra not in sys.path:
         sys.path.insert(0, extra)
 
+import delay_proxy  # noqa: E402
 from netns_testbed import BURST, Testbed, measure_link_mbit, namespaces_permitted, netem_available, run_ip  # noqa: E402
 
 COORD_GRPC, COORD_DHT, PEER_GRPC = 31338, 31337, 31400
@@ -55,7 +56,8 @@ SLICED_ROUND_TRIPS = 5
 
 
 def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec: str, workdir: Path, timeout_s: float,
-              overlap: bool = False, exchange: str | None = None, window_s: float = 0.0, train_priority: str = "normal") -> dict:
+              overlap: bool = False, exchange: str | None = None, window_s: float = 0.0, train_priority: str = "normal",
+              delay_proxy_kind: str = "c") -> dict:
     from measure_bandwidth import read_workdir, write_run_config
 
     write_run_config(workdir, peers=peers, rounds=rounds, inner_steps=inner_steps, codec=codec, overlap=overlap,
@@ -65,8 +67,9 @@ def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec:
 
     def grpc_args(i: int, port: int) -> list[str]:
         if proxy:  # serve on loopback; others dial the delaying proxy on the alias address
-            bed.spawn(i, [python, str(ROOT / "scripts/delay_proxy.py"), "--listen", f"{bed.proxy_ip_of(i)}:{port}",
-                          "--target", f"127.0.0.1:{port}", "--delay-ms", str(bed.rtt_ms / 2)], workdir / f"proxy{i}.log")
+            argv = delay_proxy.command(f"{bed.proxy_ip_of(i)}:{port}", f"127.0.0.1:{port}", bed.rtt_ms / 2,
+                                          native=delay_proxy_kind == "c")
+            bed.spawn(i, argv, workdir / f"proxy{i}.log")
             return ["--host", "127.0.0.1", "--port", str(port), "--announce-host", bed.proxy_ip_of(i)]
         return ["--host", "0.0.0.0", "--port", str(port), "--announce-host", bed.ip_of(i)]
 
@@ -103,9 +106,10 @@ def wait_for_maddr(log: Path, process: subprocess.Popen, ip: str, timeout_s: flo
     raise TimeoutError(f"coordinator printed no /ip4/{ip}/ multiaddr within {timeout_s:.0f}s")
 
 
-def shaping_text(bed_rate: float, rtt_ms: float, delay_mode: str) -> str:
+def shaping_text(bed_rate: float, rtt_ms: float, delay_mode: str, proxy_kind: str = "python") -> str:
     rate = f"tbf {bed_rate:g} Mbit/s up + down per node (burst {BURST})" if bed_rate > 0 else "no rate limit"
-    delay = {"netem": f"netem +{rtt_ms:g} ms RTT", "proxy": f"+{rtt_ms:g} ms RTT on gRPC via user-space delay proxy (DHT not delayed)",
+    which = "" if proxy_kind == "python" else f" ({proxy_kind})"  # rows before the C proxy say nothing: Python
+    delay = {"netem": f"netem +{rtt_ms:g} ms RTT", "proxy": f"+{rtt_ms:g} ms RTT on gRPC via user-space delay proxy{which} (DHT not delayed)",
              "none": "no added latency"}[delay_mode]
     return f"{rate}; {delay}"
 
@@ -273,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the peers' --train-priority (overlapped rounds: the training thread's CPU priority)")
     parser.add_argument("--window-s", type=float, default=0.0,
                         help="rounds.window_s: a compute window instead of --inner-steps per phase (overlapped: the swarm's)")
+    parser.add_argument("--delay-proxy", choices=("c", "python"), default="c",
+                        help="where netem is missing: the C delay proxy (scripts/delay_proxy.c, built on first use; the "
+                             "Python one where no C compiler is found) or the Python one (rows before session 18)")
     parser.add_argument("--check", action="store_true", help="only say whether namespaces + tbf (+ netem) work here")
     args = parser.parse_args(argv)
     if args.report_only:
@@ -308,7 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             bed.up()
             link = measure_link_mbit(bed, 1, 0)
-            shaping = shaping_text(args.rate_mbit, args.rtt_ms, bed.delay_mode) + f" (measured TCP {link:.0f} Mbit/s)"
+            proxy_kind = "none"
+            if bed.delay_mode == "proxy":
+                proxy_kind = "c" if args.delay_proxy == "c" and delay_proxy.native_binary() is not None else "python"
+            shaping = shaping_text(args.rate_mbit, args.rtt_ms, bed.delay_mode, proxy_kind) + f" (measured TCP {link:.0f} Mbit/s)"
             if args.overlap:
                 shaping += "; overlapped rounds"
             if args.exchange:
@@ -321,9 +331,10 @@ def main(argv: list[str] | None = None) -> int:
             result = run_swarm(bed, peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, codec=codec,
                                workdir=base / codec.replace(":", "_").replace("+", "_"), timeout_s=args.timeout,
                                overlap=args.overlap, exchange=args.exchange, window_s=args.window_s,
-                               train_priority=args.train_priority)
+                               train_priority=args.train_priority, delay_proxy_kind=proxy_kind)
             exchange = args.exchange or "sliced"
-            results.append({**result, "shaping": shaping, "measured_link_mbit": link, "delay_mode": bed.delay_mode, "rate_mbit": args.rate_mbit,
+            results.append({**result, "shaping": shaping, "measured_link_mbit": link, "delay_mode": bed.delay_mode,
+                            "delay_proxy": proxy_kind, "rate_mbit": args.rate_mbit,
                             "rtt_ms": args.rtt_ms, "exchange": exchange, "window_s": args.window_s,
                             "train_priority": args.train_priority,
                             "round_trips": SLICED_ROUND_TRIPS if exchange == "sliced" else None})

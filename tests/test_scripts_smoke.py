@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import socket
+import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -116,7 +119,47 @@ def test_codec_sizes_int8():
     assert measure_bandwidth.codec_sizes("int8", 1000)["codec_bytes"] == 4 + 4 * 16 + 1000  # ceil(1000/64) = 16 blocks
 
 
-def test_delay_proxy_carries_bytes_and_eof():
+@contextlib.contextmanager
+def _python_proxy(listen: tuple[str, int], target: tuple[str, int], delay_s: float):
+    loop = asyncio.new_event_loop()
+    loop.create_task(delay_proxy.serve(listen, target, delay_s))
+    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
+    loop_thread.start()
+    try:
+        yield
+    finally:
+        # Cancel the proxy and its connection handlers, let them unwind, then close the loop:
+        # a loop left to the garbage collector with live tasks fires callbacks at shutdown.
+        async def shutdown() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(timeout=10)
+        loop.close()
+
+
+@contextlib.contextmanager
+def _c_proxy(listen: tuple[str, int], target: tuple[str, int], delay_s: float):
+    if delay_proxy.native_binary() is None:
+        pytest.skip("no C compiler here to build scripts/delay_proxy.c (wan_emulation then uses the Python proxy)")
+    argv = delay_proxy.command(f"{listen[0]}:{listen[1]}", f"{target[0]}:{target[1]}", delay_s * 1000)
+    assert argv[0] == str(delay_proxy.NATIVE_BINARY)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith(f"delay proxy {listen[0]}:{listen[1]} -> ")  # listening
+        yield
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0  # SIGTERM: a clean exit, as the Python one's
+        proc.stdout.close()
+
+
+@pytest.mark.parametrize("proxy", [_python_proxy, _c_proxy], ids=["python", "c"])
+def test_delay_proxy_carries_bytes_and_eof(proxy):
     echo = socket.socket()
     echo.bind(("127.0.0.1", 0))
     echo.listen(1)
@@ -132,44 +175,34 @@ def test_delay_proxy_carries_bytes_and_eof():
     probe.bind(("127.0.0.1", 0))
     proxy_port = probe.getsockname()[1]
     probe.close()
-    loop = asyncio.new_event_loop()
-    proxy = loop.create_task(delay_proxy.serve(("127.0.0.1", proxy_port), echo.getsockname(), 0.005))
-    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
-    loop_thread.start()
+    delay_s = 0.005
     try:
-        blob = bytes(range(256)) * 4096  # 1 MiB
-        for _ in range(200):
-            try:
-                client = socket.create_connection(("127.0.0.1", proxy_port), timeout=10)
-                break
-            except OSError:
-                threading.Event().wait(0.02)
-        received = bytearray()
+        with proxy(("127.0.0.1", proxy_port), echo.getsockname(), delay_s):
+            blob = bytes(range(256)) * 4096 * 8  # 8 MiB: more than the 4 MiB a direction may hold
+            for _ in range(200):
+                try:
+                    client = socket.create_connection(("127.0.0.1", proxy_port), timeout=10)
+                    break
+                except OSError:
+                    threading.Event().wait(0.02)
+            started = time.monotonic()
+            client.sendall(b"?")
+            assert client.recv(1) == b"?"
+            assert time.monotonic() - started >= 2 * delay_s  # the delay is added each way
+            received = bytearray()
 
-        def read_back():
-            while data := client.recv(65536):
-                received.extend(data)
+            def read_back():
+                while data := client.recv(65536):
+                    received.extend(data)
 
-        reader = threading.Thread(target=read_back)
-        reader.start()
-        client.sendall(blob)
-        client.shutdown(socket.SHUT_WR)  # EOF must travel through both directions
-        reader.join(timeout=20)
-        client.close()
-        assert bytes(received) == blob
+            reader = threading.Thread(target=read_back)
+            reader.start()
+            client.sendall(blob)
+            client.shutdown(socket.SHUT_WR)  # EOF must travel through both directions
+            reader.join(timeout=20)
+            client.close()
+            assert bytes(received) == blob
     finally:
-        # Cancel the proxy and its connection handlers, let them unwind, then close the loop:
-        # a loop left to the garbage collector with live tasks fires callbacks at shutdown.
-        async def shutdown() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        loop_thread.join(timeout=10)
-        loop.close()
         echo.close()
 
 
