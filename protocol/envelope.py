@@ -271,7 +271,13 @@ class RoundManifest:
     # for that author the round before, the history cap every owner applies (peer/run/work_math.py).
     # Empty otherwise, and then not in the signed body.
     work_history: dict[str, int] = field(default_factory=dict)
+    # Overlapped rounds on the swarm's clock (rounds.overlap_window): the compute window, in ms, of
+    # the phase this manifest's arrival starts on every peer (it closes window_ms after the peer
+    # received it). 0 = none (a fixed H, or no rate known yet), and then not in the signed body.
+    window_ms: int = 0
 
+
+MAX_WINDOW_MS = 86_400_000  # a manifest's window is at most a day
 
 CONTINUATION_FIELDS = ("continues", "continues_term")
 
@@ -292,6 +298,8 @@ def sign_manifest(identity: Identity, manifest: RoundManifest) -> swarm_pb2.Sign
             del body[name]
     if not manifest.work_history:
         del body["work_history"]  # a fixed-H run's manifest stays as it was
+    if not manifest.window_ms:
+        del body["window_ms"]
     return sign_body(identity, MANIFEST_TAG, body)
 
 
@@ -383,6 +391,12 @@ def _work_history(value: object) -> dict[str, int]:
     return dict(value)
 
 
+def _window_ms(value: object) -> int:
+    if type(value) is not int or not 0 <= value <= MAX_WINDOW_MS:
+        raise TypeError
+    return value
+
+
 def _term(value: object) -> int:
     if type(value) is not int or value < 0:
         raise TypeError
@@ -410,6 +424,7 @@ def open_manifest(signed: swarm_pb2.Signed, *, keys: CoordinatorKeys, run_id: st
             continues=str(fields.get("continues", "")),
             continues_term=_term(fields.get("continues_term", 0)),
             work_history=_work_history(fields.get("work_history", {})),
+            window_ms=_window_ms(fields.get("window_ms", 0)),
         )
     except SignatureError as exc:
         raise EnvelopeError(exc.reason, f"manifest refused: {exc}") from None

@@ -72,6 +72,7 @@ def analyze(peer_summaries: list[dict], *, codec: str, numel: int, coordinator_k
                 # overlapped rounds: inner steps of the next phase run when this round's average landed
                 "landed_after_steps": record.get("landed_after_steps"),
                 "phase_steps": record.get("inner_steps"),  # the inner steps this round's phase ran (a window's vary)
+                "next_window_s": record.get("next_window_s"),  # overlapped: the window the manifest gave the next phase
                 # sliced exchange: wall-clock end of each exchange step (peer/exchange/sliced_peer.py)
                 "timeline": record.get("timeline") or None,
             })
@@ -132,9 +133,10 @@ def _or_dash(value: object) -> str:
 
 
 def write_run_config(workdir: Path, *, peers: int, rounds: int, inner_steps: int, codec: str, overlap: bool = False,
-                     exchange: str | None = None, window_s: float = 0.0) -> Path:
+                     exchange: str | None = None, window_s: float = 0.0, overlap_window: bool = True) -> Path:
     """The demo run config with these overrides, validated as `swarmloco demo` does, in workdir/run.json
-    (`exchange`: exchange.mode, None keeps the default; `window_s`: rounds.window_s, 0 keeps fixed H)."""
+    (`exchange`: exchange.mode, None keeps the default; `window_s`: rounds.window_s, 0 keeps fixed H;
+    `overlap_window`: rounds.overlap_window, false for overlapped phases of exactly H steps)."""
     from peer.cli.main import build_parser, load_run_config
     from peer.cli.run_flags import resolve_run_config
 
@@ -148,6 +150,8 @@ def write_run_config(workdir: Path, *, peers: int, rounds: int, inner_steps: int
         cfg = resolve_run_config(cfg, {"exchange.mode": exchange})
     if window_s:
         cfg = resolve_run_config(cfg, {"rounds.window_s": window_s})
+    if not overlap_window:
+        cfg = resolve_run_config(cfg, {"rounds.overlap_window": False})
     path.write_text(cfg.to_json())
     return path
 

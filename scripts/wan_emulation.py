@@ -57,11 +57,11 @@ SLICED_ROUND_TRIPS = 5
 
 def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec: str, workdir: Path, timeout_s: float,
               overlap: bool = False, exchange: str | None = None, window_s: float = 0.0, train_priority: str = "normal",
-              delay_proxy_kind: str = "c") -> dict:
+              delay_proxy_kind: str = "c", overlap_window: bool = True) -> dict:
     from measure_bandwidth import read_workdir, write_run_config
 
     write_run_config(workdir, peers=peers, rounds=rounds, inner_steps=inner_steps, codec=codec, overlap=overlap,
-                     exchange=exchange, window_s=window_s)
+                     exchange=exchange, window_s=window_s, overlap_window=overlap_window)
     python = sys.executable
     proxy = bed.delay_mode == "proxy"
 
@@ -146,7 +146,8 @@ def landing_spread(result: dict) -> str:
     """Where the average of an overlapped round landed, as a share of the next phase's H inner steps:
     median (min–max) over peers and rounds of landed_after_steps / H; "-" where no row has it
     (synchronous runs, and results stored before the peers recorded it). In a compute-window run,
-    as a share of the steps that phase ran, with the share of H beside it."""
+    run, or wherever the phases' steps varied (overlapped phases sized by the coordinator's window,
+    rounds.overlap_window), as a share of the steps that phase ran, with the share of H beside it."""
 
     def spread(shares: list[float]) -> str:
         return f"{statistics.median(shares):.2f} ({min(shares):.2f}–{max(shares):.2f})" if shares else "-"
@@ -154,7 +155,8 @@ def landing_spread(result: dict) -> str:
     shares = landing_shares(result)
     if not shares:
         return "-"
-    if not result.get("window_s"):
+    varied = any(row.get("phase_steps") not in (None, result["inner_steps"]) for row in result["rows"])
+    if not result.get("window_s") and not varied:
         return spread(shares)
     return f"{spread(landing_shares(result, of_phase=True))} of the phase's steps; of H = {result['inner_steps']}: {spread(shares)}"
 
@@ -277,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the peers' --train-priority (overlapped rounds: the training thread's CPU priority)")
     parser.add_argument("--window-s", type=float, default=0.0,
                         help="rounds.window_s: a compute window instead of --inner-steps per phase (overlapped: the swarm's)")
+    parser.add_argument("--fixed-h", action="store_true",
+                        help="overlapped phases of exactly --inner-steps (rounds.overlap_window = false; before session 18 "
+                             "the only overlapped schedule), not the window the coordinator signs into each manifest")
     parser.add_argument("--delay-proxy", choices=("c", "python"), default="c",
                         help="where netem is missing: the C delay proxy (scripts/delay_proxy.c, built on first use; the "
                              "Python one where no C compiler is found) or the Python one (rows before session 18)")
@@ -321,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             shaping = shaping_text(args.rate_mbit, args.rtt_ms, bed.delay_mode, proxy_kind) + f" (measured TCP {link:.0f} Mbit/s)"
             if args.overlap:
                 shaping += "; overlapped rounds"
+                if not args.window_s:
+                    shaping += "; phases of exactly H steps" if args.fixed_h else "; phases on the coordinator's window"
             if args.exchange:
                 shaping += f"; {args.exchange} exchange"
             if args.train_priority != "normal":
@@ -331,10 +338,11 @@ def main(argv: list[str] | None = None) -> int:
             result = run_swarm(bed, peers=args.peers, rounds=args.rounds, inner_steps=args.inner_steps, codec=codec,
                                workdir=base / codec.replace(":", "_").replace("+", "_"), timeout_s=args.timeout,
                                overlap=args.overlap, exchange=args.exchange, window_s=args.window_s,
-                               train_priority=args.train_priority, delay_proxy_kind=proxy_kind)
+                               train_priority=args.train_priority, delay_proxy_kind=proxy_kind, overlap_window=not args.fixed_h)
             exchange = args.exchange or "sliced"
             results.append({**result, "shaping": shaping, "measured_link_mbit": link, "delay_mode": bed.delay_mode,
-                            "delay_proxy": proxy_kind, "rate_mbit": args.rate_mbit,
+                            "delay_proxy": proxy_kind, "overlap_window": args.overlap and not args.window_s and not args.fixed_h,
+                            "rate_mbit": args.rate_mbit,
                             "rtt_ms": args.rtt_ms, "exchange": exchange, "window_s": args.window_s,
                             "train_priority": args.train_priority,
                             "round_trips": SLICED_ROUND_TRIPS if exchange == "sliced" else None})

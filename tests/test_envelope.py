@@ -277,3 +277,24 @@ def base64_root(raw: bytes) -> str:
     import base64
 
     return base64.b64encode(raw).decode()
+
+
+def test_a_manifest_window_is_signed_when_set_and_absent_otherwise():
+    """RoundManifest.window_ms (overlapped rounds on the swarm's clock): signed and read back when
+    set; a manifest without one has the body it always had; anything but a whole number of ms from
+    0 to a day is malformed."""
+    from protocol.envelope import MANIFEST_TAG, MAX_WINDOW_MS
+    from protocol.signing import open_signed, sign_body
+
+    coordinator = Identity.generate()
+    keys = CoordinatorKeys.of_key(coordinator.public_key)
+    plain = RoundManifest(run_id="run", round=3, base_param_hash="B", entries=[], excluded={})
+    fields, _ = open_signed(sign_manifest(coordinator, plain), MANIFEST_TAG)
+    assert "window_ms" not in fields
+    signed = sign_manifest(coordinator, dataclasses.replace(plain, window_ms=2750))
+    assert open_manifest(signed, keys=keys, run_id="run", round_=3).window_ms == 2750
+    fields, _ = open_signed(signed, MANIFEST_TAG)
+    for bad in (-1, 2.5, "2750", True, MAX_WINDOW_MS + 1):
+        with pytest.raises(EnvelopeError) as refused:
+            open_manifest(sign_body(coordinator, MANIFEST_TAG, {**fields, "window_ms": bad}), keys=keys, run_id="run", round_=3)
+        assert refused.value.reason == "malformed"

@@ -23,7 +23,7 @@ from protocol.accounting import Traffic
 
 class ToyPeer:
     def __init__(self, *, rounds: int, steps: int, land_after: int, resync_round: int | None = None,
-                 window_s: float = 0.0, max_steps: int = 1000) -> None:
+                 window_s: float = 0.0, max_steps: int = 1000, swarm_window_s: float = 0.0) -> None:
         self.cfg = SimpleNamespace(rounds=SimpleNamespace(rounds=rounds, eager_updates=False, eager_estimate="own",
                                                           window_s=window_s, max_steps=max_steps),
                                    inner=SimpleNamespace(steps=steps))
@@ -40,6 +40,7 @@ class ToyPeer:
         self.sent: list[tuple[int, list[float]]] = []  # (round, Δ) as committed
         self.records: list[tuple[int, str, int | None]] = []  # (round, outcome, landed_after_steps)
         self._inflight: list = []
+        self.swarm_window_s = swarm_window_s  # what every landed manifest carries (RoundManifest.window_ms)
 
     def running(self, done: int, max_rounds: int | None) -> bool:
         return not self.finished and (max_rounds is None or done < max_rounds)
@@ -76,7 +77,8 @@ class ToyPeer:
         self.landed.clear()
         if rnd.r == self.resync_round:
             return Resync("parameter hash differs")
-        return Applied(params=rnd.base + 10, updates=1, timeline={"manifest": time.time() - self.manifest_age_s})
+        return Applied(params=rnd.base + 10, updates=1, timeline={"manifest": time.time() - self.manifest_age_s},
+                       window_s=self.swarm_window_s)
 
     def finish_round(self, rnd, outcome, *, round_s=None, after=None) -> None:
         match outcome:
@@ -147,6 +149,26 @@ def test_a_window_phase_closes_at_the_swarm_clock_not_its_own_start():
     # landed after 1 step: the rest (up to max_steps 9) runs until manifest + 5 s = 3 s after the landing
     assert (r1b, left) == (1, 8) and 1.5 < closes_in <= 3.0
     assert peer.records[0] == (0, "applied", 1)
+
+
+def test_with_no_window_set_a_phase_closes_on_the_window_the_manifest_carried():
+    """rounds.window_s = 0 with the coordinator sizing phases (rounds.overlap_window): the first
+    overlapped phase takes H steps (no window known before its landing), the rest of it runs to the
+    landed manifest's window (arrival + 5 s); every later phase trains until its landing (inf), then
+    to that manifest's close."""
+    peer = ToyPeer(rounds=4, steps=4, land_after=1, max_steps=9, swarm_window_s=5.0)
+    assert run_overlapped(peer) == 4
+    (r0, _, c0), (r1, _, c1), (r1b, left, closes_in), (r2, _, c2), (r2b, left2, closes2) = peer.calls[:5]
+    assert (r0, c0) == (0, None) and (r1, c1) == (1, None)  # round 1: nothing landed yet, H steps
+    assert (r1b, left) == (1, 8) and 1.5 < closes_in <= 3.0  # landed after 1 of max 9, closes 3 s on
+    assert (r2, c2) == (2, float("inf"))  # a window known: trains until the landing
+    assert (r2b, left2) == (2, 8) and 1.5 < closes2 <= 3.0
+
+
+def test_a_manifest_without_a_window_keeps_h_steps():
+    peer = ToyPeer(rounds=3, steps=4, land_after=1, max_steps=9, swarm_window_s=0.0)
+    run_overlapped(peer)
+    assert [c[2] for c in peer.calls] == [None] * 5 and [c[1] for c in peer.calls if c[1]] == [3, 3]
 
 
 def test_fixed_h_overlap_passes_no_close():

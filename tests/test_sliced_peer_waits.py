@@ -86,7 +86,7 @@ def test_each_long_poll_is_out_before_the_call_it_waits_on_and_the_state_comes_w
                               timeouts=PeerTimeouts(poll=timedelta(seconds=1), results=timedelta(seconds=60)))
     side = SlicedPeer(ctx, engine=Engine(me.peer_id))
     try:
-        outcome = side.run(ManifestInHand(r=0, manifest=SimpleNamespace(excluded={}), signed=swarm_pb2.Signed(),
+        outcome = side.run(ManifestInHand(r=0, manifest=SimpleNamespace(excluded={}, window_ms=0), signed=swarm_pb2.Signed(),
                                           base=torch.zeros(D), wait_s=0.0, moved=lambda: False))
     finally:
         side.close()
@@ -117,7 +117,7 @@ def test_results_of_a_round_applied_long_without_us_are_not_gathered_but_resynce
                               timeouts=PeerTimeouts(poll=timedelta(seconds=1), results=timedelta(seconds=60)))
     side = SlicedPeer(ctx, engine=engine)
     try:
-        outcome = side.run(ManifestInHand(r=0, manifest=SimpleNamespace(excluded={}), signed=swarm_pb2.Signed(),
+        outcome = side.run(ManifestInHand(r=0, manifest=SimpleNamespace(excluded={}, window_ms=0), signed=swarm_pb2.Signed(),
                                           base=torch.zeros(D), wait_s=0.0, moved=lambda: False))
     finally:
         side.close()

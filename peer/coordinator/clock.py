@@ -21,7 +21,8 @@ from typing import Callable
 from peer.coordinator.lease import ALWAYS_HELD, ActGuard, Halted
 from peer.coordinator.round_book import AdaptiveDeadline, RoundBook, RoundResult, should_close
 from peer.exchange.coordinator_side import CoordinatorExchange, RoundContext
-from peer.run.work_math import WorkLedger
+from peer.coordinator.phase_window import PhaseWindow
+from peer.run.work_math import WorkLedger, aligned_overlap
 from peer.learn.model import param_hash
 from peer.run.faults import fail_point
 from protocol.envelope import ManifestEntry, RoundManifest, sign_manifest, signed_to_json
@@ -52,6 +53,7 @@ class RoundClock:
         self.manifests: dict[int, swarm_pb2.Signed] = {}
         self.compact_manifests = CompactManifests()  # as they travel to peers that ask (protocol/manifest_wire.py)
         self.work = WorkLedger(ctx.math)  # each peer's claimed and accepted work (status, the history cap)
+        self.phase_window = PhaseWindow(ctx.cfg.inner.steps)  # overlapped rounds' window (aligned_overlap)
 
     def tick(self) -> RoundResult | None:
         """Close the open round if it is time, apply it once it is ready; returns what happened when it was applied."""
@@ -108,11 +110,13 @@ class RoundClock:
                 book.excluded[peer_id] = str(Reason.LATE)
         manifest = self.exchange.manifest(book, self._manifest_entries(book, verified), base)
         history = self.work.history([e.peer_id for e in manifest.entries])  # the owners' history cap (window runs)
+        listed = {e.peer_id: book.commitments[e.peer_id] for e in manifest.entries}
+        window_ms = (self.phase_window.next(book.round, {p: (c.arrived, c.header.inner_steps) for p, c in listed.items()})
+                     if aligned_overlap(self.ctx.cfg) else 0)
         manifest = dataclasses.replace(manifest, last=book.round + 1 >= self.ctx.cfg.rounds.rounds, term=self.term(),
-                                       work_history=history)
+                                       work_history=history, window_ms=window_ms)
         signed = self.manifests[book.round] = sign_manifest(self.ctx.identity, manifest)
-        claims = {e.peer_id: (book.commitments[e.peer_id].header.inner_steps, book.commitments[e.peer_id].header.tokens)
-                  for e in manifest.entries}
+        claims = {p: (c.header.inner_steps, c.header.tokens) for p, c in listed.items()}
         self.ctx.registry.record_work(book.round, self.work.close(claims, history, count_for_cause(book.excluded)))
         fail_point("manifest-signed", book.round)
         for old in [r for r in self.manifests if r < book.round - KEEP_MANIFESTS]:

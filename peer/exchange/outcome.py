@@ -34,6 +34,9 @@ class Applied:
     # the coordinator's signed state at the start of round r + 1 when the exchange's last reply
     # carried it (sliced: the applied long-poll): the node checks θ_{r+1} against it without asking
     run_state: swarm_pb2.Signed | None = None
+    # overlapped rounds on the swarm's clock: the window of the next phase the manifest carried
+    # (RoundManifest.window_ms, in seconds; 0: none, the phase takes H steps)
+    window_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,6 +145,7 @@ class SlicedPeer(PeerExchange):
                     "recomputed": len(outcome.recomputed), "spot_checked": len(outcome.spot_checked), "liars": len(outcome.liars),
                     "result_bytes": outcome.result_bytes},
             timeline=marks, run_state=applied.reply.run_state if applied.reply is not None and applied.reply.applied else None,
+            window_s=round_.manifest.window_ms / 1000,
         )
 
     def _ahead(self, round_: ManifestInHand, *, until_applied: bool) -> tuple[Future, threading.Event]:

@@ -40,10 +40,11 @@ class InnerPhase:
         during which the exchange in flight finished; stats.steps says how many ran), and the
         second call runs the `steps` left. Only a call that ran all it was asked ends the phase.
 
-        A compute window (rounds.window_s > 0): the phase runs until `closes` (time.monotonic();
-        default: window_s seconds after it began), at least rounds.min_steps and at most
-        rounds.max_steps steps. Overlapped rounds pass `closes`: inf for a first call whose close
-        the exchange in flight will tell, then the swarm's close for the `steps` left. Synchronous
+        A compute window (rounds.window_s > 0, or a `closes` given): the phase runs until `closes`
+        (time.monotonic(); default: window_s seconds after it began), at least rounds.min_steps and
+        at most rounds.max_steps steps. Overlapped rounds pass `closes`: inf for a first call whose
+        close the exchange in flight will tell, then the swarm's close for the `steps` left (with
+        window_s = 0, the window the coordinator signed into the manifest: rounds.overlap_window). Synchronous
         rounds pass `window_from`: when the swarm's window began (time.monotonic(), in the past,
         within half a window), so the phase closes window_s after it, not after this peer's own
         start. Under the
@@ -54,7 +55,10 @@ class InnerPhase:
             self.training_started = time.monotonic()
         self.counter.round = r
         window = cfg.rounds.window_s if steps is None or closes is not None else 0.0
-        asked = (cfg.rounds.max_steps if window else cfg.inner.steps) if steps is None else steps
+        # A window closes this phase: the run's (rounds.window_s), or the swarm's that an overlapped
+        # phase is given (`closes`: the manifest's window, RoundManifest.window_ms)
+        windowed = bool(window) or closes is not None
+        asked = (cfg.rounds.max_steps if windowed else cfg.inner.steps) if steps is None else steps
         if steps is None:
             self.phase_first_step = trainer.step
         first_step, call_first_step = self.phase_first_step, trainer.step
@@ -67,7 +71,7 @@ class InnerPhase:
         paced = paced_steps(cfg.rounds) if window and closes is None else None
         if paced is not None:
             asked = paced
-        elif window:
+        elif windowed:
             closes = start + window if closes is None else closes
             stop = window_stop(trainer, closes=closes, min_steps=cfg.rounds.min_steps, also=stop, first=first_step)
 
@@ -86,7 +90,7 @@ class InnerPhase:
         compute = time.monotonic() - t0
         self.compute_s += compute
         self.on_progress()
-        if stats.steps == asked or (window and closes is not None and time.monotonic() >= closes):
+        if stats.steps == asked or (windowed and time.monotonic() >= closes):
             fail_point("trained", r)
         return stats, compute
 

@@ -17,6 +17,7 @@ import torch
 from optim import eager as eager_math
 from peer.learn.model import flat_params, load_flat_params
 from peer.exchange.outcome import Applied, Resync, RoundOutcome
+from peer.node import ranks
 from peer.node.round import PeerRound, Update
 from peer.node.thread_priority import lower_this_thread
 from protocol.accounting import Traffic
@@ -59,7 +60,10 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
     peer's: it closes window_s after this peer received round r's signed manifest (swarm_close),
     which every peer receives when the last commit of round r arrives. A peer that committed
     early trains longer (its work is weighted by what it claims), so the next commits line up
-    instead of a fixed H keeping every peer's head start round after round.
+    instead of a fixed H keeping every peer's head start round after round. With no window set
+    (rounds.window_s = 0) and rounds.overlap_window (the default), the window is the one the
+    coordinator signed into the landed round's manifest (peer/coordinator/phase_window.py: H steps
+    at the swarm's median rate); until one comes (the first rounds), phases take H steps.
     """
     done = 0
     pending: tuple[Future, PeerRound] | None = None  # the exchange in flight and its round
@@ -67,6 +71,10 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
     eager = EagerStart(node.cfg.rounds.eager_updates)
     steps = node.cfg.inner.steps
     window = node.cfg.rounds.window_s  # 0: fixed H; otherwise a phase ends at the swarm's close
+    # With no window set, the one the last landed manifest carried (rounds.overlap_window; 0: none,
+    # H steps). A peer of several ranks does not cut its phases: it takes H steps whatever the swarm's.
+    swarm_window = 0.0
+    follows_swarm = ranks.world_size() == 1
     device = node.options.device
     lowered = False  # the training thread's priority (peer/node/thread_priority.py)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-exchange") as background:
@@ -77,7 +85,7 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
             # rest of the phase runs from θ_r + progress instead of from the estimated start.
             # In a window run its close is not known before the exchange lands (inf: until then).
             stats, compute = node.train(r, stop=None if pending is None else pending[0].done,
-                                        closes=math.inf if window and pending is not None else None)
+                                        closes=math.inf if (window or swarm_window) and pending is not None else None)
             progress = flat_params(node.model).cpu() - anchor  # (d,)
             if pending is not None:
                 (future, previous), pending = pending, None
@@ -85,6 +93,7 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
                 outcome = future.result()
                 if isinstance(outcome, Applied):
                     eager.joined(outcome.updates)
+                    swarm_window = outcome.window_s if follows_swarm else 0.0
                     # Idle time is only what the join costs; the exchange itself ran beside training.
                     outcome.exchange_s = outcome.wait_s + outcome.fetch_s + outcome.aggregate_s
                     outcome.wait_s, outcome.landed_after_steps = time.monotonic() - t_join, stats.steps
@@ -96,11 +105,12 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
                     anchor = node.params.clone()
                     eager.forget()
                     continue
-                left = (node.cfg.rounds.max_steps if window else steps) - stats.steps
+                phase_window = window or swarm_window
+                left = (node.cfg.rounds.max_steps if phase_window else steps) - stats.steps
                 if left > 0:  # θ_r landed mid-phase: move the progress onto it
                     anchor = node.params.clone()
                     load_flat_params(node.model, (anchor + progress).to(device))
-                    closes = swarm_close(outcome, window, fallback=rnd.started + window) if window else None
+                    closes = swarm_close(outcome, phase_window, fallback=rnd.started + phase_window) if phase_window else None
                     more, more_compute = node.train(r, steps=left, closes=closes)
                     stats, compute = stats.then(more), compute + more_compute
                     progress = flat_params(node.model).cpu() - anchor

@@ -48,4 +48,5 @@ def round_record(rnd: PeerRound, result: Any, *, traffic: dict[str, int], in_syn
         "round_s": round_s, "in_sync": in_sync, "exchange_s": result.exchange_s, "utilization": utilization,
         "slices": result.slices, "timeline": result.timeline, "landed_after_steps": result.landed_after_steps,
         "inner_steps": rnd.stats.steps, "tokens": rnd.stats.tokens, "window_late_s": rnd.window_late_s,
+        "next_window_s": result.window_s,  # overlapped: the swarm's window for the next phase (0: none, H steps)
     }

@@ -289,6 +289,14 @@ class RoundConfig:
     # of that round, which every peer receives at once), so a peer that committed early trains
     # longer and the next commits line up (peer/node/overlap.py).
     window_s: float = documented(0.0, "compute window: each peer trains this many seconds a round and updates are weighted by work (0 = off: inner.steps each)")
+    # Overlapped rounds with no window_s: phases still close on the swarm's clock. The coordinator
+    # signs into each manifest the window of the phase it starts (RoundManifest.window_ms: H steps at
+    # the swarm's median step rate, from the commits it saw; peer/coordinator/phase_window.py), so
+    # the peers' commits line up instead of a faster peer's head start growing round after round
+    # (a fixed H lands the average late on it: benchmarks/wan.md); updates are then weighed by the
+    # work they claim, as in any window run. Only where the run can weigh work (sliced exchange, a
+    # rule of work_math.WEIGHTED_RULES); false: every phase takes exactly inner.steps.
+    overlap_window: bool = True
     min_steps: int = 1  # compute window: inner steps a peer takes even when the window has closed
     max_steps: int = 1000  # compute window: no peer takes (or may claim) more inner steps in a round
 

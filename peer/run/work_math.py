@@ -52,8 +52,24 @@ class RowWork:
 
 
 def weighted(cfg: RunConfig) -> bool:
-    """Whether this run weighs updates by work: a compute window is set."""
-    return cfg.rounds.window_s > 0
+    """Whether this run weighs updates by work: a compute window is set, or the coordinator sizes
+    the overlapped phases (aligned_overlap)."""
+    return cfg.rounds.window_s > 0 or aligned_overlap(cfg)
+
+
+def can_weigh(cfg: RunConfig) -> bool:
+    """Whether this run's exchange and rule can weigh updates by work (check_weighted_rule's test)."""
+    options = cfg.aggregation.options
+    return (cfg.exchange.mode == "sliced" and cfg.aggregation.name in WEIGHTED_RULES and not options.get("nnm")
+            and options.get("bucket_size") is None)
+
+
+def aligned_overlap(cfg: RunConfig) -> bool:
+    """Overlapped rounds on the swarm's clock with no window set (rounds.overlap_window, the
+    default): the coordinator signs each phase's window into the manifest; a fixed H where the run
+    cannot weigh work."""
+    r = cfg.rounds
+    return r.overlap_communication and r.overlap_window and r.window_s == 0 and can_weigh(cfg)
 
 
 def check_weighted_rule(cfg: RunConfig, rule_name: str) -> None:

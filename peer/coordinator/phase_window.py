@@ -1,0 +1,57 @@
+"""The swarm's clock for overlapped rounds (rounds.overlap_window): how long the next phase runs.
+
+Overlapped, a peer starts the phase of round r + 1 the moment it commits round r. With a fixed H a
+faster peer then commits earlier every round, and the average of a round lands later and later in
+its next phase (benchmarks/wan.md: 0.72 of H at 4 peers, the fast peer's lag growing from round to
+round). Instead, each manifest carries the window of the phase its arrival starts
+(RoundManifest.window_ms); every peer closes that phase window_ms after it received the manifest
+(peer/node/overlap.py), so the next round's commits line up whatever each peer's speed.
+
+The coordinator sizes the window from the commits it sees. A peer's rate is the steps its header
+claims over the time since its commit of the round before (its phase: overlapped phases run back
+to back); the window moves so that the median peer takes H steps:
+
+    W' = W + (H - median steps) / median rate        (the first one: H / median rate)
+
+at most a factor of 4 per round. One peer lying about its steps moves one rate of n, and only the
+median counts (its weight is capped as in any window run: peer/run/work_math.py). With no rate known
+(round 0; the first round after a takeover) the window stays what it was: none at first, and the
+peers then take H steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+
+from protocol.envelope import MAX_WINDOW_MS
+
+STEP_FACTOR = 4.0  # the window changes by at most this factor from one round to the next
+MIN_WINDOW_S = 0.05
+
+
+class PhaseWindow:
+    def __init__(self, steps: int) -> None:
+        self.steps = steps  # H: what the median peer's phase should hold
+        self.window_s = 0.0  # the window last signed (0: none yet)
+        self._last: dict[str, tuple[int, float]] = {}  # peer_id -> (round, when its commit arrived)
+
+    def next(self, round_: int, commits: Mapping[str, tuple[float, int]]) -> int:
+        """The window_ms to sign into round `round_`'s manifest, from its listed commits: peer_id ->
+        (when the commit arrived, time.monotonic(); the inner steps its header claims)."""
+        rates, steps = [], []
+        for peer_id, (arrived, claimed) in commits.items():
+            seen = self._last.get(peer_id)
+            if seen is not None and seen[0] == round_ - 1 and arrived > seen[1] and claimed > 0:
+                rates.append(claimed / (arrived - seen[1]))
+                steps.append(claimed)
+        self._last = {peer_id: (round_, arrived) for peer_id, (arrived, _) in commits.items()}
+        if rates:
+            rate, done = statistics.median(rates), statistics.median(steps)
+            if self.window_s == 0:
+                target = self.steps / rate
+            else:
+                target = self.window_s + (self.steps - done) / rate
+                target = min(max(target, self.window_s / STEP_FACTOR), self.window_s * STEP_FACTOR)
+            self.window_s = max(target, MIN_WINDOW_S)
+        return min(round(self.window_s * 1000), MAX_WINDOW_MS)

@@ -1,0 +1,54 @@
+"""The window the coordinator signs into an overlapped round's manifest (peer/coordinator/phase_window.py):
+H steps at the swarm's median step rate, from the commits it saw, moved round by round so that the
+median peer takes H steps; a lying or absent peer does not move it."""
+
+from __future__ import annotations
+
+import pytest
+
+from peer.coordinator.phase_window import MIN_WINDOW_S, STEP_FACTOR, PhaseWindow
+
+
+def test_no_window_until_a_peer_committed_twice_in_a_row():
+    pacer = PhaseWindow(steps=25)
+    assert pacer.next(0, {"a": (10.0, 25), "b": (10.5, 25)}) == 0  # round 0: no phase measured yet
+    assert pacer.next(2, {"a": (15.0, 25), "b": (15.5, 25)}) == 0  # round 1 missed: no consecutive commits
+
+
+def test_the_first_window_is_h_steps_at_the_median_rate():
+    pacer = PhaseWindow(steps=25)
+    pacer.next(0, {"a": (10.0, 25), "b": (10.0, 25), "c": (10.0, 25)})
+    # phases of 2.5 s, 5 s and 4 s for 25 steps: rates 10, 5 and 6.25 steps/s; the median 6.25 -> 4 s
+    assert pacer.next(1, {"a": (12.5, 25), "b": (15.0, 25), "c": (14.0, 25)}) == 4000
+
+
+def test_the_window_moves_until_the_median_peer_takes_h_steps():
+    pacer = PhaseWindow(steps=25)
+    pacer.next(0, {"a": (0.0, 25), "b": (0.0, 25), "c": (0.0, 25)})
+    assert pacer.next(1, {"a": (2.5, 25), "b": (2.5, 25), "c": (2.5, 25)}) == 2500  # 10 steps/s
+    # Windowed: every phase lasts 2.8 s (the window + the time to the manifest); the median peer took
+    # 28 steps at 10 steps/s, 3 too many: the window shrinks by 0.3 s.
+    assert pacer.next(2, {"a": (5.3, 20), "b": (5.3, 28), "c": (5.3, 40)}) == 2200
+    # Now 25 at the median: the window stays.
+    assert pacer.next(3, {"a": (7.8, 18), "b": (7.8, 25), "c": (7.8, 36)}) == 2200
+
+
+def test_one_peer_claiming_a_huge_rate_does_not_move_the_median():
+    honest = PhaseWindow(steps=25)
+    lied = PhaseWindow(steps=25)
+    start = {p: (0.0, 25) for p in "abcde"}
+    honest.next(0, start)
+    lied.next(0, start)
+    phases = {p: (5.0, 25) for p in "abcde"}
+    assert lied.next(1, {**phases, "e": (5.0, 1000)}) == honest.next(1, phases) == 5000
+
+
+def test_the_window_changes_by_a_bounded_factor_and_stays_positive():
+    pacer = PhaseWindow(steps=25)
+    pacer.next(0, {"a": (0.0, 25)})
+    assert pacer.next(1, {"a": (1.0, 25)}) == 1000
+    # A phase of one step in 100 s (a stall): the window may grow by STEP_FACTOR at most.
+    assert pacer.next(2, {"a": (101.0, 1)}) == pytest.approx(1000 * STEP_FACTOR)
+    tiny = PhaseWindow(steps=1)
+    tiny.next(0, {"a": (0.0, 1)})
+    assert tiny.next(1, {"a": (0.001, 1000)}) == round(MIN_WINDOW_S * 1000)
