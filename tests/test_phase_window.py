@@ -6,49 +6,51 @@ from __future__ import annotations
 
 import pytest
 
-from peer.coordinator.phase_window import MIN_WINDOW_S, STEP_FACTOR, PhaseWindow
+from peer.coordinator.phase_window import FIRST_MEASURED_ROUND, GAIN, MIN_WINDOW_S, STEP_FACTOR, PhaseWindow
 
 
-def test_no_window_until_a_peer_committed_twice_in_a_row():
+def test_no_window_until_a_peer_committed_twice_in_a_row_after_the_start_up():
     pacer = PhaseWindow(steps=25)
     assert pacer.next(0, {"a": (10.0, 25), "b": (10.5, 25)}) == 0  # round 0: no phase measured yet
-    assert pacer.next(2, {"a": (15.0, 25), "b": (15.5, 25)}) == 0  # round 1 missed: no consecutive commits
+    assert pacer.next(1, {"a": (12.5, 25), "b": (13.0, 25)}) == 0  # beside the first exchange: not measured
+    assert pacer.next(3, {"a": (15.0, 25), "b": (15.5, 25)}) == 0  # round 2 missed: no consecutive commits
+    assert FIRST_MEASURED_ROUND == 2
 
 
 def test_the_first_window_is_h_steps_at_the_median_rate():
     pacer = PhaseWindow(steps=25)
-    pacer.next(0, {"a": (10.0, 25), "b": (10.0, 25), "c": (10.0, 25)})
+    pacer.next(1, {"a": (10.0, 25), "b": (10.0, 25), "c": (10.0, 25)})
     # phases of 2.5 s, 5 s and 4 s for 25 steps: rates 10, 5 and 6.25 steps/s; the median 6.25 -> 4 s
-    assert pacer.next(1, {"a": (12.5, 25), "b": (15.0, 25), "c": (14.0, 25)}) == 4000
+    assert pacer.next(2, {"a": (12.5, 25), "b": (15.0, 25), "c": (14.0, 25)}) == 4000
 
 
 def test_the_window_moves_until_the_median_peer_takes_h_steps():
     pacer = PhaseWindow(steps=25)
-    pacer.next(0, {"a": (0.0, 25), "b": (0.0, 25), "c": (0.0, 25)})
-    assert pacer.next(1, {"a": (2.5, 25), "b": (2.5, 25), "c": (2.5, 25)}) == 2500  # 10 steps/s
+    pacer.next(1, {"a": (0.0, 25), "b": (0.0, 25), "c": (0.0, 25)})
+    assert pacer.next(2, {"a": (2.5, 25), "b": (2.5, 25), "c": (2.5, 25)}) == 2500  # 10 steps/s
     # Windowed: every phase lasts 2.8 s (the window + the time to the manifest); the median peer took
-    # 28 steps at 10 steps/s, 3 too many: the window shrinks by 0.3 s.
-    assert pacer.next(2, {"a": (5.3, 20), "b": (5.3, 28), "c": (5.3, 40)}) == 2200
+    # 28 steps at 10 steps/s, 3 too many (0.3 s): the window shrinks by GAIN x 0.3 s.
+    assert pacer.next(3, {"a": (5.3, 20), "b": (5.3, 28), "c": (5.3, 40)}) == round(1000 * (2.5 - GAIN * 0.3))
     # Now 25 at the median: the window stays.
-    assert pacer.next(3, {"a": (7.8, 18), "b": (7.8, 25), "c": (7.8, 36)}) == 2200
+    assert pacer.next(4, {"a": (7.95, 18), "b": (7.95, 25), "c": (7.95, 36)}) == round(1000 * (2.5 - GAIN * 0.3))
 
 
 def test_one_peer_claiming_a_huge_rate_does_not_move_the_median():
     honest = PhaseWindow(steps=25)
     lied = PhaseWindow(steps=25)
     start = {p: (0.0, 25) for p in "abcde"}
-    honest.next(0, start)
-    lied.next(0, start)
+    honest.next(1, start)
+    lied.next(1, start)
     phases = {p: (5.0, 25) for p in "abcde"}
-    assert lied.next(1, {**phases, "e": (5.0, 1000)}) == honest.next(1, phases) == 5000
+    assert lied.next(2, {**phases, "e": (5.0, 1000)}) == honest.next(2, phases) == 5000
 
 
 def test_the_window_changes_by_a_bounded_factor_and_stays_positive():
     pacer = PhaseWindow(steps=25)
-    pacer.next(0, {"a": (0.0, 25)})
-    assert pacer.next(1, {"a": (1.0, 25)}) == 1000
+    pacer.next(1, {"a": (0.0, 25)})
+    assert pacer.next(2, {"a": (1.0, 25)}) == 1000
     # A phase of one step in 100 s (a stall): the window may grow by STEP_FACTOR at most.
-    assert pacer.next(2, {"a": (101.0, 1)}) == pytest.approx(1000 * STEP_FACTOR)
+    assert pacer.next(3, {"a": (101.0, 1)}) == pytest.approx(1000 * STEP_FACTOR)
     tiny = PhaseWindow(steps=1)
-    tiny.next(0, {"a": (0.0, 1)})
-    assert tiny.next(1, {"a": (0.001, 1000)}) == round(MIN_WINDOW_S * 1000)
+    tiny.next(1, {"a": (0.0, 1)})
+    assert tiny.next(2, {"a": (0.001, 1000)}) == round(MIN_WINDOW_S * 1000)
