@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from optim import aggregate
+from optim.aggregate_mixing import nearest_neighbour_mixing
 
 ROBUST = ("median", "trimmed-mean", "krum", "multi-krum", "geometric-median", "centered-clip")
 
@@ -39,15 +40,19 @@ def rows_and_permutation(draw):
     return rows, torch.tensor(perm)
 
 
-def _report_by_content(rows, report):
+def _report_by_content(rows, report, seen=None):
     """Report fields per distinct content (float32 bits: 0.0 and -0.0 are distinct rows):
     which copies of a duplicated row share its weight may follow input order (nearest-neighbour
     mixing breaks ties between identical rows by position, so 0.25 may go to one copy or be
     split over two), but each distinct content must get the same total weight and be selected
-    or not as a whole."""
+    or not as a whole. `seen`: the rows as the rule saw them (after nearest-neighbour mixing),
+    the content to group by: two distinct rows that mix to the same bits are one to the rule, and
+    which of them krum names may follow their order (hypothesis found [16, 0, 0] and
+    [16, 0, 1e-6] among eight rows: test_two_rows_that_mix_to_the_same_bits_are_one_to_krum)."""
     grouped = {}
     for row, weight, selected, scale in zip(
-        rows.view(torch.int32).tolist(), report.weights, report.selected, report.clip_scale, strict=True
+        (rows if seen is None else seen).view(torch.int32).tolist(), report.weights, report.selected, report.clip_scale,
+        strict=True
     ):
         total = grouped.setdefault(tuple(row), [0.0, False, []])
         total[0] += weight
@@ -84,7 +89,24 @@ def test_permutation_invariance(name, options, case):
     out_permuted = agg_permuted(rows[perm])
     # Bit for bit: every honest peer must reach the same parameters.
     assert torch.equal(out_permuted, out)
-    assert _report_by_content(rows[perm], agg_permuted.last_report) == _report_by_content(rows, report)
+    mixed = nearest_neighbour_mixing(rows, f)[0] if options.get("nnm") else None  # (n, d): what the rule saw
+    assert _report_by_content(rows[perm], agg_permuted.last_report, None if mixed is None else mixed[perm]) == \
+        _report_by_content(rows, report, mixed)
+
+
+def test_two_rows_that_mix_to_the_same_bits_are_one_to_krum():
+    """The example hypothesis found (krum + nnm, f = 1): the output is bit-identical in either
+    order; which of the two near-equal rows krum names follows the order, so the report is
+    compared per content as the rule saw it."""
+    rows = torch.zeros(8, 3)
+    rows[1, 0] = rows[7, 0] = rows[2, 2] = 16.0
+    rows[7, 2] = 1e-6
+    perm = torch.tensor([1, 2, 0, 3, 4, 5, 6, 7])
+    agg, other = aggregate.build("krum", 1, nnm=True), aggregate.build("krum", 1, nnm=True)
+    out = agg(rows)
+    assert torch.equal(other(rows[perm]), out)
+    mixed = nearest_neighbour_mixing(rows, 1)[0]
+    assert _report_by_content(rows[perm], other.last_report, mixed[perm]) == _report_by_content(rows, agg.last_report, mixed)
 
 
 def _bound(name, n, f, max_honest_norm):
