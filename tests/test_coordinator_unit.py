@@ -25,6 +25,7 @@ from protocol.payload_service import push_chunks
 from protocol.rpc_errors import Refused, refusal_of
 from protocol.signing import sign_body
 from tests.coordinator_harness import equivocate, heartbeat, join, make_update, push_and_commit, serve_coordinator, tiny_config
+from tests.helpers import tiny_run_config
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +212,23 @@ def test_the_coordinators_checkpoint_carries_its_run_config(cfg, tmp_path):
     model, loaded, _ = load_checkpoint_model(str(tmp_path / "run.ckpt"), None)
     assert loaded.config_hash() == c.cfg.config_hash() != cfg.config_hash()  # the coordinator listed its key
     assert sum(p.numel() for p in model.parameters()) == c.numel
+
+
+def test_closing_the_sliced_mode_ends_its_threads(tmp_path):
+    """A demoted coordinator lives on as a standby (peer/coordinator/main.py closes the mode it led
+    with): the sliced mode's gather-ahead, slice and stream workers end instead of idling on."""
+    c = Coordinator(dataclasses.replace(tiny_config(), exchange=tiny_run_config().exchange), Identity.generate(),
+                    checkpoint_path=tmp_path / "run.ckpt")
+    assert c.exchange.name == "sliced"
+    executors = (c.exchange.ahead, c.exchange.slices.slice_workers, c.exchange.slices.streams)
+    for executor in executors:
+        executor.submit(lambda: None).result()  # each has a live worker thread now
+    threads = [t for e in executors for t in e._threads]
+    assert threads and all(t.is_alive() for t in threads)
+    c.exchange.close()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not [t.name for t in threads if t.is_alive()]
+    for executor in executors:
+        with pytest.raises(RuntimeError):
+            executor.submit(lambda: None)

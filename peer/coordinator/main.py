@@ -272,5 +272,6 @@ def _lead(options: CoordinatorOptions, identity: Identity, dht, cfg: RunConfig, 
         if server is not None:
             with timed_step(log, "gRPC server"):
                 server.stop(grace=1.0).wait(3.0)
-        coordinator.fetchers.shutdown(wait=False, cancel_futures=True)  # a demoted one lives on as a standby
+        coordinator.exchange.close()  # a demoted one lives on as a standby: its mode's threads go now
+        coordinator.fetchers.shutdown(wait=False, cancel_futures=True)
         coordinator.channels.close()

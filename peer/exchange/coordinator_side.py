@@ -153,6 +153,10 @@ class CoordinatorExchange(ABC):
     def applied(self, book: RoundBook, aggregated: Aggregated, param_hash: str) -> None:
         """Under the lock: θ_{r+1} (hash `param_hash`) is the coordinator's; round book.round + 1 is open."""
 
+    def close(self) -> None:
+        """Release the mode's own threads: the coordinator stopped, or was demoted and lives on as a
+        standby (a new active builds a new mode)."""
+
     @abstractmethod
     def status(self) -> dict[str, Any]:
         """The `exchange` object of `swarmloco status --json`."""

@@ -93,6 +93,10 @@ class SlicedCoordinator(CoordinatorExchange):
         self._final: dict[int, tuple[list[swarm_pb2.Signed], Reports]] = {}  # taken by ready_to_apply for aggregate
         self.ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-gather-ahead")
 
+    def close(self) -> None:
+        self.ahead.shutdown(wait=False, cancel_futures=True)
+        self.slices.close()
+
     # --- commitments and the manifest ----------------------------------------------------------
 
     def admit(self, commitment: Commitment, pushed: StoredPayload | None) -> None:
