@@ -1,5 +1,5 @@
 """After an applied round a peer serves θ_{r+1}'s parts to joiners and wakes its heartbeat
-(PeerNode._announce_state): overlapped rounds do both on the state writer, beside the next inner
+(peer/node/state_serving.py): overlapped rounds do both on the state writer, beside the next inner
 phase, in that order; a failure to serve is logged and the heartbeat still wakes."""
 
 from __future__ import annotations
@@ -11,23 +11,20 @@ from types import SimpleNamespace
 
 import pytest
 
-from peer.node.node import PeerNode
+from peer.node.state_serving import announce_state
 
 
-def fake_node(*, overlapped: bool, publish) -> SimpleNamespace:
-    node = SimpleNamespace(cfg=SimpleNamespace(rounds=SimpleNamespace(overlap_communication=overlapped)), round=4,
+def fake_node(*, overlapped: bool) -> SimpleNamespace:
+    return SimpleNamespace(cfg=SimpleNamespace(rounds=SimpleNamespace(overlap_communication=overlapped)), round=4,
                            heartbeat=SimpleNamespace(now=threading.Event()),
                            writer=ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-state"))
-    node._state_publication = lambda: publish
-    return node
 
 
 @pytest.mark.parametrize("overlapped", [True, False])
 def test_the_state_is_served_then_the_heartbeat_woken_on_the_writer_when_overlapped(overlapped):
     seen = []
-    node = fake_node(overlapped=overlapped, publish=lambda: seen.append((threading.current_thread().name,
-                                                                         node.heartbeat.now.is_set())))
-    PeerNode._announce_state(node, True)
+    node = fake_node(overlapped=overlapped)
+    announce_state(node, lambda: seen.append((threading.current_thread().name, node.heartbeat.now.is_set())))
     node.writer.shutdown(wait=True)
     assert len(seen) == 1 and seen[0][1] is False  # served before the heartbeat was woken
     assert seen[0][0].startswith("swarmloco-state") is overlapped  # synchronous rounds: on the calling thread
@@ -35,8 +32,8 @@ def test_the_state_is_served_then_the_heartbeat_woken_on_the_writer_when_overlap
 
 
 def test_a_peer_out_of_sync_serves_nothing_and_still_wakes_its_heartbeat():
-    node = fake_node(overlapped=True, publish=lambda: pytest.fail("served a state it does not hold"))
-    PeerNode._announce_state(node, False)
+    node = fake_node(overlapped=True)
+    announce_state(node, None)
     node.writer.shutdown(wait=True)
     assert node.heartbeat.now.is_set()
 
@@ -45,9 +42,9 @@ def test_a_failure_to_serve_is_logged_and_the_heartbeat_still_wakes(caplog):
     def publish():
         raise OSError("store full")
 
-    node = fake_node(overlapped=True, publish=publish)
+    node = fake_node(overlapped=True)
     with caplog.at_level(logging.WARNING, logger="swarmloco.peer"):
-        PeerNode._announce_state(node, True)
+        announce_state(node, publish)
         node.writer.shutdown(wait=True)
     assert node.heartbeat.now.is_set()
     assert "could not serve the state of round 4 to joiners: store full" in caplog.text

@@ -37,10 +37,11 @@ from peer.node.options import PeerOptions
 from peer.node.overlap import outcome_mark, run_overlapped
 from peer.node.phase import RoundPhase
 from peer.node.resync import StateSource
+from peer.node.state_serving import announce_state, state_publication
 from peer.node.round import PeerRound, Update, round_record
 from peer.node.round_exchange import RoundExchange
 from peer.node.trust import join_run
-from peer.run import paced_window, state_sync
+from peer.run import paced_window
 from peer.run.faults import check_environment
 from peer.run.process_memory import keep_freed_memory
 from peer.run.progress import round_line
@@ -268,42 +269,7 @@ class PeerNode:
 
     def publish_state(self) -> None:
         """Serve our in-sync θ_r's parts, so joiners can fetch the swarm state from us."""
-        self._state_publication()()
-
-    def _state_publication(self) -> Callable[[], None]:
-        """publish_state over the state as it is now (θ_r, never changed in place; the round, its
-        hash and a copy of the global state), to run now or beside the next inner phase."""
-        if self.options.client_mode:
-            return lambda: None
-        round_, param_hash_, params, global_state = self.round, self._hash, self.params, self.math.global_state_dict()
-
-        def publish() -> None:
-            state_sync.publish(self.store, self.identity, run_id=self.cfg.run_id, config_hash=self.cfg.config_hash(),
-                               round_=round_, param_hash=param_hash_, params=params, global_state=global_state,
-                               layout=self.math.layout, sign=False)
-
-        return publish
-
-    def _announce_state(self, in_sync: bool) -> None:
-        """Serve θ_{r+1}'s parts (when in sync), then wake the heartbeat that tells the coordinator we
-        hold it. Overlapped rounds do it on the state writer, beside the next inner phase: slicing,
-        copying and hashing the whole state (two model-sized vectors) is not training-thread work."""
-        publish = self._state_publication() if in_sync else None
-        heartbeat, r = self.heartbeat, self.round
-
-        def announce() -> None:
-            try:
-                if publish is not None:
-                    publish()
-            except Exception as exc:  # joiners then fetch the state from other holders or the checkpoint
-                log.warning("could not serve the state of round %d to joiners: %s", r, exc)
-            if heartbeat is not None:
-                heartbeat.now.set()
-
-        if self.cfg.rounds.overlap_communication and self.writer is not None:
-            self.writer.submit(announce)
-        else:
-            announce()
+        state_publication(self)()
 
     def running(self, done: int, max_rounds: int | None) -> bool:
         """Whether to start another round: not finished, stopped, banned or at --max-rounds."""
@@ -442,7 +408,7 @@ class PeerNode:
                               round_s=round_s if round_s is not None else time.monotonic() - rnd.started)
         self.history.append(record)
         self._publish()
-        self._announce_state(in_sync)
+        announce_state(self, state_publication(self) if in_sync else None)
         print(round_line(self.short, r, self.cfg.rounds.rounds, record, self.utilization()), flush=True)
         if not in_sync:
             self.resync(f"parameter hash differs from the coordinator's after round {r}")
