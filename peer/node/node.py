@@ -324,6 +324,7 @@ class PeerNode:
         rnd.stats, rnd.compute_s = self.train(rnd.r, window_from=window_from)
         rnd.window_late_s = self.inner.window_late_s
         rnd.update = self.make_update(rnd.r, rnd.base - flat_params(self.model).cpu(), rnd.stats)  # Δ = θ_r − θ_local
+        self.phase = RoundPhase.COMMITTING
         if self.commit(rnd.update, rnd.r):
             outcome = self.exchange(rnd)
             self.finish_round(rnd, outcome)
@@ -357,7 +358,6 @@ class PeerNode:
         signed = sign_update(self.identity, header)
         self.store.put(StoredPayload(header, signed, payload), verified=True)  # we just hashed it
         self.exchange_side.serve(header, payload)
-        self.phase = RoundPhase.COMMITTING
         return Update(signed=signed, payload=payload, encode_s=time.monotonic() - t0)
 
     def commit(self, update: Update, r: int, *, resync: bool = True) -> bool:

@@ -117,16 +117,18 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
             rnd.base, rnd.stats, rnd.compute_s = node.params.clone(), stats, compute
             local = node.params + progress  # θ_r + this phase's progress
             load_flat_params(node.model, local.to(device))
-            rnd.update = node.make_update(r, -progress, stats)
-            # Before the exchange runs: it steps node.math's outer state in the background.
-            start = eager.start(node, -progress, r) if r + 1 < node.cfg.rounds.rounds else None
+            delta = -progress  # Δ_r, (d,)
+            # Before the background task starts: its exchange steps node.math's outer state. The
+            # eager start reads only the outer's global state, which encoding Δ_r does not touch
+            # (a DeMo transmit moves its local momentum, which its step never reads).
+            start = eager.start(node, delta, r) if r + 1 < node.cfg.rounds.rounds else None
             if start is not None:
                 load_flat_params(node.model, start.to(device))
             anchor = local if start is None else start
-            # The commit's round trip runs in the background too, not between two inner phases (a
-            # refusal comes back as the round's Resync; the phase's progress is then dropped, as
-            # for any resync).
-            pending = (background.submit(commit_then_exchange, node, rnd), rnd)
+            # Encoding and signing the update, the commit's round trip and the exchange run in the
+            # background, not between two inner phases (a refusal comes back as the round's Resync;
+            # the phase's progress is then dropped, as for any resync).
+            pending = (background.submit(commit_then_exchange, node, rnd, delta), rnd)
             if not lowered:  # once, now that the exchange's thread exists (it keeps its priority)
                 lower_this_thread(node.options.train_priority)
                 lowered = True
@@ -154,8 +156,10 @@ def outcome_mark(outcome: RoundOutcome, mark: str) -> float | None:
     return None if at is None else time.monotonic() - (time.time() - at)
 
 
-def commit_then_exchange(node: RoundPhases, rnd: PeerRound) -> RoundOutcome:
-    """The background part of an overlapped round: commit its update, then exchange it."""
+def commit_then_exchange(node: RoundPhases, rnd: PeerRound, delta: torch.Tensor) -> RoundOutcome:
+    """The background part of an overlapped round: encode and sign its update Δ (d,) with the
+    phase's work (rnd.stats), commit it, then exchange it."""
+    rnd.update = node.make_update(rnd.r, delta, rnd.stats)
     if not node.commit(rnd.update, rnd.r, resync=False):
         return Resync(f"round {rnd.r}: our update was refused")
     return node.exchange(rnd)
