@@ -54,3 +54,14 @@ def test_the_window_changes_by_a_bounded_factor_and_stays_positive():
     tiny = PhaseWindow(steps=1)
     tiny.next(1, {"a": (0.0, 1)})
     assert tiny.next(2, {"a": (0.001, 1000)}) == round(MIN_WINDOW_S * 1000)
+
+
+def test_a_takeover_goes_on_with_the_continued_manifests_window():
+    successor = PhaseWindow(steps=25)
+    successor.resume(2500)  # the manifest of the round in flight, signed by the previous active
+    assert successor.next(5, {"a": (100.0, 25), "b": (100.0, 25)}) == 2500  # no rate of its own yet: the same
+    # Its first measured phases: 30 steps in 2.8 s at the median (10.7 steps/s), 5 too many
+    assert successor.next(6, {"a": (102.8, 30), "b": (102.8, 30)}) == round(1000 * (2.5 - GAIN * 5 / (30 / 2.8)))
+    fresh = PhaseWindow(steps=25)
+    fresh.resume(0)  # a manifest without one (fixed H): nothing to go on with
+    assert fresh.next(5, {"a": (100.0, 25)}) == 0

@@ -129,6 +129,7 @@ class RoundClock:
         previous active signed for it (`book` holds its commitments), signed again in our term as a
         continuation of that signed body (`continues`, its sha256, signed in `continues_term`): the
         owners' results stay bound to it, and the exchange mode collects them from here."""
+        self.phase_window.resume(manifest.window_ms)  # the swarm's phases keep their window across the takeover
         continued = dataclasses.replace(manifest, term=self.term(), continues=continues, continues_term=continues_term)
         signed = self.manifests[book.round] = sign_manifest(self.ctx.identity, continued)
         book.closed = book.continued = True

@@ -19,7 +19,8 @@ cores measured 1.7 steps/s in a 7 s window and 3.6 in a 13 s one), so a full cor
 the window swung between 6 and 13 s round after round. One peer lying about its steps moves one rate of n, and only the
 median counts (its weight is capped as in any window run: peer/run/work_math.py). With no rate known
 (rounds 0 and 1, see FIRST_MEASURED_ROUND; the first round after a takeover) the window stays what
-it was: none at first, and the peers then take H steps.
+it was: none at first, and the peers then take H steps; after a takeover, the window of the manifest
+it continued (resume).
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ class PhaseWindow:
         self.steps = steps  # H: what the median peer's phase should hold
         self.window_s = 0.0  # the window last signed (0: none yet)
         self._last: dict[str, tuple[int, float]] = {}  # peer_id -> (round, when its commit arrived)
+
+    def resume(self, window_ms: int) -> None:
+        """A takeover continues the round in flight under the manifest the previous active signed:
+        its window goes on as ours until we have measured the peers' rates ourselves."""
+        if self.window_s == 0 and window_ms > 0:
+            self.window_s = window_ms / 1000
 
     def next(self, round_: int, commits: Mapping[str, tuple[float, int]]) -> int:
         """The window_ms to sign into round `round_`'s manifest, from its listed commits: peer_id ->
