@@ -134,7 +134,7 @@ static void enqueue(struct direction *d, const char *data, size_t len, int eof) 
     k->len = len;
     k->off = 0;
     k->eof = eof;
-    memcpy(k->data, data, len);
+    if (len) memcpy(k->data, data, len); /* an EOF marker has no bytes (and data is NULL) */
     if (d->tail) d->tail->next = k; else d->head = k;
     d->tail = k;
     d->queued += len;

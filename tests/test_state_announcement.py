@@ -14,17 +14,17 @@ import pytest
 from peer.node.state_serving import announce_state
 
 
-def fake_node(*, overlapped: bool) -> SimpleNamespace:
-    return SimpleNamespace(cfg=SimpleNamespace(rounds=SimpleNamespace(overlap_communication=overlapped)), round=4,
-                           heartbeat=SimpleNamespace(now=threading.Event()),
+def fake_node() -> SimpleNamespace:
+    return SimpleNamespace(round=4, heartbeat=SimpleNamespace(now=threading.Event()),
                            writer=ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-state"))
 
 
 @pytest.mark.parametrize("overlapped", [True, False])
 def test_the_state_is_served_then_the_heartbeat_woken_on_the_writer_when_overlapped(overlapped):
     seen = []
-    node = fake_node(overlapped=overlapped)
-    announce_state(node, lambda: seen.append((threading.current_thread().name, node.heartbeat.now.is_set())))
+    node = fake_node()
+    announce_state(lambda: seen.append((threading.current_thread().name, node.heartbeat.now.is_set())),
+                   heartbeat=node.heartbeat, round_=node.round, writer=node.writer if overlapped else None)
     node.writer.shutdown(wait=True)
     assert len(seen) == 1 and seen[0][1] is False  # served before the heartbeat was woken
     assert seen[0][0].startswith("swarmloco-state") is overlapped  # synchronous rounds: on the calling thread
@@ -32,8 +32,8 @@ def test_the_state_is_served_then_the_heartbeat_woken_on_the_writer_when_overlap
 
 
 def test_a_peer_out_of_sync_serves_nothing_and_still_wakes_its_heartbeat():
-    node = fake_node(overlapped=True)
-    announce_state(node, None)
+    node = fake_node()
+    announce_state(None, heartbeat=node.heartbeat, round_=node.round, writer=node.writer)
     node.writer.shutdown(wait=True)
     assert node.heartbeat.now.is_set()
 
@@ -42,9 +42,9 @@ def test_a_failure_to_serve_is_logged_and_the_heartbeat_still_wakes(caplog):
     def publish():
         raise OSError("store full")
 
-    node = fake_node(overlapped=True)
+    node = fake_node()
     with caplog.at_level(logging.WARNING, logger="swarmloco.peer"):
-        announce_state(node, publish)
+        announce_state(publish, heartbeat=node.heartbeat, round_=node.round, writer=node.writer)
         node.writer.shutdown(wait=True)
     assert node.heartbeat.now.is_set()
     assert "could not serve the state of round 4 to joiners: store full" in caplog.text

@@ -408,14 +408,15 @@ class PeerNode:
                               round_s=round_s if round_s is not None else time.monotonic() - rnd.started)
         self.history.append(record)
         self._publish()
-        announce_state(self, state_publication(self) if in_sync else None)
+        beside = self.writer if self.cfg.rounds.overlap_communication else None  # overlapped: off the training thread
+        announce_state(state_publication(self) if in_sync else None, heartbeat=self.heartbeat, round_=self.round, writer=beside)
         print(round_line(self.short, r, self.cfg.rounds.rounds, record, self.utilization()), flush=True)
         if not in_sync:
             self.resync(f"parameter hash differs from the coordinator's after round {r}")
         if self.options.identity_path:  # --resume state (an ephemeral identity cannot resume anyway)
             save_local_state(self.state_path, round_=self.round, params=self.params, param_hash=self._hash,
                              config_hash=self.cfg.config_hash(), trainer=self.trainer, math=self.math,
-                             writer=self.writer if self.cfg.rounds.overlap_communication else None)
+                             writer=beside)
         if state is not None and state.finished:
             self.finished = True
 

@@ -10,6 +10,7 @@ never changed in place; the global state is a copy), so the next round cannot ch
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from peer.run import state_sync
@@ -32,11 +33,12 @@ def state_publication(node: Any) -> Callable[[], None]:
     return publish
 
 
-def announce_state(node: Any, publish: Callable[[], None] | None) -> None:
-    """Serve θ_{r+1} (`publish`: None when the node is not in sync), then wake the heartbeat; on the
-    state writer in overlapped rounds. A failure to serve is logged (joiners then fetch the state
-    from other holders or the coordinator's checkpoint) and the heartbeat still wakes."""
-    heartbeat, round_ = node.heartbeat, node.round
+def announce_state(publish: Callable[[], None] | None, *, heartbeat: Any, round_: int,
+                   writer: ThreadPoolExecutor | None) -> None:
+    """Serve θ_{round_} (`publish`: None when the node is not in sync), then wake the heartbeat; on
+    `writer` when given (overlapped rounds: the state writer), else now. A failure to serve is logged
+    (joiners then fetch the state from other holders or the coordinator's checkpoint) and the
+    heartbeat still wakes."""
 
     def announce() -> None:
         try:
@@ -47,7 +49,7 @@ def announce_state(node: Any, publish: Callable[[], None] | None) -> None:
         if heartbeat is not None:
             heartbeat.now.set()
 
-    if node.cfg.rounds.overlap_communication and node.writer is not None:
-        node.writer.submit(announce)
+    if writer is not None:
+        writer.submit(announce)
     else:
         announce()

@@ -59,9 +59,12 @@ def weighted(cfg: RunConfig) -> bool:
 
 def can_weigh(cfg: RunConfig) -> bool:
     """Whether this run's exchange and rule can weigh updates by work (check_weighted_rule's test)."""
-    options = cfg.aggregation.options
-    return (cfg.exchange.mode == "sliced" and cfg.aggregation.name in WEIGHTED_RULES and not options.get("nnm")
-            and options.get("bucket_size") is None)
+    return cfg.exchange.mode == "sliced" and _rule_takes_weights(cfg.aggregation.name, cfg.aggregation.options)
+
+
+def _rule_takes_weights(rule_name: str, options: Mapping[str, Any]) -> bool:
+    """optim/aggregate_weighted.py weighs the rule, and no pre-aggregation mixes rows before it."""
+    return rule_name in WEIGHTED_RULES and not options.get("nnm") and options.get("bucket_size") is None
 
 
 def aligned_overlap(cfg: RunConfig) -> bool:
@@ -80,8 +83,7 @@ def check_weighted_rule(cfg: RunConfig, rule_name: str) -> None:
         raise ConfigError(f"rounds.window_s={cfg.rounds.window_s} weighs updates by work in the sliced exchange's owners; "
                           f"exchange.mode = {cfg.exchange.mode!r} does not pass the claims to its rule yet: set "
                           "exchange.mode = \"sliced\" or rounds.window_s = 0")
-    options = cfg.aggregation.options
-    if rule_name not in WEIGHTED_RULES or options.get("nnm") or options.get("bucket_size") is not None:
+    if not _rule_takes_weights(rule_name, cfg.aggregation.options):
         what = rule_name if rule_name not in WEIGHTED_RULES else f"{rule_name} with nnm or bucketing"
         raise ConfigError(
             f"rounds.window_s={cfg.rounds.window_s} weighs each update by the work it did, and aggregation {what} "
