@@ -9,7 +9,6 @@ model, so the optimizer keeps pointing at the same tensors.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from peer.run.checkpoint import snapshot
 from peer.run.config import InnerConfig
 from peer.learn.data import ShardSampler
 from peer.learn.throughput import flops_per_token, mfu, peak_flops
@@ -156,10 +156,10 @@ class InnerTrainer:
     def state_dict(self) -> dict[str, Any]:
         """Everything --resume needs besides the parameters: optimizer, sampler, step counter.
 
-        A snapshot (deep copy, ~2x the parameters), unlike torch's optimizer.state_dict() which
+        A snapshot (a copy, ~2x the parameters), unlike torch's optimizer.state_dict() which
         aliases live tensors: training on after taking it must not change a checkpoint being written."""
         return {
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "optimizer": snapshot(self.optimizer.state_dict()),
             "sampler": self.sampler.state_dict(),
             "step": self.step,
         }

@@ -4,7 +4,6 @@ process has on that identity (one process per key: `hold_identity`)."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import secrets
 from concurrent.futures import ThreadPoolExecutor
@@ -19,14 +18,16 @@ log = logging.getLogger("swarmloco.peer")
 
 def save_local_state(path: Path, *, round_: int, params, param_hash: str, config_hash: str, trainer, math,
                      writer: ThreadPoolExecutor | None = None) -> None:
-    """Write the state; with `writer` (overlapped rounds) beside the next inner phase, from a copy."""
+    """Write the state; with `writer` (overlapped rounds) beside the next inner phase, from a copy
+    taken now (checkpoint.snapshot; the trainer's state is one already)."""
+    copied = checkpoint.snapshot if writer is not None else (lambda state: state)
     ckpt = checkpoint.Checkpoint(
-        round=round_, params=params, param_hash=param_hash, config_hash=config_hash,
-        outer_state=math.global_state_dict(),
-        local_state={"trainer": trainer.state_dict(), "math": math.local_state_dict()},
+        round=round_, params=copied(params), param_hash=param_hash, config_hash=config_hash,
+        outer_state=copied(math.global_state_dict()),
+        local_state={"trainer": trainer.state_dict(), "math": copied(math.local_state_dict())},
     )
     if writer is not None:
-        writer.submit(checkpoint.save, path, copy.deepcopy(ckpt))
+        writer.submit(checkpoint.save, path, ckpt)
     else:
         checkpoint.save(path, ckpt)
 

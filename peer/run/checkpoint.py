@@ -7,6 +7,7 @@ the wire (the coordinator streams it to late joiners) and on disk.
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 from dataclasses import dataclass, field
@@ -31,6 +32,22 @@ class Checkpoint:
     outer_state: dict[str, Any] = field(default_factory=dict)
     local_state: dict[str, Any] = field(default_factory=dict)  # peer-only: inner AdamW, sampler, error feedback
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def snapshot(state: Any) -> Any:
+    """A copy of a state tree (dicts, lists, tuples of tensors and plain values) that training on
+    cannot change: every tensor cloned, the containers rebuilt, other leaves deep-copied.
+
+    What copy.deepcopy gives for such trees at a quarter of its cost (no memo, no pickling
+    protocol per tensor): it runs on the training thread between inner phases, where every
+    millisecond is one the GPU or CPU does not train (x10 on a machine whose cores are all busy)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().clone()
+    if isinstance(state, dict):
+        return {key: snapshot(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(snapshot(value) for value in state)
+    return copy.deepcopy(state)
 
 
 def to_bytes(ckpt: Checkpoint) -> bytes:
