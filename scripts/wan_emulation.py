@@ -41,6 +41,7 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
         sys.path.insert(0, extra)
 
 import delay_proxy  # noqa: E402
+from peer.node.thread_priority import resolve as resolve_priority  # noqa: E402
 from netns_testbed import BURST, Testbed, measure_link_mbit, namespaces_permitted, netem_available, run_ip  # noqa: E402
 
 COORD_GRPC, COORD_DHT, PEER_GRPC = 31338, 31337, 31400
@@ -56,7 +57,7 @@ SLICED_ROUND_TRIPS = 5
 
 
 def run_swarm(bed: Testbed, *, peers: int, rounds: int, inner_steps: int, codec: str, workdir: Path, timeout_s: float,
-              overlap: bool = False, exchange: str | None = None, window_s: float = 0.0, train_priority: str = "normal",
+              overlap: bool = False, exchange: str | None = None, window_s: float = 0.0, train_priority: str = "auto",
               delay_proxy_kind: str = "c", overlap_window: bool = True) -> dict:
     from measure_bandwidth import read_workdir, write_run_config
 
@@ -277,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", nargs="+", metavar="JSON", help="write --write-md from earlier --json files; run nothing")
     parser.add_argument("--overlap", action="store_true", help="overlapped rounds (rounds.overlap_communication)")
     parser.add_argument("--exchange", choices=("sliced", "all-to-all"), help="exchange.mode (default: the run config's, sliced)")
-    parser.add_argument("--train-priority", choices=("normal", "low"), default="normal",
-                        help="the peers' --train-priority (overlapped rounds: the training thread's CPU priority)")
+    parser.add_argument("--train-priority", choices=("auto", "normal", "low"), default="auto",
+                        help="the peers' --train-priority (overlapped rounds: the training thread's CPU priority; auto: low on Linux)")
     parser.add_argument("--window-s", type=float, default=0.0,
                         help="rounds.window_s: a compute window instead of --inner-steps per phase (overlapped: the swarm's)")
     parser.add_argument("--fixed-h", action="store_true",
@@ -332,8 +333,9 @@ def main(argv: list[str] | None = None) -> int:
                     shaping += "; phases of exactly H steps" if args.fixed_h else "; phases on the coordinator's window"
             if args.exchange:
                 shaping += f"; {args.exchange} exchange"
-            if args.train_priority != "normal":
-                shaping += f"; training thread priority {args.train_priority}"
+            priority = resolve_priority(args.train_priority)  # what the peers apply (the peers run here)
+            if args.overlap and (priority != "normal" or args.train_priority != "auto"):
+                shaping += f"; training thread priority {priority}" + (" (the default)" if args.train_priority == "auto" else "")
             if args.window_s:
                 shaping += f"; compute window {args.window_s:g} s" + (" (swarm-aligned)" if args.overlap else "")
             print(f"codec {codec}: {args.peers} peers + coordinator in namespaces; {shaping}", flush=True)
@@ -346,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                             "delay_proxy": proxy_kind, "overlap_window": args.overlap and not args.window_s and not args.fixed_h,
                             "rate_mbit": args.rate_mbit,
                             "rtt_ms": args.rtt_ms, "exchange": exchange, "window_s": args.window_s,
-                            "train_priority": args.train_priority,
+                            "train_priority": priority,
                             "round_trips": SLICED_ROUND_TRIPS if exchange == "sliced" else None})
             from measure_bandwidth import format_table
 

@@ -12,7 +12,8 @@ import pytest
 
 from peer.node.options import PeerOptions
 from peer.node.overlap import run_overlapped
-from peer.node.thread_priority import check_mode, lower_this_thread
+from peer.node import thread_priority
+from peer.node.thread_priority import check_mode, lower_this_thread, resolve
 from tests.test_node_overlap import ToyPeer
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's")
@@ -46,6 +47,22 @@ def test_low_adds_five_to_this_threads_nice_only():
     assert nice() == before
 
 
+@linux
+def test_auto_the_default_lowers_like_low_on_linux():
+    assert PeerOptions(coordinator="127.0.0.1:1").train_priority == "auto"
+    before = nice()
+    assert in_thread(lambda: (lambda n0: (lower_this_thread("auto"), nice() - n0)[1])(nice())) == min(5, 19 - before)
+    assert nice() == before
+
+
+def test_auto_is_normal_where_threads_have_no_priority_of_their_own(monkeypatch):
+    monkeypatch.setattr(thread_priority.sys, "platform", "darwin")
+    assert resolve("auto") == "normal" and resolve("low") == "low"
+    check_mode("auto")  # accepted everywhere
+    with pytest.raises(ValueError, match="need Linux; use --train-priority normal"):
+        check_mode("low")
+
+
 def test_normal_changes_nothing():
     before = nice()
     assert in_thread(lambda: (lambda n0: (lower_this_thread("normal"), nice() - n0)[1])(nice())) == 0
@@ -53,7 +70,7 @@ def test_normal_changes_nothing():
 
 
 def test_an_unknown_mode_is_refused_with_the_choices():
-    with pytest.raises(ValueError, match="use one of normal, low"):
+    with pytest.raises(ValueError, match="use one of auto, normal, low"):
         check_mode("idle")
     with pytest.raises(ValueError, match="--train-priority"):
         PeerOptions(coordinator="127.0.0.1:1", train_priority="high")

@@ -121,9 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--announce-maddrs", nargs="+", default=[], help="DHT multiaddrs to advertise")
     p.add_argument("--shard", type=_shard, help="data shard I/N (default: chosen from the peer id)")
     p.add_argument("--threads", type=int, help="CPU threads for training (1 when several peers share a machine)")
-    p.add_argument("--train-priority", choices=("normal", "low"), default="normal",
+    p.add_argument("--train-priority", choices=("auto", "normal", "low"), default="auto",
                    help="overlapped rounds: the training thread's CPU priority beside the exchange in flight "
-                        "(low: its nice + 5, so the exchange's CPU work runs first; Linux)")
+                        "(low: its nice + 5, so the exchange's CPU work runs first, Linux only; auto, the default: "
+                        "low on Linux, normal elsewhere)")
     p.add_argument("--resume", action="store_true", help="continue from this identity's saved local state")
     p.add_argument("--state-dir", help="where --resume state is kept (default: beside --identity-path)")
     p.add_argument("--log-every", type=int, default=5, help="print a progress line every N inner steps")

@@ -27,7 +27,7 @@ class PeerOptions:
     resume: bool = False
     log_every: int = 5
     connect_timeout_s: float = 120.0  # the whole join, retried with backoff (peer/run/timeouts.JoinTimeouts)
-    train_priority: str = "normal"  # overlapped rounds: the training thread's CPU priority (peer/node/thread_priority.py)
+    train_priority: str = "auto"  # overlapped rounds: the training thread's CPU priority (peer/node/thread_priority.py)
 
     def __post_init__(self) -> None:
         if not self.coordinator and not self.initial_peers:
