@@ -202,6 +202,9 @@ class Aggregator:
                 f"{self.name} with nnm or bucketing does not take work weights yet; drop the weights "
                 f"(equal shares) or the mixing option"
             )
+        if not report and self.name in ("median", "trimmed-mean"):
+            # No shares to report (a slice owner's reduce): the output alone, by a sorting network
+            return weighted.weighted_band_output(rows, w, f, trimmed=self.name == "trimmed-mean")
         match self.name:
             case "mean":
                 result = weighted.weighted_mean(rows, w)

@@ -1,0 +1,68 @@
+"""The weighted median / trimmed mean of a slice owner's reduce (optim/aggregate_weighted.py
+band_output: a sorting network on keys that carry each value's row, and the median read off the
+rank that holds the middle of the mass): the same bits as the sort-based rule it stands for, with
+ties, zeros of both signs, weights of 0, and integer claims whose halves split exactly (the
+boundary case), since every owner of a slice must sign the same bytes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from optim import aggregate
+from optim import aggregate_weighted as weighted
+from tests.test_aggregate_network import _bits, _rows
+
+
+def _by_sort(rows: torch.Tensor, w: torch.Tensor, trim: float | None) -> torch.Tensor:
+    return weighted._in_order(rows, w, lambda r, ww: weighted._band(r, ww, trim)).output
+
+
+def _weights(kind: str, n: int, rng: random.Random) -> torch.Tensor:
+    if kind == "claims":  # whole steps: subsets that hold exactly half the mass are common
+        return torch.tensor([float(rng.randint(10, 45)) for _ in range(n)], dtype=torch.float64)
+    if kind == "shares":  # capped shares, as the owners weigh rows
+        raw = [rng.uniform(0.5, 2.0) for _ in range(n)]
+        return torch.tensor([x / sum(raw) for x in raw], dtype=torch.float64)
+    zeros = [0.0 if rng.random() < 0.3 else float(rng.randint(1, 5)) for _ in range(n)]  # rows of no work
+    zeros[0] = max(zeros[0], 1.0)
+    return torch.tensor(zeros, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("n", [*range(1, 12), 16, 33])
+@pytest.mark.parametrize("kind", ["randn", "ties", "zeros"])
+@pytest.mark.parametrize("weights", ["claims", "shares", "zeros"])
+def test_band_output_is_the_sorts_bits(n, kind, weights):
+    rng = random.Random(n * 31 + len(kind) * 7 + len(weights))
+    gen = torch.Generator().manual_seed(n * 13 + len(kind))
+    for _ in range(4):
+        rows = _rows(kind, n, 513, gen)
+        w = _weights(weights, n, rng)
+        trims = [None] + [weighted.heaviest_mass(w, f) for f in range(n) if 2 * weighted.heaviest_mass(w, f) < float(w.sum())]
+        for trim in trims:
+            assert _bits(weighted.band_output(rows, w, trim)) == _bits(_by_sort(rows, w, trim)), (trim, w.tolist())
+
+
+def test_the_boundary_columns_take_the_exact_arithmetic():
+    # 2 + 2 of 4 rows: the middle falls on a boundary in every column whose two lowest values
+    # belong to the rows weighing 1 and 3 (or 2 and 2): the mean of the two middle values there
+    rows = torch.tensor([[1.0, 4.0, 5.0], [2.0, 3.0, 6.0], [3.0, 2.0, 7.0], [4.0, 1.0, 8.0]])
+    w = torch.tensor([1.0, 2.0, 2.0, 1.0], dtype=torch.float64)  # total 6: half 3 = 1 + 2
+    out = weighted.band_output(rows, w, None)
+    assert out.tolist() == [2.5, 2.5, 6.5]
+    assert _bits(out) == _bits(_by_sort(rows, w, None))
+
+
+@pytest.mark.parametrize("name", ["median", "trimmed-mean"])
+def test_an_owners_reduce_takes_it_and_reports_like_before(name):
+    gen = torch.Generator().manual_seed(5)
+    rows = torch.randn(8, 1000, generator=gen)
+    w = torch.tensor([30.0, 34, 33, 44, 42, 37, 29, 37], dtype=torch.float64)
+    rule = aggregate.build(name, num_byzantine=1)
+    reported = rule.aggregate_part(rows, weights=w)  # the per-row shares: the sort-based rule
+    alone = rule.aggregate_part(rows, weights=w, report=False)  # a slice owner's reduce
+    assert _bits(alone) == _bits(reported)
+    # and it is the weighted rule: other weights move it
+    assert not torch.equal(rule.aggregate_part(rows, weights=torch.flip(w, [0]), report=False), alone)
