@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from optim import outer
-from peer.exchange.outcome import Applied, Resync
+from peer.exchange.outcome import Applied, Landing, Resync
 from peer.learn.model import flat_params, load_flat_params
 from peer.learn.training import InnerStats
 from peer.node.overlap import EagerStart, run_overlapped
@@ -23,7 +23,7 @@ from protocol.accounting import Traffic
 
 class ToyPeer:
     def __init__(self, *, rounds: int, steps: int, land_after: int, resync_round: int | None = None,
-                 window_s: float = 0.0, max_steps: int = 1000, swarm_window_s: float = 0.0) -> None:
+                 window_s: float = 0.0, max_steps: int = 1000, swarm_window_s: float = 0.0, early: bool = False) -> None:
         self.cfg = SimpleNamespace(rounds=SimpleNamespace(rounds=rounds, eager_updates=False, eager_estimate="own",
                                                           window_s=window_s, max_steps=max_steps),
                                    inner=SimpleNamespace(steps=steps))
@@ -41,6 +41,11 @@ class ToyPeer:
         self.records: list[tuple[int, str, int | None]] = []  # (round, outcome, landed_after_steps)
         self._inflight: list = []
         self.swarm_window_s = swarm_window_s  # what every landed manifest carries (RoundManifest.window_ms)
+        # early: the exchange tells θ_{r+1} (rnd.landed) when it lands, and returns the round's outcome
+        # only once the rest of the phase has trained (a coordinator slow to confirm the round)
+        self.early = early
+        self.rest_trained = threading.Event()
+        self.outcome_after_rest: list[bool] = []  # per early round: did the rest of the phase train before the outcome
 
     def running(self, done: int, max_rounds: int | None) -> bool:
         return not self.finished and (max_rounds is None or done < max_rounds)
@@ -62,6 +67,8 @@ class ToyPeer:
                         time.sleep(0.001)
                 if stop():
                     break
+        if steps is not None:  # the rest of a phase, after θ_r landed
+            self.rest_trained.set()
         return InnerStats(steps=done, mean_loss=0.0, last_loss=0.0, tokens=0, seconds=0.0), 0.0
 
     def make_update(self, r: int, delta: torch.Tensor, stats=None) -> Update:
@@ -75,6 +82,10 @@ class ToyPeer:
         if rnd.r + 1 < self.cfg.rounds.rounds:  # the last round has no next phase to land in
             assert self.landed.wait(30)
         self.landed.clear()
+        if self.early and rnd.r + 1 < self.cfg.rounds.rounds:
+            rnd.landed(Landing(params=rnd.base + 10, manifest_at=time.time() - self.manifest_age_s, window_s=self.swarm_window_s))
+            self.outcome_after_rest.append(self.rest_trained.wait(10))
+            self.rest_trained.clear()
         if rnd.r == self.resync_round:
             return Resync("parameter hash differs")
         return Applied(params=rnd.base + 10, updates=1, timeline={"manifest": time.time() - self.manifest_age_s},
@@ -101,6 +112,27 @@ def test_the_average_lands_mid_phase_and_the_progress_moves_onto_it():
     assert peer.params.tolist() == [30.0] * 6 and peer.round == 3
     # θ_3 plus the progress of no further phase: the model ends at θ_2 + 4 steps (its last phase)
     assert flat_params(peer.model).tolist() == [24.0] * 6
+
+
+def test_the_phase_moves_onto_theta_once_computed_not_once_the_coordinator_confirms():
+    """The exchange tells θ_{r+1} when it has computed it; its outcome (the coordinator's word, a
+    round trip and the slowest peer's report later) comes after the rest of the phase trained from
+    it: the same Δs, θ and record as when both come at once."""
+    peer = ToyPeer(rounds=3, steps=4, land_after=1, early=True)
+    assert run_overlapped(peer) == 3
+    assert peer.outcome_after_rest == [True, True]  # neither round waited for its outcome to go on
+    assert peer.sent == [(0, [-4.0] * 6), (1, [-4.0] * 6), (2, [-4.0] * 6)]
+    assert peer.records == [(0, "applied", 1), (1, "applied", 1), (2, "applied", None)]
+    assert peer.params.tolist() == [30.0] * 6 and peer.round == 3
+    assert flat_params(peer.model).tolist() == [24.0] * 6
+
+
+def test_a_resync_after_an_early_landing_drops_the_phase_trained_on_it():
+    peer = ToyPeer(rounds=8, steps=4, land_after=2, resync_round=0, early=True)
+    assert run_overlapped(peer, max_rounds=2) == 2
+    assert peer.outcome_after_rest[0] is True  # the rest of the phase ran on the θ computed early
+    assert peer.records[0] == (0, "resync", None)
+    assert peer.sent[0] == (0, [-4.0] * 6) and peer.sent[1] == (5, [-4.0] * 6)  # from θ = 100, anew
 
 
 @pytest.mark.parametrize("land_after", [1, 3])

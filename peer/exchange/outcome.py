@@ -40,6 +40,16 @@ class Applied:
 
 
 @dataclass(frozen=True, slots=True)
+class Landing:
+    """θ_{r+1} as this peer computed it, before the coordinator confirmed the round (overlapped
+    rounds move the next phase onto it at once; the round's one outcome still follows)."""
+
+    params: torch.Tensor  # θ_{r+1}, (d,)
+    manifest_at: float | None  # when round r's manifest came in (time.time()), as Applied.timeline["manifest"]
+    window_s: float = 0.0  # as Applied.window_s
+
+
+@dataclass(frozen=True, slots=True)
 class Resync:
     why: str
     wait_s: float = 0.0

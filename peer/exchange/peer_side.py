@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from peer.exchange.outcome import RoundOutcome
+from peer.exchange.outcome import Landing, RoundOutcome
 from peer.run.round_math import RoundMath
 from peer.run.timeouts import PeerTimeouts
 from protocol.coordinator_port import CoordinatorPort
@@ -52,6 +52,8 @@ class ManifestInHand:
     base: torch.Tensor  # θ_r, (d,)
     wait_s: float  # how long the peer waited for it
     moved: Callable[[], bool]  # the run's coordinator changed since the round was committed
+    # overlapped rounds: told θ_{r+1} as soon as it is computed, before the coordinator's word on it
+    landed: Callable[[Landing], None] | None = None
 
 
 class PeerExchange(ABC):

@@ -22,7 +22,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from peer.exchange.outcome import Applied, Finished, Resync, RoundOutcome
+from peer.exchange.outcome import Applied, Finished, Landing, Resync, RoundOutcome
 from peer.exchange.peer_side import ManifestInHand, PeerExchange, PeerExchangeContext
 from peer.run import slice_plan
 from peer.run.faults import fail_point
@@ -107,6 +107,12 @@ class SlicedPeer(PeerExchange):
                                      coverage=ctx.math.cfg.exchange.spot_check_coverage, marks=marks)
         marks["gathered"] = time.time()
         fail_point("gathered", r)
+        t_agg = time.monotonic()
+        new_params = round_.base.clone()
+        ctx.math.step_with_aggregate(new_params, outcome.combined, round_=r)
+        aggregate_s = time.monotonic() - t_agg
+        if round_.landed is not None:  # overlapped: the next phase moves onto it now, not after the applied poll
+            round_.landed(Landing(params=new_params, manifest_at=marks["manifest"], window_s=round_.manifest.window_ms / 1000))
         applied_ahead, stop_applied = self._ahead(round_, until_applied=True)  # before our report: see the docstring
         try:
             by_slice: dict[int, list[swarm_pb2.Signed]] = {}  # slice -> the batches whose result for it did not recompute
@@ -122,13 +128,8 @@ class SlicedPeer(PeerExchange):
                 "run_id": ctx.math.cfg.run_id, "round": r, "peer_id": ctx.identity.peer_id, "timestamp": time.time()}))
             if not gathered.accepted:
                 log.warning("round %d: our gathered report was refused: %s", r, gathered.reason)
-            fetch_s = reduce_s + time.monotonic() - t_gather
+            fetch_s = reduce_s + time.monotonic() - t_gather - aggregate_s
             marks["reported"] = time.time()
-
-            t_agg = time.monotonic()
-            new_params = round_.base.clone()
-            ctx.math.step_with_aggregate(new_params, outcome.combined, round_=r)
-            aggregate_s = time.monotonic() - t_agg
 
             # Wait until the coordinator applied the round too: the node then compares θ_{r+1} with the
             # state it signs for round r + 1 (the reply carries that signed state).

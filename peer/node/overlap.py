@@ -52,12 +52,16 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
     rounds.eager_updates (the default) the eager outer step of optim/eager.py (this peer's own
     Δ_r standing in for its share of the average in flight), otherwise its own local parameters
     at the end of round r. As soon as θ_{r+1} is known (after the inner step during which the
-    exchange finished, or at the phase's end if it takes longer), the local progress is moved
+    exchange computed it, or at the phase's end if it takes longer), the local progress is moved
     onto it: θ_local = θ_{r+1} + (θ_local − P), and the phase's remaining steps run from there;
     Δ_{r+1} = −(progress made in round r+1). The round record's landed_after_steps says when.
+    "Known" is when this peer computed θ_{r+1} (the exchange tells through the round's landing,
+    peer/node/round.py), not when the coordinator confirmed the round (one more round trip, and
+    the wait for the slowest peer's gathered report): the round's outcome is handled at the
+    phase's end then, and one that is not Applied drops the phase as any resync does.
 
     With a compute window (rounds.window_s > 0) the phase is sized by the swarm's clock, not the
-    peer's: it closes window_s after this peer received round r's signed manifest (swarm_close),
+    peer's: it closes window_s after this peer received round r's signed manifest (rest_of_phase),
     which every peer receives when the last commit of round r arrives. A peer that committed
     early trains longer (its work is weighted by what it claims), so the next commits line up
     instead of a fixed H keeping every peer's head start round after round. With no window set
@@ -69,7 +73,6 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
     pending: tuple[Future, PeerRound] | None = None  # the exchange in flight and its round
     anchor = node.params.clone()  # where the current inner phase started, (d,)
     eager = EagerStart(node.cfg.rounds.eager_updates)
-    steps = node.cfg.inner.steps
     window = node.cfg.rounds.window_s  # 0: fixed H; otherwise a phase ends at the swarm's close
     # With no window set, the one the last landed manifest carried (rounds.overlap_window; 0: none,
     # H steps). A peer of several ranks does not cut its phases: it takes H steps whatever the swarm's.
@@ -84,11 +87,23 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
             # The phase stops early when the exchange in flight finishes: θ_r is then known, and the
             # rest of the phase runs from θ_r + progress instead of from the estimated start.
             # In a window run its close is not known before the exchange lands (inf: until then).
-            stats, compute = node.train(r, stop=None if pending is None else pending[0].done,
+            if pending is not None:  # the phase stops early once θ_r is known: computed here, or the round's outcome
+                in_flight, landing = pending[0], pending[1].landing
+                stop = lambda: in_flight.done() or (landing is not None and landing.done())  # noqa: E731
+            stats, compute = node.train(r, stop=None if pending is None else stop,
                                         closes=math.inf if (window or swarm_window) and pending is not None else None)
             progress = flat_params(node.model).cpu() - anchor  # (d,)
             if pending is not None:
                 (future, previous), pending = pending, None
+                landed_after = stats.steps
+                # θ_r computed, the coordinator's word on it not in yet: the rest of the phase runs from
+                # it now, and the round is finished at the phase's end (a Resync then drops the phase).
+                early = previous.landing.result() if not future.done() and previous.landing is not None and previous.landing.done() else None
+                if early is not None:
+                    swarm_window = early.window_s if follows_swarm else 0.0
+                    stats, compute, anchor, progress = rest_of_phase(
+                        node, r, early.params, anchor, progress, stats, compute, window=window or swarm_window,
+                        manifest_at=early.manifest_at, started=rnd.started)
                 t_join = time.monotonic()
                 outcome = future.result()
                 if isinstance(outcome, Applied):
@@ -96,7 +111,7 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
                     swarm_window = outcome.window_s if follows_swarm else 0.0
                     # Idle time is only what the join costs; the exchange itself ran beside training.
                     outcome.exchange_s = outcome.wait_s + outcome.fetch_s + outcome.aggregate_s
-                    outcome.wait_s, outcome.landed_after_steps = time.monotonic() - t_join, stats.steps
+                    outcome.wait_s, outcome.landed_after_steps = time.monotonic() - t_join, landed_after
                 # The round's own share of time and traffic: from its phase's start to this one's.
                 node.finish_round(previous, outcome, round_s=rnd.started - previous.started, after=rnd.before)
                 done += 1
@@ -105,15 +120,10 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
                     anchor = node.params.clone()
                     eager.forget()
                     continue
-                phase_window = window or swarm_window
-                left = (node.cfg.rounds.max_steps if phase_window else steps) - stats.steps
-                if left > 0:  # θ_r landed mid-phase: move the progress onto it
-                    anchor = node.params.clone()
-                    load_flat_params(node.model, (anchor + progress).to(device))
-                    closes = swarm_close(outcome, phase_window, fallback=rnd.started + phase_window) if phase_window else None
-                    more, more_compute = node.train(r, steps=left, closes=closes)
-                    stats, compute = stats.then(more), compute + more_compute
-                    progress = flat_params(node.model).cpu() - anchor
+                if early is None:  # θ_r came with the outcome
+                    stats, compute, anchor, progress = rest_of_phase(
+                        node, r, node.params, anchor, progress, stats, compute, window=window or swarm_window,
+                        manifest_at=outcome.timeline.get("manifest") if isinstance(outcome, Applied) else None, started=rnd.started)
             rnd.base, rnd.stats, rnd.compute_s = node.params.clone(), stats, compute
             local = node.params + progress  # θ_r + this phase's progress
             load_flat_params(node.model, local.to(device))
@@ -128,6 +138,7 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
             # Encoding and signing the update, the commit's round trip and the exchange run in the
             # background, not between two inner phases (a refusal comes back as the round's Resync;
             # the phase's progress is then dropped, as for any resync).
+            rnd.landing = Future()
             pending = (background.submit(commit_then_exchange, node, rnd, delta), rnd)
             if not lowered:  # once, now that the exchange's thread exists (it keeps its priority)
                 lower_this_thread(node.options.train_priority)
@@ -141,19 +152,35 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
     return done
 
 
-def swarm_close(outcome: RoundOutcome, window_s: float, *, fallback: float) -> float:
-    """When a window run's phase closes (time.monotonic()): window_s after this peer received the
-    signed manifest of the round that just landed (its timeline's wall-clock "manifest" mark),
-    or `fallback` where the outcome has no such mark."""
-    received = outcome_mark(outcome, "manifest")
-    return fallback if received is None else received + window_s
+def rest_of_phase(node: RoundPhases, r: int, theta: torch.Tensor, anchor: torch.Tensor, progress: torch.Tensor, stats: Any,
+                  compute: float, *, window: float, manifest_at: float | None, started: float) -> tuple[Any, float, torch.Tensor, torch.Tensor]:
+    """θ_r (d,) landed mid-phase: move the phase's progress onto it (θ_local = θ_r + progress) and run
+    what is left of the phase: its H steps, or in a window run until the window closes, `window`
+    seconds after this peer received the manifest of the round that landed (`manifest_at`,
+    time.time(); without it, after the phase's own start). (stats, compute, anchor, progress) of the
+    whole phase; unchanged when nothing is left."""
+    left = (node.cfg.rounds.max_steps if window else node.cfg.inner.steps) - stats.steps
+    if left <= 0:
+        return stats, compute, anchor, progress
+    anchor = theta.clone()
+    load_flat_params(node.model, (anchor + progress).to(node.options.device))
+    closes = None
+    if window:
+        closes = (started if manifest_at is None else on_monotonic_clock(manifest_at)) + window
+    more, more_compute = node.train(r, steps=left, closes=closes)
+    return stats.then(more), compute + more_compute, anchor, flat_params(node.model).cpu() - anchor
 
 
 def outcome_mark(outcome: RoundOutcome, mark: str) -> float | None:
     """When an applied round's exchange passed `mark` (its wall-clock timeline), on this process's
     time.monotonic() clock; None for another outcome or a round without that mark."""
     at = outcome.timeline.get(mark) if isinstance(outcome, Applied) else None
-    return None if at is None else time.monotonic() - (time.time() - at)
+    return None if at is None else on_monotonic_clock(at)
+
+
+def on_monotonic_clock(at: float) -> float:
+    """A wall-clock time (time.time()) on this process's time.monotonic() clock."""
+    return time.monotonic() - (time.time() - at)
 
 
 def commit_then_exchange(node: RoundPhases, rnd: PeerRound, delta: torch.Tensor) -> RoundOutcome:

@@ -6,6 +6,7 @@ update once trained, and ends in exactly one RoundOutcome (peer/exchange/outcome
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,15 @@ class PeerRound:
     compute_s: float = 0.0
     window_late_s: float = 0.0  # a window run: how long before this phase began its window opened (the swarm's clock)
     update: Update | None = None
+    # overlapped rounds: θ_{r+1} (peer/exchange/outcome.Landing) once this peer computed it, before
+    # the round's outcome; None: the exchange mode does not tell (the phase waits for the outcome)
+    landing: Future | None = None
+
+    def landed(self, landing: Any) -> None:
+        """The exchange's word that θ_{r+1} is computed (the first only: a round restarted after a
+        coordinator change computes it again)."""
+        if self.landing is not None and not self.landing.done():
+            self.landing.set_result(landing)
 
 
 def round_record(rnd: PeerRound, result: Any, *, traffic: dict[str, int], in_sync: bool, round_s: float,

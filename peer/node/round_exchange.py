@@ -240,4 +240,5 @@ class RoundExchange:
             self.left_out.append(r)  # status shows it (the heartbeat carries it)
         fail_point("manifest", r)
         moved.hold(manifest, reply.manifest)
-        return self.side.run(ManifestInHand(r=r, manifest=manifest, signed=reply.manifest, base=rnd.base, wait_s=wait_s, moved=moved))
+        return self.side.run(ManifestInHand(r=r, manifest=manifest, signed=reply.manifest, base=rnd.base, wait_s=wait_s, moved=moved,
+                                            landed=rnd.landed if rnd.landing is not None else None))
