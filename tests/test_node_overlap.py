@@ -23,9 +23,10 @@ from protocol.accounting import Traffic
 
 class ToyPeer:
     def __init__(self, *, rounds: int, steps: int, land_after: int, resync_round: int | None = None,
-                 window_s: float = 0.0, max_steps: int = 1000, swarm_window_s: float = 0.0, early: bool = False) -> None:
+                 window_s: float = 0.0, max_steps: int = 1000, swarm_window_s: float = 0.0, early: bool = False,
+                 outcome_mid_rest: bool = False) -> None:
         self.cfg = SimpleNamespace(rounds=SimpleNamespace(rounds=rounds, eager_updates=False, eager_estimate="own",
-                                                          window_s=window_s, max_steps=max_steps),
+                                                          window_s=window_s, max_steps=max_steps, min_steps=1),
                                    inner=SimpleNamespace(steps=steps))
         # (round, steps asked, closes as seconds from the call: inf or None kept) per train call
         self.calls: list[tuple[int, int | None, float | None]] = []
@@ -45,7 +46,9 @@ class ToyPeer:
         # only once the rest of the phase has trained (a coordinator slow to confirm the round)
         self.early = early
         self.rest_trained = threading.Event()
+        self.rest_step = threading.Event()  # the rest of a phase took its first step
         self.outcome_after_rest: list[bool] = []  # per early round: did the rest of the phase train before the outcome
+        self.outcome_mid_rest = outcome_mid_rest  # early: the outcome comes one step into the rest of the phase
 
     def running(self, done: int, max_rounds: int | None) -> bool:
         return not self.finished and (max_rounds is None or done < max_rounds)
@@ -59,8 +62,13 @@ class ToyPeer:
         for _ in range(asked):
             load_flat_params(self.model, flat_params(self.model) + 1)
             done += 1
+            if steps is not None and stop is not None and self.outcome_mid_rest:  # the rest of a phase, before its outcome
+                self.rest_step.set()
+                deadline = time.monotonic() + 30
+                while stop is not None and done == 1 and not stop() and time.monotonic() < deadline:
+                    time.sleep(0.001)  # the outcome arrives exactly here
             if stop is not None:
-                if done == self.land_after:
+                if done == self.land_after and steps is None:  # the phase's first call: the exchange lands here
                     self.landed.set()
                     deadline = time.monotonic() + 30
                     while not stop() and time.monotonic() < deadline:  # the exchange returns now: land exactly here
@@ -84,8 +92,9 @@ class ToyPeer:
         self.landed.clear()
         if self.early and rnd.r + 1 < self.cfg.rounds.rounds:
             rnd.landed(Landing(params=rnd.base + 10, manifest_at=time.time() - self.manifest_age_s, window_s=self.swarm_window_s))
-            self.outcome_after_rest.append(self.rest_trained.wait(10))
+            self.outcome_after_rest.append((self.rest_step if self.outcome_mid_rest else self.rest_trained).wait(10))
             self.rest_trained.clear()
+            self.rest_step.clear()
         if rnd.r == self.resync_round:
             return Resync("parameter hash differs")
         return Applied(params=rnd.base + 10, updates=1, timeline={"manifest": time.time() - self.manifest_age_s},
@@ -125,6 +134,20 @@ def test_the_phase_moves_onto_theta_once_computed_not_once_the_coordinator_confi
     assert peer.records == [(0, "applied", 1), (1, "applied", 1), (2, "applied", None)]
     assert peer.params.tolist() == [30.0] * 6 and peer.round == 3
     assert flat_params(peer.model).tolist() == [24.0] * 6
+
+
+def test_an_outcome_mid_phase_is_handled_at_once_and_the_phase_goes_on():
+    """The outcome comes one step into the rest of the phase: the round is finished there (the
+    training thread's work on it beside training, not at the phase's end) and the phase goes on
+    from θ: the same Δs, θ and records, and the rest of the phase split in two."""
+    peer = ToyPeer(rounds=3, steps=4, land_after=1, early=True, outcome_mid_rest=True)
+    assert run_overlapped(peer) == 3
+    assert peer.outcome_after_rest == [True, True]
+    assert peer.sent == [(0, [-4.0] * 6), (1, [-4.0] * 6), (2, [-4.0] * 6)]
+    assert peer.records == [(0, "applied", 1), (1, "applied", 1), (2, "applied", None)]
+    assert peer.params.tolist() == [30.0] * 6 and flat_params(peer.model).tolist() == [24.0] * 6
+    # phases 1 and 2: the first call (landing after 1 step), then 1 step until the outcome, then the 2 left
+    assert [(r, steps) for r, steps, _ in peer.calls] == [(0, None), (1, None), (1, 3), (1, 2), (2, None), (2, 3), (2, 2)]
 
 
 def test_a_resync_after_an_early_landing_drops_the_phase_trained_on_it():

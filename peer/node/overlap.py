@@ -98,12 +98,14 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
                 landed_after = stats.steps
                 # θ_r computed, the coordinator's word on it not in yet: the rest of the phase runs from
                 # it now, and the round is finished at the phase's end (a Resync then drops the phase).
+                # Until the outcome comes: the round is finished then (the training thread's work on it,
+                # beside training, not at the phase's end where every peer's next exchange starts).
                 early = previous.landing.result() if not future.done() and previous.landing is not None and previous.landing.done() else None
                 if early is not None:
                     swarm_window = early.window_s if follows_swarm else 0.0
                     stats, compute, anchor, progress = rest_of_phase(
                         node, r, early.params, anchor, progress, stats, compute, window=window or swarm_window,
-                        manifest_at=early.manifest_at, started=rnd.started)
+                        manifest_at=early.manifest_at, started=rnd.started, stop=future.done)
                 t_join = time.monotonic()
                 outcome = future.result()
                 if isinstance(outcome, Applied):
@@ -120,10 +122,11 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
                     anchor = node.params.clone()
                     eager.forget()
                     continue
-                if early is None:  # θ_r came with the outcome
-                    stats, compute, anchor, progress = rest_of_phase(
-                        node, r, node.params, anchor, progress, stats, compute, window=window or swarm_window,
-                        manifest_at=outcome.timeline.get("manifest") if isinstance(outcome, Applied) else None, started=rnd.started)
+                # What is left of the phase, from θ_r as the round's outcome holds it (the same θ as an
+                # early landing's, or the one a resync to this round brought: the progress moves onto it).
+                stats, compute, anchor, progress = rest_of_phase(
+                    node, r, node.params, anchor, progress, stats, compute, window=window or swarm_window,
+                    manifest_at=outcome.timeline.get("manifest") if isinstance(outcome, Applied) else None, started=rnd.started)
             rnd.base, rnd.stats, rnd.compute_s = node.params.clone(), stats, compute
             local = node.params + progress  # θ_r + this phase's progress
             load_flat_params(node.model, local.to(device))
@@ -153,21 +156,21 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
 
 
 def rest_of_phase(node: RoundPhases, r: int, theta: torch.Tensor, anchor: torch.Tensor, progress: torch.Tensor, stats: Any,
-                  compute: float, *, window: float, manifest_at: float | None, started: float) -> tuple[Any, float, torch.Tensor, torch.Tensor]:
+                  compute: float, *, window: float, manifest_at: float | None, started: float,
+                  stop: Callable[[], bool] | None = None) -> tuple[Any, float, torch.Tensor, torch.Tensor]:
     """θ_r (d,) landed mid-phase: move the phase's progress onto it (θ_local = θ_r + progress) and run
-    what is left of the phase: its H steps, or in a window run until the window closes, `window`
-    seconds after this peer received the manifest of the round that landed (`manifest_at`,
-    time.time(); without it, after the phase's own start). (stats, compute, anchor, progress) of the
-    whole phase; unchanged when nothing is left."""
+    what is left of the phase (until `stop`, if given, says otherwise): its H steps, or in a window
+    run until the window closes, `window` seconds after this peer received the manifest of the round
+    that landed (`manifest_at`, time.time(); without it, after the phase's own start). (stats,
+    compute, anchor, progress) of the phase so far; unchanged when nothing is left."""
     left = (node.cfg.rounds.max_steps if window else node.cfg.inner.steps) - stats.steps
-    if left <= 0:
+    closes = (started if manifest_at is None else on_monotonic_clock(manifest_at)) + window if window else None
+    closed = closes is not None and time.monotonic() >= closes and stats.steps >= node.cfg.rounds.min_steps
+    if left <= 0 or closed:
         return stats, compute, anchor, progress
     anchor = theta.clone()
     load_flat_params(node.model, (anchor + progress).to(node.options.device))
-    closes = None
-    if window:
-        closes = (started if manifest_at is None else on_monotonic_clock(manifest_at)) + window
-    more, more_compute = node.train(r, steps=left, closes=closes)
+    more, more_compute = node.train(r, steps=left, stop=stop, closes=closes)
     return stats.then(more), compute + more_compute, anchor, flat_params(node.model).cpu() - anchor
 
 
