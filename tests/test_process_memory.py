@@ -1,6 +1,6 @@
 """peer/run/process_memory.py: glibc takes the raised thresholds, and a large temporary then
-reuses freed memory instead of faulting in fresh pages (what it is for, counted in minor faults),
-also on threads started afterwards (one arena)."""
+reuses freed memory instead of faulting in fresh pages (what it is for, counted in minor faults);
+with one arena, also on threads started afterwards."""
 
 from __future__ import annotations
 
@@ -45,12 +45,12 @@ def test_large_temporaries_reuse_freed_memory():
 
 
 THREADS_PROBE = """
-import ctypes, ctypes.util, resource, sys, threading, torch
-from peer.run.process_memory import keep_freed_memory
+import resource, sys, threading, torch
+from peer.run.process_memory import keep_freed_memory, one_arena
 torch.set_num_threads(1)
 keep_freed_memory()
-if sys.argv[1] == "own-arenas":  # glibc's default: an arena per new thread
-    ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt(-8, 16)
+if sys.argv[1] == "one-arena":  # else glibc's default: an arena per new thread
+    one_arena()
 x = torch.randn(10_000_000)
 room = torch.ones(50_000_000)  # 200 MB touched, then freed: room for any thread's temporaries
 del room

@@ -274,6 +274,9 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 def cmd_peer(args: argparse.Namespace, make_node=None) -> int:
     """`make_node(options)` builds the node (default PeerNode; tests/byzantine_peer.py passes a subclass)."""
+    from peer.run.process_memory import one_arena
+
+    one_arena()  # first thing, before any thread allocates (peer/run/process_memory.py)
     from peer.node.node import PeerNode, PeerOptions
     from peer.node import ranks
 

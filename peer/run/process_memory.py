@@ -9,14 +9,15 @@ decode, the outer step), so a peer does this once it is set up. Freed memory the
 the process instead of going back to the kernel: the peak resident size is what it was, it is
 just not given back and faulted in again.
 
-Threads from then on share the main arena (M_ARENA_MAX = 1). By default glibc gives each new thread
-an arena of its own, which grows from fresh pages the first time that thread makes large
-temporaries; several threads doing so at once contend in the kernel for the process's memory map.
-Measured in an 8-peer overlapped run on 2 cores: the first round whose rows carry work weights (new
-temporaries on the slice threads) cost 80-130 ms of CPU per slice reduce (its torch ops 20-60x their
-usual CPU) where the same reduce costs 3-6 ms; a 2-4.8 s reduce phase where the others take 0.1-0.7
-s. With one arena they reuse what the process freed before (0.23 s; benchmarks/wan.md, session 19).
-Threads created before the call keep the arena they have.
+`one_arena`: every thread allocates from the main arena (M_ARENA_MAX = 1). By default glibc gives
+each new thread an arena of its own, which grows from fresh pages the first time that thread makes
+large temporaries; several threads doing so at once contend in the kernel for the process's memory
+map. Measured in an 8-peer overlapped run on 2 cores: the first round whose rows carry work weights
+(new temporaries on the slice threads) cost 80-130 ms of CPU per slice reduce (its torch ops 20-60x
+their usual CPU) where the same reduce costs 3-6 ms; a 1.6-4.8 s reduce phase where the others take
+0.1-0.9 s. With one arena they reuse what the process freed before (0.23 s; benchmarks/wan.md,
+session 19). glibc fixes its arena limit the first time a second thread allocates, so the peer
+process calls it first thing (peer/cli/main.py cmd_peer); called later, it changes nothing.
 Nothing else changes: the same values, the same bits. Not glibc (musl, macOS): a no-op.
 """
 
@@ -31,20 +32,29 @@ log = logging.getLogger("swarmloco.memory")
 MMAP_THRESHOLD = 1 << 30  # allocations below 1 GiB come from the heap, freed memory reused
 TRIM_THRESHOLD = (1 << 31) - 1  # free memory at the top of the heap kept (mallopt's largest; 1 GiB measured 8x the faults)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # glibc's mallopt parameters
-ARENA_MAX = 1  # new threads allocate from the main arena, whose freed memory the thresholds above keep
 
 
 def keep_freed_memory() -> bool:
-    """Raise glibc's mmap and trim thresholds for this process and keep new threads on its main
-    arena; True when glibc took all three."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    took = (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
-            and mallopt(_M_ARENA_MAX, ARENA_MAX) == 1)
+    """Raise glibc's mmap and trim thresholds for this process; True when glibc took both."""
+    mallopt = _mallopt()
+    took = mallopt is not None and mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
     if not took:
         log.debug("mallopt refused the thresholds: large temporaries keep coming from mmap")
     return took
+
+
+def one_arena() -> bool:
+    """Every thread of this process allocates from glibc's main arena (before its second thread
+    allocates: see the module's docstring); True when glibc took it."""
+    mallopt = _mallopt()
+    return mallopt is not None and mallopt(_M_ARENA_MAX, 1) == 1
+
+
+def _mallopt():
+    """glibc's mallopt, or None where there is none."""
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt
