@@ -84,10 +84,10 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
         while node.running(done, max_rounds):
             rnd = node.open_round(node.round + (1 if pending is not None else 0))  # the round this phase's update is for
             r = rnd.r
-            # The phase stops early when the exchange in flight finishes: θ_r is then known, and the
-            # rest of the phase runs from θ_r + progress instead of from the estimated start.
+            # The phase stops early once θ_r is known (this peer computed it, or the round's outcome
+            # came), and the rest of it runs from θ_r + progress instead of from the estimated start.
             # In a window run its close is not known before the exchange lands (inf: until then).
-            if pending is not None:  # the phase stops early once θ_r is known: computed here, or the round's outcome
+            if pending is not None:
                 in_flight, landing = pending[0], pending[1].landing
                 stop = lambda: in_flight.done() or (landing is not None and landing.done())  # noqa: E731
             stats, compute = node.train(r, stop=None if pending is None else stop,
@@ -97,9 +97,8 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
                 (future, previous), pending = pending, None
                 landed_after = stats.steps
                 # θ_r computed, the coordinator's word on it not in yet: the rest of the phase runs from
-                # it now, and the round is finished at the phase's end (a Resync then drops the phase).
-                # Until the outcome comes: the round is finished then (the training thread's work on it,
-                # beside training, not at the phase's end where every peer's next exchange starts).
+                # it until the outcome comes, and the round is finished then (beside training, not at the
+                # phase's end, where every peer's next exchange starts); then the phase goes on.
                 early = previous.landing.result() if not future.done() and previous.landing is not None and previous.landing.done() else None
                 if early is not None:
                     swarm_window = early.window_s if follows_swarm else 0.0
