@@ -57,8 +57,9 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
     Δ_{r+1} = −(progress made in round r+1). The round record's landed_after_steps says when.
     "Known" is when this peer computed θ_{r+1} (the exchange tells through the round's landing,
     peer/node/round.py), not when the coordinator confirmed the round (one more round trip, and
-    the wait for the slowest peer's gathered report): the round's outcome is handled at the
-    phase's end then, and one that is not Applied drops the phase as any resync does.
+    the wait for the slowest peer's gathered report): the rest of the phase runs from it until
+    the round's outcome comes, which is handled then (one that is not Applied, or a θ the
+    coordinator did not sign, resynchronises as any round does) before the phase goes on.
 
     With a compute window (rounds.window_s > 0) the phase is sized by the swarm's clock, not the
     peer's: it closes window_s after this peer received round r's signed manifest (rest_of_phase),
@@ -88,8 +89,8 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
             # came), and the rest of it runs from θ_r + progress instead of from the estimated start.
             # In a window run its close is not known before the exchange lands (inf: until then).
             if pending is not None:
-                in_flight, landing = pending[0], pending[1].landing
-                stop = lambda: in_flight.done() or (landing is not None and landing.done())  # noqa: E731
+                in_flight, landing = pending[0], pending[1].landing  # this loop gives every round a landing
+                stop = lambda: in_flight.done() or landing.done()  # noqa: E731
             stats, compute = node.train(r, stop=None if pending is None else stop,
                                         closes=math.inf if (window or swarm_window) and pending is not None else None)
             progress = flat_params(node.model).cpu() - anchor  # (d,)
@@ -99,7 +100,7 @@ def run_overlapped(node: RoundPhases, max_rounds: int | None = None) -> int:
                 # θ_r computed, the coordinator's word on it not in yet: the rest of the phase runs from
                 # it until the outcome comes, and the round is finished then (beside training, not at the
                 # phase's end, where every peer's next exchange starts); then the phase goes on.
-                early = previous.landing.result() if not future.done() and previous.landing is not None and previous.landing.done() else None
+                early = landing.result() if not future.done() and landing.done() else None
                 if early is not None:
                     swarm_window = early.window_s if follows_swarm else 0.0
                     stats, compute, anchor, progress = rest_of_phase(

@@ -40,15 +40,19 @@ def check_mode(mode: str) -> None:
     """A ValueError saying what to pass where the mode is unknown or this OS cannot apply it."""
     if mode not in MODES:
         raise ValueError(f"--train-priority {mode!r}: use one of {', '.join(MODES)}")
-    if mode == "low" and not sys.platform.startswith("linux"):
+    if mode == "low" and not _per_thread_priorities():
         raise ValueError(f"--train-priority {mode}: per-thread priorities need Linux; use --train-priority normal (or auto) here")
 
 
 def resolve(mode: str) -> str:
     """The mode that applies here: "auto" is "low" where per-thread priorities exist, else "normal"."""
     if mode == "auto":
-        return "low" if sys.platform.startswith("linux") else "normal"
+        return "low" if _per_thread_priorities() else "normal"
     return mode
+
+
+def _per_thread_priorities() -> bool:
+    return sys.platform.startswith("linux")
 
 
 def lower_this_thread(mode: str) -> None:
