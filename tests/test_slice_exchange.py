@@ -235,6 +235,28 @@ def test_one_fetch_stream_per_counterpart_per_phase(slice_nodes):
     assert all(torch.equal(c, combined[0]) for c in combined)  # in sync
 
 
+def test_a_spot_check_and_the_all_gather_share_one_stream_per_counterpart(slice_nodes):
+    """A gather with a spot check asks every other author for its input of the checked slice and
+    every owner it picked for aggregated slices: one stream per counterpart carries both (an owner
+    is picked among the authors asked anyway), so n - 1 streams, not up to 2(n - 1). The gathered
+    aggregate is the one a gather without a spot check gets, and the spot check holds."""
+    cfg, nodes = slice_nodes
+    rounds, _ = make_round(cfg, nodes)
+    batches = reduce_all(nodes, rounds)
+    endpoints = {node.endpoint for node in nodes}
+    plain = nodes[1].exchange.gather(rounds[1], batches, spot_checks=0).combined
+    for node, rnd in zip(nodes, rounds):
+        node.counter.round = 1
+        spot = [j for j, owners in enumerate(rnd.owners) if node.identity.peer_id not in owners][:1]
+        before = node.counter.calls_to("FetchPayload")
+        outcome = node.exchange.gather(rnd, batches, spot=spot)
+        after = node.counter.calls_to("FetchPayload")
+        streams = {e: after[e] - before.get(e, 0) for e in after if after[e] - before.get(e, 0)}
+        assert streams == {e: 1 for e in endpoints - {node.endpoint}}  # old code: 2 to most owners
+        assert outcome.spot_checked == outcome.recomputed == spot and not outcome.liars  # a spot check recomputes
+        assert torch.equal(outcome.combined, plain)
+
+
 def test_a_batched_fetch_keeps_what_checks_and_leaves_the_rest_to_the_fallback(slice_nodes):
     """One stream, several items: an item the holder lacks comes back marked missing, an item whose
     bytes do not check (a wrong digest asked for) is refused, and the others still arrive, checked."""

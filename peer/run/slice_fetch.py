@@ -8,7 +8,9 @@
   all-gather       each agreed aggregated slice from one of its signers at random: ONE stream per
                    owner carries every slice wanted from it, all owners at once; what did not come,
                    from its other signers
-  recomputation    (disputes, spot checks) slice j's n inputs: one call per author, all at once
+  spot checks      slice j's n inputs, in the same streams as the all-gather's results: a signer is
+                   drawn among the authors asked anyway, so one stream per counterpart carries both
+  recomputation    (disputes) slice j's n inputs: one call per author, all at once
   client mode      a NAT'd author serves nothing: once the manifest names the owners it pushes each
                    slice of its update to that slice's owners, ONE PushSlices stream per owner, all
                    at once; an owner waits for those (push_wait_s) before counting them unreachable,
@@ -98,14 +100,23 @@ class SliceFetching:
             log.info("slice %d of %s unavailable: %s", j, peer_id[:8], exc)
             return None, "unreachable"
 
+    def first_holder(self, rnd: SliceRound, author: str) -> str:
+        """Where a batched fetch asks for the author's slices first: its first holder that is not
+        us ("" for a client-mode author, whose slices were pushed to their owners)."""
+        return next((h for h in rnd.holders[author] if h and h != self.own_endpoint), "")
+
     def _fetch_inputs(self, rnd: SliceRound, wanted: list[tuple[str, int]],
                       arrived: Callable[[tuple[str, int], bytes], None] | None = None,
+                      results: dict[str, list[tuple[str, int]]] | None = None,
                       ) -> dict[tuple[str, int], tuple[bytes | None, str]]:
         """(author, slice) -> (its bytes or None, why not): what we hold, then one batched stream
         per first holder, then each missing one alone (store, author, the slice's other owners).
         `arrived(pair, data)`: told of each input we held or a batched stream brought, as soon as
         it is in (on the fetch loop's thread, protocol/batched_fetch.py: quick, never raising);
-        not of what the fallback fetches."""
+        not of what the fallback fetches. `results` (holder -> [(sha256, size)], _result_plan):
+        aggregated slices that ride in the same streams (one stream per counterpart for a gather's
+        results and its spot checks' inputs), stored as they check; what does not come is left to
+        _fetch_result."""
         got: dict[tuple[str, int], tuple[bytes | None, str]] = {}
         groups: dict[str, list[tuple[str, int]]] = {}
         pushed = [(rnd.headers[p].root_bytes(), j) for p, j in wanted if not any(rnd.holders[p])]
@@ -118,12 +129,17 @@ class SliceFetching:
                 if arrived is not None:
                     arrived((p, j), held.payload)
                 continue
-            holder = next((h for h in rnd.holders[p] if h and h != self.own_endpoint), "")
+            holder = self.first_holder(rnd, p)
             if holder:
                 groups.setdefault(holder, []).append((p, j))
+        results = results or {}
 
-        def keep(holder: str, k: int, item: FetchedSlice) -> None:  # as each input checks, while the streams go on
-            p, j = groups[holder][k]
+        def keep(holder: str, k: int, item: FetchedSlice) -> None:  # as each object checks, while the streams go on
+            inputs = groups.get(holder, [])
+            if k >= len(inputs):  # an aggregated slice riding along
+                self.store.put_blob(item.digest, rnd.round, item.data)
+                return
+            p, j = inputs[k]
             header = rnd.headers[p]
             self.store.put_slice(header.root_bytes(), j, StoredSlice(rnd.round, item.digest, item.proof, header.num_slices,
                                                                     item.data))  # re-served
@@ -131,19 +147,22 @@ class SliceFetching:
             if arrived is not None:
                 arrived((p, j), item.data)
 
-        fetch_streams(self.pool, {holder: [Wanted(max_size=self.math.sliced_codec.max_slice_payload_size(j), slice=j,
-                                                  proven=rnd.proven[p]) for p, j in pairs] for holder, pairs in groups.items()},
-                      on_item=keep)
+        plan = {holder: [Wanted(max_size=self.math.sliced_codec.max_slice_payload_size(j), slice=j, proven=rnd.proven[p])
+                         for p, j in groups.get(holder, [])] + [Wanted(max_size=size, sha256=sha) for sha, size in results.get(holder, [])]
+                for holder in {**groups, **results}}
+        fetch_streams(self.pool, plan, on_item=keep)
         missing = [pair for pair in wanted if pair not in got]
         for pair, outcome in zip(missing, self.workers.map(lambda pair: self._try_fetch(rnd, *pair), missing)):
             got[pair] = outcome
         return got
 
-    def _prefetch_results(self, rnd: SliceRound, by_slice: dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]],
-                          slices: list[int]) -> None:
-        """The agreed aggregated slices we lack, into the store: each from one of its signers at
-        random, ONE stream per owner carrying every slice wanted from it, all owners at once
-        (issue 24). What does not come is fetched alone from its other signers by _fetch_result."""
+    def _result_plan(self, rnd: SliceRound, by_slice: dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]],
+                     slices: list[int], streams: set[str] = frozenset()) -> dict[str, list[tuple[str, int]]]:
+        """holder -> [(sha256, size)]: the agreed aggregated slices we lack, each from one of its
+        signers at random, preferring the signers in `streams` (holders we open a stream to anyway
+        this phase, for spot checks' inputs): ONE stream per counterpart (issue 24). Disputed or
+        missing slices are left out (settled by recomputation); what does not come is fetched alone
+        from its other signers by _fetch_result."""
         groups: dict[str, list[tuple[str, int]]] = {}
         for j in slices:
             claims = slice_plan.distinct_claims((res.result_sha256, res.inputs) for res, _ in by_slice.get(j, []))
@@ -153,14 +172,9 @@ class SliceFetching:
             signers = [res for res, _ in by_slice[j] if res.result_sha256 == sha]
             holders = [rnd.endpoints[s.owner] for s in signers if s.owner in rnd.endpoints and rnd.endpoints[s.owner] != self.own_endpoint]
             if holders and self.store.get_blob(sha) is None:
+                holders = [h for h in holders if h in streams] or holders
                 groups.setdefault(random.choice(holders), []).append((sha, signers[0].result_size))
-
-        fetched = fetch_streams(self.pool, {holder: [Wanted(max_size=size, sha256=sha) for sha, size in wanted]
-                                            for holder, wanted in groups.items()})
-        for holder, items in fetched.items():
-            for (sha, _), item in zip(groups[holder], items):
-                if item is not None:
-                    self.store.put_blob(sha, rnd.round, item.data)
+        return groups
 
     def _fetch_result(self, rnd: SliceRound, j: int, sha: str, signers: list[SliceResult]) -> bytes | None:
         data = self.store.get_blob(sha)
