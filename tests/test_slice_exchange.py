@@ -235,24 +235,30 @@ def test_one_fetch_stream_per_counterpart_per_phase(slice_nodes):
     assert all(torch.equal(c, combined[0]) for c in combined)  # in sync
 
 
-def test_a_spot_check_and_the_all_gather_share_one_stream_per_counterpart(slice_nodes):
-    """A gather with a spot check asks every other author for its input of the checked slice and
-    every owner it picked for aggregated slices: one stream per counterpart carries both (an owner
-    is picked among the authors asked anyway), so n - 1 streams, not up to 2(n - 1). The gathered
-    aggregate is the one a gather without a spot check gets, and the spot check holds."""
+def test_a_gather_with_a_spot_check_asks_as_few_owners_as_hold_what_it_wants(slice_nodes):
+    """A gather with a spot check wants the aggregated slices it lacks and every input of the
+    checked slice: it asks one owner of the checked slice for its inputs (each still checked
+    against its author's signed root), and the owners it picks cover both, one stream each. Here
+    (4 peers, r = 2) the owner draw gives two pairs that own the same slices, so each peer asks
+    ONE owner of the other pair (the code before: every other author for the inputs, and owners
+    at random per slice for the results: 3 streams). The aggregate is the one a gather without a
+    spot check gets, and the spot check holds."""
     cfg, nodes = slice_nodes
     rounds, _ = make_round(cfg, nodes)
     batches = reduce_all(nodes, rounds)
-    endpoints = {node.endpoint for node in nodes}
     plain = nodes[1].exchange.gather(rounds[1], batches, spot_checks=0).combined
     for node, rnd in zip(nodes, rounds):
+        me = node.identity.peer_id
+        groups = {frozenset(o) for o in rnd.owners if me not in o}
+        assert len(groups) == 1  # the other pair
         node.counter.round = 1
-        spot = [j for j, owners in enumerate(rnd.owners) if node.identity.peer_id not in owners][:1]
+        spot = [j for j, owners in enumerate(rnd.owners) if me not in owners][:1]
         before = node.counter.calls_to("FetchPayload")
         outcome = node.exchange.gather(rnd, batches, spot=spot)
         after = node.counter.calls_to("FetchPayload")
         streams = {e: after[e] - before.get(e, 0) for e in after if after[e] - before.get(e, 0)}
-        assert streams == {e: 1 for e in endpoints - {node.endpoint}}  # old code: 2 to most owners
+        owner_endpoints = {rnd.endpoints[o] for o in next(iter(groups))}
+        assert len(streams) == 1 and set(streams.values()) == {1} and set(streams) <= owner_endpoints
         assert outcome.spot_checked == outcome.recomputed == spot and not outcome.liars  # a spot check recomputes
         assert torch.equal(outcome.combined, plain)
 

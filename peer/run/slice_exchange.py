@@ -319,8 +319,9 @@ class SliceExchange(SliceFetching):
     def _prefetch(self, rnd: SliceRound, by_slice: dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]],
                   spot: list[int]) -> None:
         """The agreed results of every slice but `spot` and the inputs of the `spot` slices, all in
-        flight at once and ONE stream per counterpart: a result rides in the stream to an author
-        whose inputs a spot check wants when one of its signers is one (8 peers: 7 streams, not 14). Inputs of client-mode authors (pushed to the slice's owners) are left to
+        flight at once, from as few owners as hold them all (slice_plan.cover): a spot check's
+        inputs come from one owner of the slice, which holds every input it reduced (8 peers: 3
+        streams a gather, where one per author and one per owner picked were up to 14). Inputs of client-mode authors (pushed to the slice's owners) are left to
         settle(), which fetches them from the owners. A spot check recomputes each claim over its
         own inputs (settle), so only the authors some claim used are fetched: an author every owner
         left out (unreachable: issue 22's partitioned peer, whose dead link held the coordinator's
@@ -331,9 +332,14 @@ class SliceExchange(SliceFetching):
             return [p for p in rnd.peer_ids if p in used]
 
         inputs = [(p, j) for j in spot for p in authors(j) if any(rnd.holders[p])]
-        streams = {self.first_holder(rnd, p) for p, _ in inputs}
-        results = self._result_plan(rnd, by_slice, [j for j in range(self.math.layout.num_slices) if j not in spot], streams)
-        self._fetch_inputs(rnd, inputs, results=results)  # the results ride in the inputs' streams
+        agreed = self._agreed_results(rnd, by_slice, [j for j in range(self.math.layout.num_slices) if j not in spot])
+        owners = {j: sorted({rnd.endpoints[res.owner] for res, _ in by_slice.get(j, [])  # who signed a result: it holds the inputs
+                             if rnd.endpoints.get(res.owner, self.own_endpoint) != self.own_endpoint}) for j in spot}
+        chosen = slice_plan.cover({**{j: holders for j, (_, _, holders) in agreed.items()}, **owners}, random.SystemRandom())
+        results: dict[str, list[tuple[str, int]]] = {}
+        for j, (sha, size, _) in agreed.items():
+            results.setdefault(chosen[j], []).append((sha, size))
+        self._fetch_inputs(rnd, inputs, results=results, via={j: chosen[j] for j in spot if j in chosen})
 
     def settle(self, rnd: SliceRound, j: int,
                results: list[tuple[SliceResult, swarm_pb2.Signed]]) -> tuple[bytes, list[Lie], dict[str, str]]:

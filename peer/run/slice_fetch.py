@@ -8,8 +8,10 @@
   all-gather       each agreed aggregated slice from one of its signers at random: ONE stream per
                    owner carries every slice wanted from it, all owners at once; what did not come,
                    from its other signers
-  spot checks      slice j's n inputs, in the same streams as the all-gather's results: a signer is
-                   drawn among the authors asked anyway, so one stream per counterpart carries both
+  spot checks      slice j's n inputs from ONE of its owners (who holds every input it reduced; each
+                   still checked against its author's signed root), in the same streams as the
+                   all-gather's results; the owners asked are as few as cover both
+                   (slice_plan.cover): 3 streams a gather at 8 peers, where one per author was 7
   recomputation    (disputes) slice j's n inputs: one call per author, all at once
   client mode      a NAT'd author serves nothing: once the manifest names the owners it pushes each
                    slice of its update to that slice's owners, ONE PushSlices stream per owner, all
@@ -107,16 +109,17 @@ class SliceFetching:
 
     def _fetch_inputs(self, rnd: SliceRound, wanted: list[tuple[str, int]],
                       arrived: Callable[[tuple[str, int], bytes], None] | None = None,
-                      results: dict[str, list[tuple[str, int]]] | None = None,
+                      results: dict[str, list[tuple[str, int]]] | None = None, via: dict[int, str] | None = None,
                       ) -> dict[tuple[str, int], tuple[bytes | None, str]]:
         """(author, slice) -> (its bytes or None, why not): what we hold, then one batched stream
         per first holder, then each missing one alone (store, author, the slice's other owners).
         `arrived(pair, data)`: told of each input we held or a batched stream brought, as soon as
         it is in (on the fetch loop's thread, protocol/batched_fetch.py: quick, never raising);
-        not of what the fallback fetches. `results` (holder -> [(sha256, size)], _result_plan):
-        aggregated slices that ride in the same streams (one stream per counterpart for a gather's
-        results and its spot checks' inputs), stored as they check; what does not come is left to
-        _fetch_result."""
+        not of what the fallback fetches. `via` (slice -> holder): ask that holder (an owner of the
+        slice, who holds every input it reduced) for the slice's inputs instead of each author.
+        `results` (holder -> [(sha256, size)]): aggregated slices that ride in the same streams
+        (one stream per counterpart for a gather's results and its spot checks' inputs), stored as
+        they check; what does not come is left to _fetch_result."""
         got: dict[tuple[str, int], tuple[bytes | None, str]] = {}
         groups: dict[str, list[tuple[str, int]]] = {}
         pushed = [(rnd.headers[p].root_bytes(), j) for p, j in wanted if not any(rnd.holders[p])]
@@ -129,7 +132,7 @@ class SliceFetching:
                 if arrived is not None:
                     arrived((p, j), held.payload)
                 continue
-            holder = self.first_holder(rnd, p)
+            holder = (via or {}).get(j) or self.first_holder(rnd, p)
             if holder:
                 groups.setdefault(holder, []).append((p, j))
         results = results or {}
@@ -156,25 +159,21 @@ class SliceFetching:
             got[pair] = outcome
         return got
 
-    def _result_plan(self, rnd: SliceRound, by_slice: dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]],
-                     slices: list[int], streams: set[str] = frozenset()) -> dict[str, list[tuple[str, int]]]:
-        """holder -> [(sha256, size)]: the agreed aggregated slices we lack, each from one of its
-        signers at random, preferring the signers in `streams` (holders we open a stream to anyway
-        this phase, for spot checks' inputs): ONE stream per counterpart (issue 24). Disputed or
-        missing slices are left out (settled by recomputation); what does not come is fetched alone
-        from its other signers by _fetch_result."""
-        groups: dict[str, list[tuple[str, int]]] = {}
+    def _agreed_results(self, rnd: SliceRound, by_slice: dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]],
+                        slices: list[int]) -> dict[int, tuple[str, int, list[str]]]:
+        """slice -> (sha256, size, the endpoints of its signers but us): the agreed aggregated slices
+        of `slices` we lack. Disputed or missing slices are left out (settled by recomputation)."""
+        agreed: dict[int, tuple[str, int, list[str]]] = {}
         for j in slices:
             claims = slice_plan.distinct_claims((res.result_sha256, res.inputs) for res, _ in by_slice.get(j, []))
             if len(claims) != 1:
-                continue  # disputed or missing: settled by recomputation
+                continue
             sha = claims[0][0]
             signers = [res for res, _ in by_slice[j] if res.result_sha256 == sha]
             holders = [rnd.endpoints[s.owner] for s in signers if s.owner in rnd.endpoints and rnd.endpoints[s.owner] != self.own_endpoint]
             if holders and self.store.get_blob(sha) is None:
-                holders = [h for h in holders if h in streams] or holders
-                groups.setdefault(random.choice(holders), []).append((sha, signers[0].result_size))
-        return groups
+                agreed[j] = (sha, signers[0].result_size, holders)
+        return agreed
 
     def _fetch_result(self, rnd: SliceRound, j: int, sha: str, signers: list[SliceResult]) -> bytes | None:
         data = self.store.get_blob(sha)

@@ -10,7 +10,8 @@ about S·r/m slices). The draw is a pure function of the manifest, so every node
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+import random
+from collections.abc import Iterable, Mapping, Sequence
 
 
 def owner_seed(run_id: str, round_: int, payload_sha256s: Sequence[str]) -> bytes:
@@ -59,6 +60,28 @@ def expected_traffic(n: int, payload: float, result: float, replicas: int, serve
     spot = checks * max(0.0, (n - 1) * payload - result) / num_slices
     return {"sent": (r - r / m) * payload + (n - r + 1) / m * result + spot,  # authors serve the checkers' fetches
             "received": r * (n - 1) / m * payload + (1 - r / m) * result + spot}
+
+
+def cover(candidates: Mapping[int, Sequence[str]], rng: random.Random) -> dict[int, str]:
+    """slice -> the one holder to ask for it, from `candidates` (slice -> who holds it), asking as
+    few holders as possible (greedy set cover: the holder that holds most of what is still
+    wanted first, ties drawn at random so that the swarm's askers spread over a slice's owners).
+    A phase pays one stream per holder asked (issue 24): with r = 2 the owner draw gives pairs
+    that own the same slices, so a peer gathering at 8 peers asks 3 owners, not 7. A slice with
+    no candidate is left out."""
+    left = {j: set(holders) for j, holders in candidates.items() if holders}
+    chosen: dict[int, str] = {}
+    while left:
+        counts: dict[str, int] = {}
+        for holders in left.values():
+            for h in holders:
+                counts[h] = counts.get(h, 0) + 1
+        most = max(counts.values())
+        pick = rng.choice(sorted(h for h, c in counts.items() if c == most))
+        for j in [j for j, holders in left.items() if pick in holders]:
+            chosen[j] = pick
+            del left[j]
+    return chosen
 
 
 def distinct_claims(claims: Iterable[tuple[str, tuple[str, ...]]]) -> list[tuple[str, tuple[str, ...]]]:
