@@ -320,9 +320,10 @@ class SliceExchange(SliceFetching):
                   spot: list[int]) -> None:
         """The agreed results of every slice but `spot` and the inputs of the `spot` slices, all in
         flight at once, from as few owners as hold them all (slice_plan.cover): a spot check's
-        inputs come from one owner of the slice, which holds every input it reduced (8 peers: 3
-        streams a gather, where one per author and one per owner picked were up to 14). Inputs of client-mode authors (pushed to the slice's owners) are left to
-        settle(), which fetches them from the owners. A spot check recomputes each claim over its
+        inputs come from one signer of the slice's result, which holds every input it reduced (8
+        peers: 3 streams a gather, where one per author and one per owner picked were up to 13);
+        what it does not send is fetched from the authors. Inputs of client-mode authors (pushed
+        to the slice's owners) are left to settle(), which fetches them from the owners. A spot check recomputes each claim over its
         own inputs (settle), so only the authors some claim used are fetched: an author every owner
         left out (unreachable: issue 22's partitioned peer, whose dead link held the coordinator's
         apply 10-13 s) is not asked; a slice with no claim is reduced over every author."""

@@ -5,7 +5,8 @@
                    or the coordinator for pushed payloads), all holders in flight at once; what
                    did not come (a missing item, a failed proof, a broken stream) is fetched alone
                    from the next holders (the author, the slice's other owners)
-  all-gather       each agreed aggregated slice from one of its signers at random: ONE stream per
+  all-gather       each agreed aggregated slice from one of its signers, the signers asked as few as
+                   hold what the gather wants (slice_plan.cover, ties at random): ONE stream per
                    owner carries every slice wanted from it, all owners at once; what did not come,
                    from its other signers
   spot checks      slice j's n inputs from ONE of its owners (who holds every input it reduced; each
