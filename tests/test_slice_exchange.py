@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from peer.cli.simulate_slices import false_result
+from peer.run import slice_exchange
 from peer.run.config import RunConfig
 from peer.run.round_math import RoundMath
 from peer.run.slice_exchange import SliceExchange
@@ -194,6 +195,34 @@ def test_a_vanished_owner_is_covered_and_a_slice_nobody_reduced_is_recomputed(sl
     outcome = nodes[checker].exchange.gather(rounds[checker], survivors)
     assert torch.equal(outcome.combined, clean)
     assert 2 in outcome.recomputed
+
+
+def test_an_owner_that_signed_and_then_vanished_costs_a_gather_nothing_but_the_fallback(slice_nodes, monkeypatch):
+    """A gather asks one owner for a whole group of slices and a spot check's inputs (slice_plan.cover).
+    If that owner signed its results and then went away, every slice it was asked for comes from
+    its co-owner and the spot check's inputs from their authors: the same aggregate, the spot
+    check held, nobody named a liar."""
+    cfg, nodes = slice_nodes
+    rounds, _ = make_round(cfg, nodes)
+    batches = reduce_all(nodes, rounds)
+    clean = nodes[0].exchange.gather(rounds[0], batches, spot_checks=0).combined
+    checker = 0
+    me = nodes[checker].identity.peer_id
+    spot = [j for j, owners in enumerate(rounds[checker].owners) if me not in owners][:1]
+    gone = next(i for i, n in enumerate(nodes) if n.identity.peer_id in rounds[checker].owners[spot[0]])
+    nodes[gone].server.stop(0).wait(5)  # both owners of the spot slice signed; this one serves nothing now
+    gone_endpoint = nodes[gone].endpoint
+
+    class PickTheVanished:  # the cover's draw picks it wherever it may
+        def choice(self, seq):
+            return gone_endpoint if gone_endpoint in seq else seq[0]
+
+    monkeypatch.setattr(slice_exchange.random, "SystemRandom", PickTheVanished)
+    outcome = nodes[checker].exchange.gather(rounds[checker], batches, spot=spot)
+    assert gone_endpoint in nodes[checker].counter.calls_to("FetchPayload")  # it was asked, and the fallback covered it
+    assert torch.equal(outcome.combined, clean)
+    assert outcome.spot_checked == outcome.recomputed == spot and not outcome.liars
+    assert all(not excluded for excluded in outcome.excluded.values())
 
 
 def _owner(signed) -> str:
