@@ -61,17 +61,20 @@ def test_three_peers_train_in_lockstep(swarm, tmp_path, overlap):
         sent_to_coordinator = sum(t.get(status["endpoint"], {}).get("bytes_sent", 0) for t in peer["traffic"].values())
         assert sent_to_coordinator > 0
     coordinator_view = status["traffic_by_peer"]
+    served_in_all = 0
     for peer_id, peer in by_id.items():
         # Callers name themselves (peer_id); callees are named by the endpoint that was dialled.
         sent = sum(t.get(status["endpoint"], {}).get("bytes_sent", 0) for t in peer["traffic"].values())
         received = sum(t.get(status["endpoint"], {}).get("bytes_received", 0) for t in peer["traffic"].values())
         assert coordinator_view[peer_id]["bytes_received"] == sent
         assert coordinator_view[peer_id]["bytes_sent"] == received
-        # The other direction: the coordinator fetched payloads from each peer's own server.
+        # The other direction: the coordinator fetched payloads from the peers' own servers (from
+        # as few as hold what it wants: slice_plan.cover; a peer it never asked served it 0 bytes).
         endpoint = next(r["endpoint"] for r in status["peers"] if r["peer_id"] == peer_id)
         served = sum(t.get(status["coordinator_id"], {}).get("bytes_sent", 0) for t in peer["traffic"].values())
-        assert served > 0
-        assert coordinator_view[endpoint]["bytes_received"] == served
+        assert coordinator_view.get(endpoint, {}).get("bytes_received", 0) == served
+        served_in_all += served
+    assert served_in_all > 0
 
 
 def test_client_mode_and_direct_coordinator_and_status(swarm, tmp_path):
