@@ -22,12 +22,13 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 import grpc
 
-from protocol._generated import swarm_pb2_grpc
+from protocol._generated import swarm_pb2, swarm_pb2_grpc
 from protocol.aio_server import run_loop
 from protocol.channels import TlsConfig, create_async_channel
 
 T = TypeVar("T")
 HASH_THREADS = 4  # large items hashed at once (hashlib releases the GIL)
+FETCH_PAYLOAD = "/swarmloco.v1.Peer/FetchPayload"  # as the generated PeerStub names it
 CLOSED_LOOP_CHECK_S = 0.5  # how often a caller waiting on a shared loop checks that the loop still exists
 
 
@@ -46,6 +47,7 @@ class AioChannels:
         self._thread: threading.Thread | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, swarm_pb2_grpc.PeerStub] = {}  # building a stub costs ms: one per channel
+        self._raw_fetches: dict[str, Any] = {}  # target -> FetchPayload with undecoded responses (raw_fetch)
         self._running: set[concurrent.futures.Future] = set()  # what callers of run() wait on
         self._closed = False
         self._borrowed = False  # the loop is another's (share_loop): not ours to stop
@@ -136,6 +138,17 @@ class AioChannels:
             stub = self._stubs[target] = swarm_pb2_grpc.PeerStub(channel)
         return stub
 
+    def raw_fetch(self, target: str) -> Any:
+        """FetchPayload at `target` (a grpc.aio unary-stream callable) whose responses come as the
+        bytes gRPC received: the caller counts their length and parses them itself, so a chunk is
+        not serialized again to be counted (protocol/batched_fetch.py); call it on the loop."""
+        call = self._raw_fetches.get(target)
+        if call is None:
+            self.peer_stub(target)  # its channel
+            call = self._raw_fetches[target] = self._channels[target].unary_stream(
+                FETCH_PAYLOAD, request_serializer=swarm_pb2.FetchRequest.SerializeToString, response_deserializer=None)
+        return call
+
     def close(self) -> None:
         """Close every channel (calls in flight end with CANCELLED), end this pool's fetches, and
         stop the loop's thread when the loop is the pool's own (a shared one goes on serving)."""
@@ -157,7 +170,7 @@ class AioChannels:
             thread.join(5.0)
 
     async def _close_channels(self) -> None:
-        channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        channels, self._channels, self._stubs, self._raw_fetches = list(self._channels.values()), {}, {}, {}
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
 
 

@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Callable, Mapping, Sequence
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from protocol import merkle
 from protocol._generated import swarm_pb2
@@ -129,17 +130,21 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
     call = None
     hashing = pool.aio.hashing  # once per stream: PoolClosed here when the pool closed meanwhile
     try:
-        call = pool.aio.peer_stub(holder).FetchPayload(request, timeout=deadline.total_seconds(), metadata=metadata)
+        call = pool.aio.raw_fetch(holder)(request, timeout=deadline.total_seconds(), metadata=metadata)
         while True:
             try:
-                message = await asyncio.wait_for(call.read(), stall.total_seconds())
+                data = await asyncio.wait_for(call.read(), stall.total_seconds())
             except asyncio.TimeoutError:
                 STALLS.mark(holder, stall.total_seconds())
                 raise TransferError(f"sent nothing for {stall.total_seconds():g} s: cut off (its link or process is down)") from None
-            if message is grpc.aio.EOF:
+            if data is grpc.aio.EOF:
                 break
-            if counter is not None:
-                counter.add(holder, received=message.ByteSize(), method=METHOD)
+            if counter is not None:  # the bytes as they came (a message's ByteSize() would serialize it again)
+                counter.add(holder, received=len(data), method=METHOD)
+            try:
+                message = swarm_pb2.Chunk.FromString(data)
+            except DecodeError:
+                raise TransferError(f"a message of {len(data)} bytes that is not a Chunk") from None
             reader.message(message)
             await _check(reader, hashing)
         reader.close()
