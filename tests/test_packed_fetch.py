@@ -127,6 +127,36 @@ def test_a_packed_message_that_breaks_the_rules_stops_the_stream_after_what_chec
     assert got[1] is None and got[2] is None  # left to the fallback fetch from the next holders
 
 
+def test_a_message_that_is_not_a_chunk_stops_the_stream_after_what_checked():
+    """The batched fetch parses each message's bytes itself (it counts their length first): bytes
+    that are not a Chunk end the stream like a message that breaks the packing rules, keeping what
+    checked before them."""
+    from concurrent import futures
+
+    import grpc
+
+    first = swarm_pb2.Chunk(parts=[swarm_pb2.Chunk(item=0, data=SLICES[0], total_size=len(SLICES[0]), proof=PROOFS[0])])
+
+    def stream(request, context):
+        yield first.SerializeToString()
+        yield b"\x0a\xff"  # field 1, a length that runs past the end
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "swarmloco.v1.Peer", {"FetchPayload": grpc.unary_stream_rpc_method_handler(stream)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    counter = ByteCounter("asker")
+    pool = ChannelPool(counter)
+    try:
+        got = fetch_items(pool, f"127.0.0.1:{port}", wanted([0, 1]))
+        assert got[0] is not None and got[0].data == SLICES[0] and got[1] is None
+        assert counter.total().received == first.ByteSize() + 2  # the bytes as they came, both messages
+    finally:
+        pool.close()
+        server.stop(0)
+
+
 def test_a_batched_fetch_after_the_pool_closed_brings_nothing_and_raises_nothing(holders):
     """A node shutting down closes its pool while a phase may still ask: every object comes back
     None (left to the caller's fallback), as from a broken stream, instead of an error mid-round."""
