@@ -134,9 +134,15 @@ class AioChannels:
         """The Peer service at `target`, over one channel per target (made on first use); call it on the loop."""
         stub = self._stubs.get(target)
         if stub is None:
-            self._channels[target] = channel = create_async_channel(target, tls=self.tls)
-            stub = self._stubs[target] = swarm_pb2_grpc.PeerStub(channel)
+            stub = self._stubs[target] = swarm_pb2_grpc.PeerStub(self._channel(target))
         return stub
+
+    def _channel(self, target: str) -> grpc.aio.Channel:
+        """The one channel to `target` (made on first use); call it on the loop."""
+        channel = self._channels.get(target)
+        if channel is None:
+            channel = self._channels[target] = create_async_channel(target, tls=self.tls)
+        return channel
 
     def raw_fetch(self, target: str) -> Any:
         """FetchPayload at `target` (a grpc.aio unary-stream callable) whose responses come as the
@@ -144,8 +150,7 @@ class AioChannels:
         not serialized again to be counted (protocol/batched_fetch.py); call it on the loop."""
         call = self._raw_fetches.get(target)
         if call is None:
-            self.peer_stub(target)  # its channel
-            call = self._raw_fetches[target] = self._channels[target].unary_stream(
+            call = self._raw_fetches[target] = self._channel(target).unary_stream(
                 FETCH_PAYLOAD, request_serializer=swarm_pb2.FetchRequest.SerializeToString, response_deserializer=None)
         return call
 

@@ -334,8 +334,8 @@ class SliceExchange(SliceFetching):
 
         inputs = [(p, j) for j in spot for p in authors(j) if any(rnd.holders[p])]
         agreed = self._agreed_results(rnd, by_slice, [j for j in range(self.math.layout.num_slices) if j not in spot])
-        owners = {j: sorted({rnd.endpoints[res.owner] for res, _ in by_slice.get(j, [])  # who signed a result: it holds the inputs
-                             if rnd.endpoints.get(res.owner, self.own_endpoint) != self.own_endpoint}) for j in spot}
+        # a spot slice's inputs from one who signed a result for it: it holds every input it reduced
+        owners = {j: self._signer_endpoints(rnd, (res for res, _ in by_slice.get(j, []))) for j in spot}
         chosen = slice_plan.cover({**{j: holders for j, (_, _, holders) in agreed.items()}, **owners}, random.SystemRandom())
         results: dict[str, list[tuple[str, int]]] = {}
         for j, (sha, size, _) in agreed.items():

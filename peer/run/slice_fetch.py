@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import random
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import grpc
 
@@ -103,10 +103,10 @@ class SliceFetching:
             log.info("slice %d of %s unavailable: %s", j, peer_id[:8], exc)
             return None, "unreachable"
 
-    def first_holder(self, rnd: SliceRound, author: str) -> str:
-        """Where a batched fetch asks for the author's slices first: its first holder that is not
-        us ("" for a client-mode author, whose slices were pushed to their owners)."""
-        return next((h for h in rnd.holders[author] if h and h != self.own_endpoint), "")
+    def _signer_endpoints(self, rnd: SliceRound, signers: Iterable[SliceResult]) -> list[str]:
+        """Where the owners who signed these results serve (each once, ours left out)."""
+        return list(dict.fromkeys(rnd.endpoints[s.owner] for s in signers
+                                  if rnd.endpoints.get(s.owner, self.own_endpoint) != self.own_endpoint))
 
     def _fetch_inputs(self, rnd: SliceRound, wanted: list[tuple[str, int]],
                       arrived: Callable[[tuple[str, int], bytes], None] | None = None,
@@ -133,7 +133,7 @@ class SliceFetching:
                 if arrived is not None:
                     arrived((p, j), held.payload)
                 continue
-            holder = (via or {}).get(j) or self.first_holder(rnd, p)
+            holder = (via or {}).get(j) or next((h for h in rnd.holders[p] if h and h != self.own_endpoint), "")
             if holder:
                 groups.setdefault(holder, []).append((p, j))
         results = results or {}
@@ -171,7 +171,7 @@ class SliceFetching:
                 continue
             sha = claims[0][0]
             signers = [res for res, _ in by_slice[j] if res.result_sha256 == sha]
-            holders = [rnd.endpoints[s.owner] for s in signers if s.owner in rnd.endpoints and rnd.endpoints[s.owner] != self.own_endpoint]
+            holders = self._signer_endpoints(rnd, signers)
             if holders and self.store.get_blob(sha) is None:
                 agreed[j] = (sha, signers[0].result_size, holders)
         return agreed
