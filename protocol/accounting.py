@@ -230,12 +230,18 @@ def _counted_handler(handler: Any, counter: ByteCounter, handler_call_details: A
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(handler.unary_stream, deserialize, serialize)
     behaviour = handler.stream_unary or handler.stream_stream
-    if inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour):
-        raise TypeError(f"{method}: only unary-request handlers may be async (a counted request stream's must be a plain function)")
+    if inspect.iscoroutinefunction(behaviour):
+        raise TypeError(f"{method}: an async request-stream handler here answers with a stream (an async generator) or is a plain function")
 
-    def called(request_iterator, context):
-        counter.add(remote, call=True, method=method)
-        return behaviour(request_iterator, context)
+    if inspect.isasyncgenfunction(behaviour):  # both streams on the server's loop (SwapSlices)
+        async def called(request_iterator, context):
+            counter.add(remote, call=True, method=method)
+            async for message in behaviour(request_iterator, context):
+                yield message
+    else:
+        def called(request_iterator, context):
+            counter.add(remote, call=True, method=method)
+            return behaviour(request_iterator, context)
 
     if handler.stream_unary is not None:
         return grpc.stream_unary_rpc_method_handler(called, deserialize, serialize)

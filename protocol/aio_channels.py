@@ -28,7 +28,8 @@ from protocol.channels import TlsConfig, create_async_channel
 
 T = TypeVar("T")
 HASH_THREADS = 4  # large items hashed at once (hashlib releases the GIL)
-FETCH_PAYLOAD = "/swarmloco.v1.Peer/FetchPayload"  # as the generated PeerStub names it
+FETCH_PAYLOAD = "/swarmloco.v1.Peer/FetchPayload"  # as the generated PeerStub names them
+SWAP_SLICES = "/swarmloco.v1.Peer/SwapSlices"
 CLOSED_LOOP_CHECK_S = 0.5  # how often a caller waiting on a shared loop checks that the loop still exists
 
 
@@ -48,6 +49,7 @@ class AioChannels:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, swarm_pb2_grpc.PeerStub] = {}  # building a stub costs ms: one per channel
         self._raw_fetches: dict[str, Any] = {}  # target -> FetchPayload with undecoded responses (raw_fetch)
+        self._raw_swaps: dict[str, Any] = {}  # target -> SwapSlices, bytes both ways (raw_swap)
         self._running: set[concurrent.futures.Future] = set()  # what callers of run() wait on
         self._closed = False
         self._borrowed = False  # the loop is another's (share_loop): not ours to stop
@@ -154,6 +156,15 @@ class AioChannels:
                 FETCH_PAYLOAD, request_serializer=swarm_pb2.FetchRequest.SerializeToString, response_deserializer=None)
         return call
 
+    def raw_swap(self, target: str) -> Any:
+        """SwapSlices at `target` (a grpc.aio stream-stream callable) taking and giving bytes: the
+        caller serializes (and counts) its requests and parses the responses, as for raw_fetch."""
+        call = self._raw_swaps.get(target)
+        if call is None:
+            call = self._raw_swaps[target] = self._channel(target).stream_stream(
+                SWAP_SLICES, request_serializer=None, response_deserializer=None)
+        return call
+
     def close(self) -> None:
         """Close every channel (calls in flight end with CANCELLED), end this pool's fetches, and
         stop the loop's thread when the loop is the pool's own (a shared one goes on serving)."""
@@ -175,7 +186,8 @@ class AioChannels:
             thread.join(5.0)
 
     async def _close_channels(self) -> None:
-        channels, self._channels, self._stubs, self._raw_fetches = list(self._channels.values()), {}, {}, {}
+        channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        self._raw_fetches, self._raw_swaps = {}, {}
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
 
 

@@ -9,6 +9,9 @@ while the stream's later objects still arrive. What did not come or did not chec
 failed proof, a broken or lying stream) is None: the caller fetches it alone from the next holders
 (protocol/payload_fetch.py). A holder that sends nothing for `stall` is cut off and remembered as
 stalled (protocol/stall_watch.py), so that fallback asks the others first.
+
+A stream may also carry what we push to the holder (`Push`: the reduce-scatter's trade between two
+slice owners, SwapSlices): the same request and answer, our slices sent beside them.
 """
 
 from __future__ import annotations
@@ -26,16 +29,17 @@ from google.protobuf.message import DecodeError
 
 from protocol import merkle
 from protocol._generated import swarm_pb2
-from protocol.accounting import PEER_HEADER
+from protocol.accounting import PEER_HEADER, ByteCounter
 from protocol.aio_channels import PoolClosed
 from protocol.channels import STALL_TIMEOUT, TRANSFER_DEADLINE
 from protocol.payload_fetch import ChannelPool, FetchedSlice
+from protocol.slice_push import HeldSlice, push_slices
 from protocol.stall_watch import STALLS
 from protocol.streaming import TransferError
 
 log = logging.getLogger("swarmloco.fetch")
 MAX_STREAMS = 64  # streams of one phase in flight at once (a larger phase queues the rest)
-METHOD = "FetchPayload"
+METHOD, SWAP_METHOD = "FetchPayload", "SwapSlices"
 HASH_OFF_LOOP_BYTES = 1 << 20  # an item this large is hashed off the loop, in parallel with other streams'
 
 
@@ -56,6 +60,15 @@ class Wanted:
             raise ValueError("a wanted object is a slice with its ProvenNodes, or an object by its sha256 hex")
 
 
+@dataclass(frozen=True, slots=True)
+class Push:
+    """What a stream sends beside its request (SwapSlices: a trade between two owners, issue 24):
+    our signed header and the slices of our update the holder owns, (index, held slice)."""
+
+    signed_header: swarm_pb2.Signed
+    slices: Sequence[tuple[int, HeldSlice]]
+
+
 OnItem = Callable[[str, int, FetchedSlice], None]  # (holder, index in its wanted list, the checked object)
 
 
@@ -68,13 +81,18 @@ def fetch_items(pool: ChannelPool, holder: str, wanted: Sequence[Wanted], *, dea
 
 
 def fetch_streams(pool: ChannelPool, plan: Mapping[str, Sequence[Wanted]], *, deadline: timedelta = TRANSFER_DEADLINE,
-                  stall: timedelta = STALL_TIMEOUT, on_item: OnItem | None = None) -> dict[str, list[FetchedSlice | None]]:
+                  stall: timedelta = STALL_TIMEOUT, on_item: OnItem | None = None,
+                  pushes: Mapping[str, Push] | None = None) -> dict[str, list[FetchedSlice | None]]:
     """ONE stream per holder in `plan` (holder -> the objects wanted from it), every holder at once
     (at most MAX_STREAMS in flight), on the pool's event loop; blocks until every stream ended.
     -> holder -> one entry per wanted object, None for what did not come or did not check.
     `on_item(holder, k, item)`: each object as soon as it checked, ON THE LOOP's thread: it must be
-    quick and must not block (store it, hand work to a pool)."""
-    plan = {holder: list(wanted) for holder, wanted in plan.items() if wanted}
+    quick and must not block (store it, hand work to a pool). `pushes` (holder -> Push): that
+    holder's stream is a SwapSlices trade, sending the Push beside the request (a holder with a
+    Push and nothing wanted still gets its stream). Whether a push was kept is the holder's affair:
+    one it refused or never got, it fetches itself."""
+    pushes = pushes or {}
+    plan = {holder: list(plan.get(holder, ())) for holder in {**plan, **pushes} if plan.get(holder) or holder in pushes}
     if not plan:
         return {}
 
@@ -83,7 +101,7 @@ def fetch_streams(pool: ChannelPool, plan: Mapping[str, Sequence[Wanted]], *, de
 
         async def one(holder: str) -> list[FetchedSlice | None]:
             async with gate:
-                return await _stream(pool, holder, plan[holder], deadline, stall, on_item)
+                return await _stream(pool, holder, plan[holder], deadline, stall, on_item, pushes.get(holder))
 
         holders = list(plan)
         return dict(zip(holders, await asyncio.gather(*(one(h) for h in holders))))
@@ -118,19 +136,26 @@ def _request(wanted: list[Wanted]) -> swarm_pb2.FetchRequest:
 
 
 async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline: timedelta, stall: timedelta,
-                  on_item: OnItem | None) -> list[FetchedSlice | None]:
+                  on_item: OnItem | None, push: Push | None = None) -> list[FetchedSlice | None]:
     reader = ItemReader(wanted, None if on_item is None else (lambda k, item: on_item(holder, k, item)))
     request = _request(wanted)
     counter = pool.counter
-    if counter is not None:
-        counter.add(holder, sent=request.ByteSize(), call=True, method=METHOD)
+    method = METHOD if push is None else SWAP_METHOD
+    if counter is not None and push is None:
+        counter.add(holder, sent=request.ByteSize(), call=True, method=method)
     # who we are, as the sync channels' counting interceptor says it (protocol/accounting.py); a pool
     # without a counter says nothing, as a sync channel without one does
     metadata = () if counter is None else ((PEER_HEADER, counter.local_peer or "anonymous"),)
     call = None
     hashing = pool.aio.hashing  # once per stream: PoolClosed here when the pool closed meanwhile
     try:
-        call = pool.aio.raw_fetch(holder)(request, timeout=deadline.total_seconds(), metadata=metadata)
+        if push is None:
+            call = pool.aio.raw_fetch(holder)(request, timeout=deadline.total_seconds(), metadata=metadata)
+        else:
+            if counter is not None:
+                counter.add(holder, call=True, method=method)
+            call = pool.aio.raw_swap(holder)(_swap_messages(push, request, counter, holder), timeout=deadline.total_seconds(),
+                                             metadata=metadata)
         while True:
             try:
                 data = await asyncio.wait_for(call.read(), stall.total_seconds())
@@ -140,7 +165,7 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
             if data is grpc.aio.EOF:
                 break
             if counter is not None:  # the bytes as they came (a message's ByteSize() would serialize it again)
-                counter.add(holder, received=len(data), method=METHOD)
+                counter.add(holder, received=len(data), method=method)
             try:
                 message = swarm_pb2.Chunk.FromString(data)
             except DecodeError:
@@ -156,6 +181,15 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
                  exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc)
     await _check(reader, hashing)
     return reader.out
+
+
+def _swap_messages(push: Push, request: swarm_pb2.FetchRequest, counter: ByteCounter | None, holder: str):
+    """A SwapSlices stream's requests, serialized and counted here (gRPC reads them as it sends)."""
+    for message in push_slices(push.signed_header, push.slices, want=request):
+        data = message.SerializeToString()
+        if counter is not None:
+            counter.add(holder, sent=len(data), method=SWAP_METHOD)
+        yield data
 
 
 async def _check(reader: "ItemReader", hashing: concurrent.futures.Executor) -> None:

@@ -36,6 +36,7 @@ from protocol.aio_server import AsyncServer
 
 CHUNK_BYTES = 1 << 20  # 1 MiB of data per streamed message (DESIGN.md: chunks <= 1 MiB)
 MAX_MESSAGE_BYTES = CHUNK_BYTES + (64 << 10)  # one chunk plus room for headers and signatures
+PART_OVERHEAD = 64  # bytes a packed part (Chunk.parts, SlicePush.parts) may add beyond its data and proof: tags, lengths, index
 
 # Deadlines for calls. Long-polls pass their own (wait + DEFAULT).
 DEFAULT_DEADLINE = timedelta(seconds=10)

@@ -7,7 +7,7 @@ any node is as good as the author's: nodes re-serve what they verified (gossip, 
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import threading
 import time
 from dataclasses import dataclass
@@ -19,10 +19,11 @@ from protocol import merkle
 from protocol._generated import swarm_pb2, swarm_pb2_grpc
 from protocol.accounting import ByteCounter
 from protocol.aio_server import AsyncServer
-from protocol.channels import CHUNK_BYTES, create_async_server
+from protocol.channels import CHUNK_BYTES, PART_OVERHEAD, create_async_server
 from protocol.envelope import EnvelopeError, UpdateHeader, check_payload
 from protocol.ratelimit import CallerLimits
 from protocol.rpc_errors import RpcAbort, guarded, refusal_for
+from protocol.slice_push import PushedSlices
 from protocol.streaming import TransferError, iter_chunks, receive_chunks
 
 MAX_FETCH_STREAMS = 1024  # FetchPayload streams a node serves at once (more: RESOURCE_EXHAUSTED, the fetcher falls back)
@@ -68,6 +69,7 @@ class PayloadStore:
         self._items: dict[str, StoredPayload] = {}
         self._blobs: dict[str, StoredBlob] = {}
         self._slices: dict[tuple[bytes, int], StoredSlice] = {}
+        self._pushes_ended: dict[bytes, int] = {}  # slices_root -> round: a push of that update's slices to us ended
         self._newest = -1  # the newest round stored: older than newest - keep_rounds is dropped
 
     def put_slice(self, slices_root: bytes, index: int, item: StoredSlice) -> None:
@@ -78,12 +80,21 @@ class PayloadStore:
             self._drop_old(item.round)
             self._slice_added.notify_all()
 
+    def push_ended(self, slices_root: bytes, round_: int) -> None:
+        """A push of the slices under `slices_root` to us ended (what it brought that proved is
+        stored): whoever waits for more of them stops waiting and fetches what is missing."""
+        with self._lock:
+            self._pushes_ended[slices_root] = round_
+            self._drop_old(round_)
+            self._slice_added.notify_all()
+
     def wait_slices(self, wanted: list[tuple[bytes, int]], timeout_s: float) -> None:
-        """Block until every (slices_root, index) in `wanted` is stored or `timeout_s` passes
-        (slices a client-mode author pushes to us: we own them)."""
+        """Block until every (slices_root, index) in `wanted` is stored, or a push under its root
+        ended without it, or `timeout_s` passes (slices pushed to us, which we own: by a
+        client-mode author, or in a trade another owner opened)."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while not all(key in self._slices for key in wanted):
+            while not all(key in self._slices or key[0] in self._pushes_ended for key in wanted):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
@@ -116,12 +127,14 @@ class PayloadStore:
                 self._items = {s: i for s, i in self._items.items() if i.header.round != round_}
                 self._blobs = {s: b for s, b in self._blobs.items() if b.round != round_}
                 self._slices = {k: v for k, v in self._slices.items() if v.round != round_}
+                self._pushes_ended = {k: r for k, r in self._pushes_ended.items() if r != round_}
             return
         self._newest = round_
         cutoff = round_ - self.keep_rounds
         self._items = {s: i for s, i in self._items.items() if i.header.round >= cutoff}
         self._blobs = {s: b for s, b in self._blobs.items() if b.round >= cutoff}
         self._slices = {k: v for k, v in self._slices.items() if v.round >= cutoff}
+        self._pushes_ended = {k: r for k, r in self._pushes_ended.items() if r >= cutoff}
 
     def lookup(self, sha256: str) -> StoredBlob | None:
         """What we serve under `sha256`: a whole payload or a blob, with its round."""
@@ -301,33 +314,84 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         except EnvelopeError as exc:
             self.on_reject(exc.reason)
             return swarm_pb2.PushReply(accepted=False, reason=f"{exc.reason}: {exc}", refusal=refusal_for(exc.reason))
-        root, kept, total, refused = header.root_bytes(), 0, 0, []
-        parts: list[tuple[int, tuple[bytes, ...], bytearray]] = []
-        for message in [first, *iterator]:
-            total += len(message.data)
-            if total > header.payload_size:
-                self.on_reject("malformed")
-                raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"pushed slices exceed the signed payload size {header.payload_size}",
-                               swarm_pb2.INVALID_UPDATE)
-            if message.start:
-                parts.append((message.slice, tuple(message.proof), bytearray()))
-            elif message.data and not parts:
-                self.on_reject("malformed")
-                raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "slice data before any slice started", swarm_pb2.MALFORMED)
-            if parts:
-                parts[-1][2].extend(message.data)
-        for index, proof, data in parts:
-            digest = hashlib.sha256(data).digest()
-            if not merkle.verify(digest, index, header.num_slices, proof, root):
-                refused.append(index)
-                continue
-            self.store.put_slice(root, index, StoredSlice(header.round, digest.hex(), proof, header.num_slices, bytes(data)))
-            kept += 1
+        pushed = PushedSlices(header)
+        try:
+            for message in [first, *iterator]:
+                pushed.take(message)
+        except RpcAbort:
+            self.on_reject("malformed")
+            self.store.push_ended(header.root_bytes(), header.round)  # nothing kept: whoever waits fetches
+            raise
+        kept, refused = self._keep(pushed)
         if refused:
-            self.on_reject("bad-proof")
             return swarm_pb2.PushReply(accepted=False, sha256=header.payload_sha256, refusal=swarm_pb2.INVALID_UPDATE,
                                        reason=f"slices {refused} do not prove under the signed root; {kept} kept")
         return swarm_pb2.PushReply(accepted=True, sha256=header.payload_sha256)
+
+    @guarded(lambda s: s.limits, lambda s, r: s.on_reject(r), streaming=True, cost=5.0, max_stream_s=lambda s: s.max_stream_s)
+    async def SwapSlices(self, request_iterator, context: grpc.aio.ServicerContext):
+        """Two owners trade (issue 24: one stream a pair in the reduce-scatter, where each fetched
+        from the other): the caller's first message carries its signed header and `want`, answered
+        as FetchPayload answers it, while its slices that we own come in and are kept as PushSlices
+        keeps them (each proven under its signed root), all on the server's loop."""
+        if not self.accept_slice_pushes:
+            raise RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, "this node takes no slice pushes (it owns no slices)", swarm_pb2.NO_RELAY)
+        if self.streaming >= self.max_streams:
+            raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.streaming} transfers in flight here, at most "
+                                                               f"{self.max_streams}: fetch instead, or retry shortly")
+        incoming = request_iterator.__aiter__()
+        try:
+            first = await incoming.__anext__()
+        except StopAsyncIteration:
+            first = None
+        if first is None or not first.HasField("header") or not first.HasField("want"):
+            self.on_reject("malformed")
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must carry the signed header and the request",
+                           swarm_pb2.MALFORMED)
+        try:
+            header = self.verify_header(first.header)
+        except EnvelopeError as exc:
+            self.on_reject(exc.reason)
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.reason}: {exc}", refusal_for(exc.reason)) from None
+        pushed = PushedSlices(header)
+
+        async def take() -> None:  # beside the answer: both directions of the link at once
+            whole = False
+            try:
+                pushed.take(first)
+                async for message in incoming:
+                    pushed.take(message)
+                whole = True
+            except RpcAbort:
+                self.on_reject("malformed")
+                raise
+            finally:  # kept if it came whole; either way whoever waits for it stops waiting
+                if whole:
+                    self._keep(pushed)
+                else:
+                    self.store.push_ended(header.root_bytes(), header.round)
+
+        taking = asyncio.ensure_future(take())
+        self.streaming += 1  # on the loop's thread only: no lock
+        try:
+            for message in self._serve_items(first.want):
+                yield message
+            await taking
+        finally:
+            self.streaming -= 1
+            taking.cancel()
+
+    def _keep(self, pushed: PushedSlices) -> tuple[int, list[int]]:
+        """Store the pushed slices whose proofs hold, then say the push ended (store.push_ended).
+        -> (how many were kept, the refused indices)."""
+        header = pushed.header
+        kept, refused = pushed.proven()
+        for index, digest, proof, data in kept:
+            self.store.put_slice(header.root_bytes(), index, StoredSlice(header.round, digest, proof, header.num_slices, data))
+        self.store.push_ended(header.root_bytes(), header.round)
+        if refused:
+            self.on_reject("bad-proof")
+        return len(kept), refused
 
 
 def serve_payloads(servicer: PayloadServicer, counter: ByteCounter | None, *, host: str, port: int) -> tuple[AsyncServer, int]:
@@ -340,7 +404,6 @@ def serve_payloads(servicer: PayloadServicer, counter: ByteCounter | None, *, ho
     return server, bound
 
 
-PART_OVERHEAD = 64  # bytes a packed part may add beyond its data and proof (tags, lengths, item, offset, size)
 
 
 def pack_chunks(chunks: Iterable[swarm_pb2.Chunk]) -> Iterator[swarm_pb2.Chunk]:
@@ -358,18 +421,6 @@ def pack_chunks(chunks: Iterable[swarm_pb2.Chunk]) -> Iterator[swarm_pb2.Chunk]:
         used += size
     if message.parts:
         yield message
-
-
-def push_slices(signed_header: swarm_pb2.Signed, slices: list[tuple[int, StoredSlice]]):
-    """Client side of PushSlices: the header first, then each slice (index, whole proof, bytes)."""
-    from protocol.channels import CHUNK_BYTES
-
-    yield swarm_pb2.SlicePush(header=signed_header)
-    for index, item in slices:
-        data = item.payload
-        for start in range(0, max(len(data), 1), CHUNK_BYTES):
-            yield swarm_pb2.SlicePush(slice=index, start=start == 0, proof=item.proof if start == 0 else (),
-                                      data=data[start : start + CHUNK_BYTES])
 
 
 def push_chunks(signed_header: swarm_pb2.Signed, payload: bytes):

@@ -16,7 +16,7 @@ swarmloco round, timed in every worker from a shared barrier until its θ_{r+1} 
             manifest with sliced_manifest's owner draw, signs it with its own key) and sends the signed
             bytes back: includes waiting for the slowest peer's header
   reduce    open_manifest + SliceExchange.open_round (every header verified, owner draw re-checked) and
-            reduce_owned: each owned slice's n inputs fetched over gRPC (8 threads), checked, decoded,
+            reduce_owned: each owned slice's n inputs traded with the other owners over gRPC (one SwapSlices stream a pair), checked, decoded,
             reduced (rule `mean`), signed
   results   the signed slice results to the parent and the full list back (the coordinator's "results
             final"): includes waiting for the slowest owner

@@ -13,8 +13,9 @@ sliced (`exchange.mode = "sliced"`, peer/run/slice_exchange.py):
                                 the owner draw), signs it: the bytes every peer receives
     ExchangePeer.open()         open_manifest (coordinator key, run, round) -> SliceExchange.open_round
                                 (every entry's header verified again, the owner draw re-checked)
-    ExchangePeer.reduce()       SliceExchange.reduce_owned: for each owned slice, its n inputs fetched over
-                                gRPC and checked against the signed slice hashes, decoded, reduced, signed
+    ExchangePeer.reduce()       SliceExchange.reduce_owned: for each owned slice, its n inputs traded with
+                                the other owners over gRPC (one SwapSlices stream a pair) and checked against
+                                the signed slice hashes, decoded, reduced, signed
     ExchangePeer.gather()       SliceExchange.gather over all owners' signed results (one claim: fetch the
                                 aggregated slice from an owner; spot checks recompute) -> step_with_aggregate
 all-to-all (`exchange.mode = "all-to-all"`, peer/exchange/all_to_all_peer.py AllToAllPeer):
@@ -124,7 +125,9 @@ class ExchangePeer:
         self.identity = Identity.generate()
         self.counter = ByteCounter(self.identity.peer_id)
         self.store = PayloadStore(keep_rounds=1)
-        servicer = PayloadServicer(self.store, verify_header=lambda signed: None, accept_pushes=False)
+        # as a peer's (peer/node/node.py): owners trade the slices they own (SwapSlices), checked
+        servicer = PayloadServicer(self.store, verify_header=lambda signed: self.verify_header(signed, None), accept_pushes=False,
+                                   accept_slice_pushes=True)
         self.server, port = serve_payloads(servicer, self.counter, host="127.0.0.1", port=0)
         self.endpoint = f"127.0.0.1:{port}"
         self.pool = ChannelPool(self.counter)
@@ -202,5 +205,6 @@ def run_round(peers: list[ExchangePeer], coordinator: BenchCoordinator, round_: 
     signed_manifest = coordinator.manifest([p.commit(round_) for p in peers], round_)
     for p in peers:
         p.open(signed_manifest, coordinator.public_key, round_)
-    results = [r for p in peers for r in p.reduce()]
+    with ThreadPoolExecutor(len(peers)) as pool:  # at once, as peers run it: an owner awaits the trades others open with it
+        results = [r for batch in pool.map(ExchangePeer.reduce, peers) for r in batch]
     return [p.gather(results, round_) for p in peers]

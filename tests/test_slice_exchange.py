@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from peer.cli.simulate_slices import false_result
-from peer.run import slice_exchange
+from peer.run import slice_exchange, slice_plan
 from peer.run.config import RunConfig
 from peer.run.round_math import RoundMath
 from peer.run.slice_exchange import SliceExchange
@@ -40,8 +40,9 @@ class Node:
         self.math = RoundMath(cfg, NUMEL)
         self.counter = ByteCounter(self.identity.peer_id)
         self.store = PayloadStore()
-        self.server, port = serve_payloads(PayloadServicer(self.store, verify_header=lambda s: None, accept_pushes=False), self.counter,
-                                           host="127.0.0.1", port=0)
+        servicer = PayloadServicer(self.store, verify_header=lambda s: self.verify_header(s, None), accept_pushes=False,
+                                   accept_slice_pushes=True)  # as a peer's: owners trade slices (SwapSlices)
+        self.server, port = serve_payloads(servicer, self.counter, host="127.0.0.1", port=0)
         self.endpoint = f"127.0.0.1:{port}"
         self.pool = ChannelPool(self.counter)
         self.workers = ThreadPoolExecutor(8)
@@ -100,9 +101,16 @@ def make_round(cfg: RunConfig, nodes: list[Node], r: int = 0, nan_author: int | 
     return rounds, [updates[e.peer_id] for e in entries]
 
 
+def each_at_once(nodes, rounds, work):
+    """work(node, rnd) on every node at once, as peers run a phase (an owner awaits the trades
+    other owners open with it: one by one, each would wait for the others); -> their results."""
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        return list(pool.map(work, nodes, rounds))
+
+
 def reduce_all(nodes, rounds):
     """Every owner's signed batch (one per node: all 4 own slices here)."""
-    return [signed for node, rnd in zip(nodes, rounds) for signed in node.exchange.reduce_owned(rnd)]
+    return [signed for batch in each_at_once(nodes, rounds, lambda node, rnd: node.exchange.reduce_owned(rnd)) for signed in batch]
 
 
 def lying_batch(nodes, rounds, owner_id: str, lie_about: set[int]):
@@ -229,29 +237,41 @@ def _owner(signed) -> str:
     return peer_id_of(signed.public_key)  # a batch's owner is its signing key
 
 
-def test_one_fetch_stream_per_counterpart_per_phase(slice_nodes):
-    """Reduce-scatter: an owner asks each author for every slice it wants of its update in ONE
-    FetchPayload stream; all-gather: a peer asks each owner it picked for every aggregated slice
-    it wants from it in ONE stream (issue 24). Counted by each node's transport ledger; the bytes
-    of those streams are the slices, their proofs and a few bytes an item."""
+def test_one_stream_per_counterpart_per_phase(slice_nodes):
+    """Reduce-scatter: every two owners trade in ONE SwapSlices stream, opened by one of them
+    (slice_plan.swap_partners): each sends the other the slices of its update the other owns, and
+    nothing is fetched; all-gather: a peer asks each owner it picked for every aggregated slice it
+    wants from it in ONE FetchPayload stream (issue 24). Counted by each node's transport ledger
+    (client and served side); the bytes of those streams are the slices, their proofs and a few
+    bytes an item."""
     cfg, nodes = slice_nodes
     rounds, _ = make_round(cfg, nodes)
     endpoints = {node.endpoint for node in nodes}
-    batches = []
-    for node, rnd in zip(nodes, rounds):
-        before = node.counter.total()
-        batches += node.exchange.reduce_owned(rnd)
-        calls = node.counter.calls_to("FetchPayload")
-        assert calls == {e: 1 for e in endpoints - {node.endpoint}}  # every other author: one stream each
+    endpoint_of = {node.identity.peer_id: node.endpoint for node in nodes}
+    befores = [node.counter.total() for node in nodes]
+    batches = reduce_all(nodes, rounds)
+    opened = Counter()
+    for node, rnd, before in zip(nodes, rounds, befores):
+        me = node.identity.peer_id
+        opens, awaits = slice_plan.swap_partners(rnd.owners, rnd.peer_ids, me)
+        assert len(opens) + len(awaits) == 3 and len(opens) in (1, 2)  # 4 owners: a tournament
+        assert node.counter.calls_to("SwapSlices") == {endpoint_of[p]: 1 for p in opens}
+        assert node.counter.calls_to("served:SwapSlices") == {p: 1 for p in awaits}  # the served side names the caller's peer_id
+        assert node.counter.calls_to("FetchPayload") == {}  # every input came in a trade: nothing fetched
+        opened.update(frozenset((me, p)) for p in opens)
         received = node.counter.total().received - before.received
-        owned = [j for j, o in enumerate(rnd.owners) if node.identity.peer_id in o]
+        sent = node.counter.total().sent - before.sent
+        owned = slice_plan.owned_by(rnd.owners, me)
         data = sum(len(node.store.get_slice(rnd.headers[p].root_bytes(), j).payload) for j in owned for p in rnd.peer_ids)
-        own = sum(len(node.store.get_slice(rnd.headers[node.identity.peer_id].root_bytes(), j).payload) for j in owned)
-        # Per author: one whole proof (log2 8 = 3 siblings of 34 B framed), at most 2 siblings for each
-        # later slice, and ~12 B of chunk framing an item; the requests: its root once, ~6 B an item.
-        authors, per_author = len(rnd.peer_ids) - 1, len(owned)
-        assert received - (data - own) <= authors * (3 * 34 + (per_author - 1) * 2 * 34 + per_author * 12)
-        assert node.counter.total().sent - before.sent <= authors * (34 + 10 + per_author * 6)
+        own = sum(len(node.store.get_slice(rnd.headers[me].root_bytes(), j).payload) for j in owned)
+        mine = [j for p in rnd.peer_ids if p != me for j in slice_plan.owned_by(rnd.owners, p)]  # our slices others own
+        ours = sum(len(node.store.get_slice(rnd.headers[me].root_bytes(), j).payload) for j in mine)
+        # A slice answered: at most its whole proof (log2 8 = 3 siblings of 34 B framed) and ~12 B of
+        # framing; a pushed one: its whole proof and ~12 B; a stream's request or header: ~600 B.
+        per_slice, authors = 3 * 34 + 12, len(rnd.peer_ids) - 1
+        assert 0 <= received - (data - own) <= len(owned) * authors * per_slice + 3 * 600
+        assert 0 <= sent - ours <= len(mine) * per_slice + 3 * 600
+    assert sorted(opened.values()) == [1] * 6  # 4 owners: 6 pairs, each traded in one stream
     for node, rnd in zip(nodes, rounds):
         node.counter.round = 1  # the gather's calls, apart
         before = node.counter.calls_to("FetchPayload")
@@ -262,6 +282,27 @@ def test_one_fetch_stream_per_counterpart_per_phase(slice_nodes):
         assert gathered and set(gathered.values()) == {1} and set(gathered) <= endpoints - {node.endpoint}
     combined = [node.exchange.gather(rnd, batches, spot_checks=0).combined for node, rnd in zip(nodes, rounds)]
     assert all(torch.equal(c, combined[0]) for c in combined)  # in sync
+
+
+def test_an_owner_that_never_opens_its_trades_is_fetched_from_and_changes_nothing(slice_nodes):
+    """An owner that opens none of the trades it should (an older peer, a crash between manifest and
+    reduce, a slow machine) costs the owners awaiting it only swap_wait_s: they fetch its slices
+    from it as before, and every node gathers the same aggregate, nobody excluded."""
+    cfg, nodes = slice_nodes
+    rounds, _ = make_round(cfg, nodes)
+    for node in nodes:
+        node.exchange.swap_wait_s = 0.2  # (its default: the stall timeout, 5 s)
+    silent = nodes[0]
+    silent.exchange._trades = lambda rnd, me: None  # it fetches everything itself and pushes nothing
+    me = silent.identity.peer_id
+    batches = reduce_all(nodes, rounds)
+    for node, rnd in zip(nodes[1:], rounds[1:]):
+        _, awaits = slice_plan.swap_partners(rnd.owners, rnd.peer_ids, node.identity.peer_id)
+        asked = node.counter.calls_to("FetchPayload")
+        assert (silent.endpoint in asked) == (me in awaits)  # awaited it in vain, then fetched from it
+    outcomes = [node.exchange.gather(rnd, batches, spot_checks=0) for node, rnd in zip(nodes, rounds)]
+    assert all(torch.equal(o.combined, outcomes[0].combined) for o in outcomes)
+    assert all(not excluded for o in outcomes for excluded in o.excluded.values())
 
 
 def test_a_gather_with_a_spot_check_asks_as_few_owners_as_hold_what_it_wants(slice_nodes):
@@ -328,8 +369,8 @@ def test_a_spot_check_asks_no_author_that_every_owner_left_out(slice_nodes):
     victim = 3
     gone, gone_endpoint = nodes[victim].identity.peer_id, nodes[victim].endpoint
     nodes[victim].server.stop(0).wait(5)  # gone: nothing serves its slices any more
-    batches = [signed for i, (node, rnd) in enumerate(zip(nodes, rounds)) if i != victim
-               for signed in node.exchange.reduce_owned(rnd)]
+    alive = [i for i in range(len(nodes)) if i != victim]
+    batches = reduce_all([nodes[i] for i in alive], [rounds[i] for i in alive])
     checker = 0
     spot = [j for j, owners in enumerate(rounds[checker].owners) if nodes[checker].identity.peer_id not in owners]
     by_slice = nodes[checker].exchange.open_results(rounds[checker], batches)

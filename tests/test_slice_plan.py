@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from peer.run import slice_plan
 from peer.run.slice_plan import assign_owners, cover
 
 
@@ -42,3 +43,18 @@ def test_the_holder_with_most_of_what_is_wanted_is_asked_first():
 def test_a_slice_nobody_holds_is_left_out():
     assert cover({0: [], 1: ["a"]}, random.Random(0)) == {1: "a"}
     assert cover({}, random.Random(0)) == {}
+
+
+def test_every_two_owners_trade_in_one_stream_opened_by_one_of_them():
+    """swap_partners: for every pair of owners exactly one opens the trade, each owner opens
+    ⌊(m−1)/2⌋ or ⌈(m−1)/2⌉ of them, and an author that owns nothing trades with nobody."""
+    for m in range(1, 10):
+        peers = [f"p{i}" for i in range(m)] + ["serves-nothing"]
+        owners = [[peers[j % m], peers[(j + 1) % m]] for j in range(2 * m)]
+        plans = {p: slice_plan.swap_partners(owners, peers, p) for p in peers}
+        assert plans["serves-nothing"] == ([], [])
+        for p in peers[:m]:
+            opens, awaits = plans[p]
+            assert sorted(opens + awaits) == sorted(set(peers[:m]) - {p})  # every other owner, once
+            assert len(opens) in ((m - 1) // 2, m // 2)
+            assert all(p in plans[q][1] for q in opens) and all(p in plans[q][0] for q in awaits)  # both ends agree

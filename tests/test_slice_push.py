@@ -1,6 +1,7 @@
-"""PushSlices over real gRPC on loopback: a client-mode author pushes its slices to their owner,
-which keeps each only when its Merkle proof puts it under the author's signed root, never more
-than the signed payload size, and wakes whoever waits for them (issue 24)."""
+"""PushSlices and SwapSlices over real gRPC on loopback: a client-mode author pushes its slices to
+their owner, and two owners trade theirs in one stream (each answered as a batched fetch is). The
+owner keeps each pushed slice only when its Merkle proof puts it under the author's signed root,
+never more than the signed payload size, and wakes whoever waits for them (issue 24)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from protocol.accounting import ByteCounter
 from protocol.envelope import build_update_header, sign_update
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadServicer, PayloadStore, StoredSlice, push_slices, serve_payloads
+from protocol.batched_fetch import Push, Wanted, fetch_streams
+from protocol.payload_service import PayloadServicer, PayloadStore, StoredSlice, serve_payloads
+from protocol.slice_push import push_slices
 from protocol.wire import swarm_pb2
 
 SLICES = [bytes([i]) * (100 + 37 * i) for i in range(5)]
@@ -28,6 +31,12 @@ def _item(j: int, data: bytes | None = None, proof=None) -> tuple[int, StoredSli
     return j, StoredSlice(0, hashlib.sha256(data).hexdigest(), tuple(PROOFS[j] if proof is None else proof), len(SLICES), data)
 
 
+# The owner's own update, whose slices a trading caller wants: other bytes, another tree.
+THEIRS = [bytes([200 + i]) * (80 + 11 * i) for i in range(5)]
+THEIR_DIGESTS = [hashlib.sha256(s).digest() for s in THEIRS]
+THEIR_ROOT = merkle.root(THEIR_DIGESTS)
+
+
 @pytest.fixture
 def owner():
     author = Identity.generate()
@@ -35,13 +44,77 @@ def owner():
                                  base_param_hash="B", payload=b"".join(SLICES), slices=[d.hex() for d in DIGESTS])
     signed = sign_update(author, header)
     store = PayloadStore()
+    for j, (data, proof) in enumerate(zip(THEIRS, merkle.proofs(THEIR_DIGESTS))):
+        store.put_slice(THEIR_ROOT, j, StoredSlice(0, THEIR_DIGESTS[j].hex(), tuple(proof), len(THEIRS), data))
     server, port = serve_payloads(PayloadServicer(store, verify_header=lambda s: header, accept_slice_pushes=True),
                                   ByteCounter("owner"), host="127.0.0.1", port=0)
-    pool = ChannelPool()
+    pool = ChannelPool(ByteCounter("caller"))
     stub = pool.peer_stub(f"127.0.0.1:{port}")
+    stub.endpoint = f"127.0.0.1:{port}"
+    stub.pool = pool
     yield header, signed, store, stub
     pool.close()
     server.stop(0)
+
+
+def _trade(stub, signed, pushed, wanted=(1, 3)):
+    """A SwapSlices stream: `pushed` to the owner, its slices `wanted` back. -> what came back."""
+    proven = merkle.ProvenNodes(THEIR_ROOT, len(THEIRS))
+    plan = {stub.endpoint: [Wanted(max_size=1000, slice=j, proven=proven) for j in wanted]}
+    return fetch_streams(stub.pool, plan, pushes={stub.endpoint: Push(signed, pushed)})[stub.endpoint]
+
+
+def test_a_trade_keeps_the_pushed_slices_and_answers_the_request_in_one_stream(owner):
+    header, signed, store, stub = owner
+    root = header.root_bytes()
+    came = _trade(stub, signed, [_item(0), _item(2)])
+    assert [item.data for item in came] == [THEIRS[1], THEIRS[3]]  # answered, each checked against its root
+    for j in (0, 2):
+        held = store.get_slice(root, j)
+        assert (held.payload, held.digest, list(held.proof)) == (SLICES[j], DIGESTS[j].hex(), PROOFS[j])
+    assert store.get_slice(root, 1) is None
+    assert stub.pool.counter.calls_to("SwapSlices") == {stub.endpoint: 1} and not stub.pool.counter.calls_to("FetchPayload")
+
+
+def test_a_trade_refuses_a_pushed_slice_whose_proof_does_not_hold_and_still_answers(owner):
+    header, signed, store, stub = owner
+    forged = _item(2, data=b"x" * len(SLICES[2]))
+    came = _trade(stub, signed, [_item(0), forged])
+    assert [item.data for item in came] == [THEIRS[1], THEIRS[3]]
+    assert store.get_slice(header.root_bytes(), 0).payload == SLICES[0]
+    assert store.get_slice(header.root_bytes(), 2) is None  # the owner fetches it itself
+
+
+def test_a_trade_pushing_more_than_the_signed_payload_is_cut_off_and_keeps_nothing(owner):
+    header, signed, store, stub = owner
+    padded = [_item(j) for j in range(len(SLICES))] + [_item(0)]
+    came = _trade(stub, signed, padded, wanted=(0,))
+    assert len(came) == 1  # what the broken stream did not bring is None: the caller's fallback fetches it
+    assert all(store.get_slice(header.root_bytes(), j) is None for j in range(len(SLICES)))
+
+
+def test_a_trade_without_its_request_is_refused(owner):
+    header, signed, store, stub = owner
+    with pytest.raises(grpc.RpcError) as failed:
+        list(stub.SwapSlices(iter([swarm_pb2.SlicePush(header=signed)]), timeout=30))
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "request" in failed.value.details()
+
+
+def test_a_node_that_takes_no_pushes_refuses_a_trade_and_the_caller_gets_nothing_from_it():
+    store = PayloadStore()
+    server, port = serve_payloads(PayloadServicer(store, verify_header=lambda s: None), ByteCounter("coordinator"),
+                                  host="127.0.0.1", port=0)
+    pool = ChannelPool()
+    try:
+        proven = merkle.ProvenNodes(THEIR_ROOT, len(THEIRS))
+        target = f"127.0.0.1:{port}"
+        came = fetch_streams(pool, {target: [Wanted(max_size=1000, slice=0, proven=proven)]},
+                             pushes={target: Push(swarm_pb2.Signed(), [_item(0)])})
+        assert came == {target: [None]}  # refused (FAILED_PRECONDITION): the caller fetches it elsewhere
+        assert store.get_slice(merkle.root(DIGESTS), 0) is None
+    finally:
+        pool.close()
+        server.stop(0)
 
 
 def test_pushed_slices_are_kept_with_their_proofs_and_wake_a_waiting_owner(owner):
@@ -77,6 +150,19 @@ def test_more_bytes_than_the_signed_payload_are_refused_and_nothing_is_kept(owne
         stub.PushSlices(push_slices(signed, padded), timeout=30)
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "payload size" in failed.value.details()
     assert all(store.get_slice(header.root_bytes(), j) is None for j in range(len(SLICES)))
+
+
+def test_a_push_that_ended_without_a_slice_ends_the_wait_for_it(owner):
+    """A waiting owner stops waiting for a slice once the push that could bring it has ended
+    without it (here: its proof failed), and fetches it at once instead of at its timeout."""
+    header, signed, store, stub = owner
+    root = header.root_bytes()
+    waited = threading.Thread(target=store.wait_slices, args=([(root, 0), (root, 2)], 600.0), daemon=True)
+    waited.start()
+    _trade(stub, signed, [_item(0), _item(2, data=b"x" * len(SLICES[2]))])
+    waited.join(60)
+    assert not waited.is_alive()  # old code: waited its 600 s
+    assert store.get_slice(root, 0) is not None and store.get_slice(root, 2) is None
 
 
 def test_waiting_for_slices_nobody_pushes_ends_at_its_timeout():

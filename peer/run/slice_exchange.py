@@ -34,6 +34,7 @@ from protocol import merkle
 from peer.run.slice_fetch import SliceFetching
 from peer.run.slice_round import GatherOutcome, Lie, SliceRound, draw_owners
 from protocol.batched_fetch import MAX_STREAMS
+from protocol.channels import STALL_TIMEOUT
 from protocol.payload_fetch import ChannelPool
 from protocol.payload_service import PayloadStore, StoredSlice
 from protocol.slice_result import SliceResult, open_slice_results, sign_slice_results
@@ -63,6 +64,9 @@ class SliceExchange(SliceFetching):
         # An owner waits this long for the slices client-mode authors push it once they hold the
         # manifest (a fraction of the result phase: a silent author is then counted unreachable).
         self.push_wait_s = math.cfg.exchange.result_timeout_s / 4
+        # A trade partner that has pushed nothing by the time our own streams are done and this
+        # long after is fetched from instead, as a stream that brought nothing this long is cut off.
+        self.swap_wait_s = min(self.push_wait_s, STALL_TIMEOUT.total_seconds())
         self.identity = identity
         # Slices are gathered a few at a time; each may fetch its inputs through `workers`, so the
         # two levels use two pools (one pool for both could fill with slices waiting on fetches).
@@ -179,7 +183,10 @@ class SliceExchange(SliceFetching):
                     return
             early[j] = self.slice_workers.submit(self.reduce, rnd, j, None, [(inputs[(p, j)], "") for p in peers])
 
-        fetched = self._fetch_inputs(rnd, [(p, j) for j in owned for p in peers], arrived)
+        # Two owners trade in ONE stream (SwapSlices), opened by one of them (slice_plan.swap_partners):
+        # half the streams of fetching from each other (issue 24).
+        trades = self._trades(rnd, self.identity.peer_id)
+        fetched = self._fetch_inputs(rnd, [(p, j) for j in owned for p in peers], arrived, trades=trades)
         if marks is not None:
             marks["inputs_fetched"] = time.time()
         return [early[j].result() if j in early else self.reduce(rnd, j, fetched=[fetched[(p, j)] for p in peers]) for j in owned]

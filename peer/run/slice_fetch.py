@@ -1,10 +1,14 @@
 """The sliced exchange's fetches (SliceExchange's base): few round trips per phase (issue 24).
 
-  reduce-scatter   an owner wants slice j of every listed update for each slice j it owns: ONE
-                   FetchPayload stream per holder carries every slice wanted from it (the author,
-                   or the coordinator for pushed payloads), all holders in flight at once; what
-                   did not come (a missing item, a failed proof, a broken stream) is fetched alone
-                   from the next holders (the author, the slice's other owners)
+  reduce-scatter   an owner wants slice j of every listed update for each slice j it owns. Two
+                   owners TRADE in one SwapSlices stream (slice_plan.swap_partners says which of
+                   the two opens it): the opener pushes the slices of its update the other owns
+                   beside its request for the other's; the trades opened to us are awaited
+                   (swap_wait_s once our own streams are done). An author that owns nothing gets
+                   ONE FetchPayload stream carrying every slice wanted from it; all streams at
+                   once. What did not come (a missing item, a failed proof, a broken stream, a
+                   trade never opened) is fetched alone from the next holders (the author, the
+                   slice's other owners)
   all-gather       each agreed aggregated slice from one of its signers, the signers asked as few as
                    hold what the gather wants (slice_plan.cover, ties at random): ONE stream per
                    owner carries every slice wanted from it, all owners at once; what did not come,
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable
 
@@ -35,13 +40,24 @@ import grpc
 from peer.run import slice_plan
 from peer.run.slice_round import SliceRound
 from protocol.channels import TRANSFER_DEADLINE
-from protocol.batched_fetch import Wanted, fetch_streams
+from protocol.batched_fetch import Push, Wanted, fetch_streams
+from protocol.envelope import signed_from_json
 from protocol.payload_fetch import ChannelPool, FetchedSlice, FetchError, fetch_blob, fetch_slice
-from protocol.payload_service import PayloadStore, StoredSlice, push_slices
+from protocol.payload_service import PayloadStore, StoredSlice
+from protocol.slice_push import push_slices
 from protocol.slice_result import SliceResult
 from protocol.wire import swarm_pb2
 
 log = logging.getLogger("swarmloco.exchange")
+
+
+@dataclass(frozen=True, slots=True)
+class Trades:
+    """An owner's trades in a reduce-scatter (slice_plan.swap_partners): the streams it opens,
+    endpoint -> what it pushes there; the owners (peer_ids) that open one to it."""
+
+    pushes: dict[str, Push]
+    awaited: frozenset[str]
 
 
 class SliceFetching:
@@ -54,6 +70,7 @@ class SliceFetching:
     streams: ThreadPoolExecutor  # client mode: one push stream per owner, all in flight at once
     own_endpoint: str
     push_wait_s: float  # how long an owner waits for the slices client-mode authors push it
+    swap_wait_s: float  # how long, once its own streams are done, it waits for a trade opened by the other owner
 
     def push_own_slices(self, rnd: SliceRound, peer_id: str, signed_header: swarm_pb2.Signed) -> int:
         """Client mode: each slice of our update to each of its owners, ONE PushSlices stream per
@@ -108,10 +125,26 @@ class SliceFetching:
         return list(dict.fromkeys(rnd.endpoints[s.owner] for s in signers
                                   if rnd.endpoints.get(s.owner, self.own_endpoint) != self.own_endpoint))
 
+    def _trades(self, rnd: SliceRound, me: str) -> Trades | None:
+        """The reduce-scatter's trades of `me` (slice_plan.swap_partners): to each owner we open a
+        stream to, the slices of our update it owns (as serve_slices stored them), with our signed
+        header; the owners that open one to us. None when we trade with nobody."""
+        opens, awaits = slice_plan.swap_partners(rnd.owners, rnd.peer_ids, me)
+        if not opens and not awaits:
+            return None
+        signed = signed_from_json(next(e.header for e in rnd.manifest.entries if e.peer_id == me))
+        root = rnd.headers[me].root_bytes()
+        pushes = {}
+        for other in opens:
+            if rnd.endpoints.get(other):
+                held = [(j, item) for j in slice_plan.owned_by(rnd.owners, other) if (item := self.store.get_slice(root, j))]
+                pushes[rnd.endpoints[other]] = Push(signed, held)
+        return Trades(pushes=pushes, awaited=frozenset(awaits))
+
     def _fetch_inputs(self, rnd: SliceRound, wanted: list[tuple[str, int]],
                       arrived: Callable[[tuple[str, int], bytes], None] | None = None,
                       results: dict[str, list[tuple[str, int]]] | None = None, via: dict[int, str] | None = None,
-                      ) -> dict[tuple[str, int], tuple[bytes | None, str]]:
+                      trades: Trades | None = None) -> dict[tuple[str, int], tuple[bytes | None, str]]:
         """(author, slice) -> (its bytes or None, why not): what we hold, then one batched stream
         per first holder, then each missing one alone (store, author, the slice's other owners).
         `arrived(pair, data)`: told of each input we held or a batched stream brought, as soon as
@@ -120,18 +153,28 @@ class SliceFetching:
         slice, who holds every input it reduced) for the slice's inputs instead of each author.
         `results` (holder -> [(sha256, size)]): aggregated slices that ride in the same streams
         (one stream per counterpart for a gather's results and its spot checks' inputs), stored as
-        they check; what does not come is left to _fetch_result."""
+        they check; what does not come is left to _fetch_result. `trades`: the reduce-scatter's
+        (SwapSlices): the streams to the owners we open one to carry our slices they own, and what
+        the owners that open one to us would send is not asked for but awaited (swap_wait_s once
+        our own streams are done; then fetched like the rest)."""
         got: dict[tuple[str, int], tuple[bytes | None, str]] = {}
         groups: dict[str, list[tuple[str, int]]] = {}
-        pushed = [(rnd.headers[p].root_bytes(), j) for p, j in wanted if not any(rnd.holders[p])]
-        if pushed:  # client-mode authors push us the slices we own once they have the manifest
-            self.store.wait_slices(pushed, self.push_wait_s)
-        for p, j in wanted:
-            held = self.store.get_slice(rnd.headers[p].root_bytes(), j)
+        # pushed to us once their authors hold the manifest: by client-mode authors (who serve
+        # nothing) and by the owners that open a trade with us
+        pushed = [(p, j) for p, j in wanted if not any(rnd.holders[p])]
+        awaited = [(p, j) for p, j in wanted if trades is not None and p in trades.awaited]
+
+        def take_held(pair: tuple[str, int]) -> bool:
+            held = self.store.get_slice(rnd.headers[pair[0]].root_bytes(), pair[1])
             if held is not None:
-                got[(p, j)] = (held.payload, "")
+                got[pair] = (held.payload, "")
                 if arrived is not None:
-                    arrived((p, j), held.payload)
+                    arrived(pair, held.payload)
+            return held is not None
+
+        later = set(pushed) | set(awaited)
+        for p, j in wanted:
+            if take_held((p, j)) or (p, j) in later:
                 continue
             holder = (via or {}).get(j) or next((h for h in rnd.holders[p] if h and h != self.own_endpoint), "")
             if holder:
@@ -154,7 +197,13 @@ class SliceFetching:
         plan = {holder: [Wanted(max_size=self.math.sliced_codec.max_slice_payload_size(j), slice=j, proven=rnd.proven[p])
                          for p, j in groups.get(holder, [])] + [Wanted(max_size=size, sha256=sha) for sha, size in results.get(holder, [])]
                 for holder in {**groups, **results}}
-        fetch_streams(self.pool, plan, on_item=keep)
+        fetch_streams(self.pool, plan, on_item=keep, pushes=trades.pushes if trades is not None else None)
+        for pairs, wait_s in ((pushed, self.push_wait_s), (awaited, self.swap_wait_s)):
+            waiting = [pair for pair in pairs if pair not in got]
+            if waiting:
+                self.store.wait_slices([(rnd.headers[p].root_bytes(), j) for p, j in waiting], wait_s)
+                for pair in waiting:
+                    take_held(pair)
         missing = [pair for pair in wanted if pair not in got]
         for pair, outcome in zip(missing, self.workers.map(lambda pair: self._try_fetch(rnd, *pair), missing)):
             got[pair] = outcome

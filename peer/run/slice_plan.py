@@ -33,6 +33,26 @@ def owned_by(owners: Sequence[Sequence[str]], peer_id: str) -> list[int]:
     return [j for j, slice_owners in enumerate(owners) if peer_id in slice_owners]
 
 
+def swap_partners(owners: Sequence[Sequence[str]], peer_ids: Sequence[str], me: str) -> tuple[list[str], list[str]]:
+    """The reduce-scatter's trades (SwapSlices): every two peers that both own slices want slices
+    of each other's update, and ONE stream carries both ways, opened by one of the two. Peers that
+    own (in `peer_ids`' order, the manifest's) sit on a circle and each opens the streams to the
+    next half of it (a round-robin tournament), so each opens about (m - 1) / 2 and takes as many.
+    -> (the owners `me` opens a stream to, the owners that open one to `me`); ([], []) when `me`
+    owns nothing. A pure function of the manifest: both ends of a pair agree on who opens."""
+    traders = [p for p in dict.fromkeys(peer_ids) if any(p in o for o in owners)]
+    if me not in traders:
+        return [], []
+    m, i = len(traders), traders.index(me)
+    opens, awaits = [], []
+    for k, other in enumerate(traders):
+        if k == i:
+            continue
+        d = (k - i) % m
+        (opens if d < m - d or (d == m - d and i < k) else awaits).append(other)
+    return opens, awaits
+
+
 def spot_check_probability(spot_checks: int, coverage: float, num_slices: int, checkers: int) -> float:
     """Chance that one node (a peer, or the coordinator) runs its spot checks this round:
     min(1, coverage·S / (n·k)), so the swarm recomputes each slice about `coverage` times per round

@@ -261,18 +261,22 @@ class PushChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[Signed, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class SlicePush(_message.Message):
-    __slots__ = ("header", "slice", "start", "proof", "data")
+    __slots__ = ("header", "slice", "start", "proof", "data", "want", "parts")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SLICE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     PROOF_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    WANT_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     header: Signed
     slice: int
     start: bool
     proof: _containers.RepeatedScalarFieldContainer[bytes]
     data: bytes
-    def __init__(self, header: _Optional[_Union[Signed, _Mapping]] = ..., slice: _Optional[int] = ..., start: _Optional[bool] = ..., proof: _Optional[_Iterable[bytes]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    want: FetchRequest
+    parts: _containers.RepeatedCompositeFieldContainer[SlicePush]
+    def __init__(self, header: _Optional[_Union[Signed, _Mapping]] = ..., slice: _Optional[int] = ..., start: _Optional[bool] = ..., proof: _Optional[_Iterable[bytes]] = ..., data: _Optional[bytes] = ..., want: _Optional[_Union[FetchRequest, _Mapping]] = ..., parts: _Optional[_Iterable[_Union[SlicePush, _Mapping]]] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("accepted", "reason", "sha256", "refusal")

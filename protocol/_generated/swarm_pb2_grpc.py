@@ -558,6 +558,11 @@ class PeerStub:
                 request_serializer=swarm__pb2.SlicePush.SerializeToString,
                 response_deserializer=swarm__pb2.PushReply.FromString,
                 _registered_method=True)
+        self.SwapSlices = channel.stream_stream(
+                '/swarmloco.v1.Peer/SwapSlices',
+                request_serializer=swarm__pb2.SlicePush.SerializeToString,
+                response_deserializer=swarm__pb2.Chunk.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -582,6 +587,13 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SwapSlices(self, request_iterator, context):
+        """two owners' slices for each other, one stream a pair
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -599,6 +611,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.PushSlices,
                     request_deserializer=swarm__pb2.SlicePush.FromString,
                     response_serializer=swarm__pb2.PushReply.SerializeToString,
+            ),
+            'SwapSlices': grpc.stream_stream_rpc_method_handler(
+                    servicer.SwapSlices,
+                    request_deserializer=swarm__pb2.SlicePush.FromString,
+                    response_serializer=swarm__pb2.Chunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -682,6 +699,33 @@ class Peer:
             '/swarmloco.v1.Peer/PushSlices',
             swarm__pb2.SlicePush.SerializeToString,
             swarm__pb2.PushReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SwapSlices(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/swarmloco.v1.Peer/SwapSlices',
+            swarm__pb2.SlicePush.SerializeToString,
+            swarm__pb2.Chunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,100 @@
+"""Slices pushed to their owner: a client-mode author's (PushSlices), or a serving owner's in a trade
+with another owner (SwapSlices: each sends the other the slices of its update the other owns, in
+ONE stream a pair, issue 24). Both sides of the wire format (proto/swarm.proto, SlicePush) live here.
+
+  sender    the signed header first (with SwapSlices: and the FetchRequest it wants answered), then
+            each slice: a piece with `start`, its index and whole Merkle proof, then its bytes; the
+            pieces packed as `parts`, several to a message
+  receiver  message by message, at most the header's payload_size in all; each slice is kept only
+            when its proof puts sha256(its bytes) under the signed root at its index
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterator, Protocol, Sequence
+
+import grpc
+
+from protocol import merkle
+from protocol._generated import swarm_pb2
+from protocol.channels import CHUNK_BYTES, PART_OVERHEAD
+from protocol.envelope import UpdateHeader
+from protocol.rpc_errors import RpcAbort
+
+
+class HeldSlice(Protocol):
+    """What a sender holds of each slice it pushes (payload_service.StoredSlice)."""
+
+    payload: bytes
+    proof: tuple[bytes, ...]
+
+
+def push_slices(signed_header: swarm_pb2.Signed, slices: Sequence[tuple[int, HeldSlice]],
+                want: swarm_pb2.FetchRequest | None = None) -> Iterator[swarm_pb2.SlicePush]:
+    """The sender's messages: the header (and `want`, SwapSlices' request) first, then each slice
+    (index, whole proof, bytes in pieces of at most CHUNK_BYTES), the pieces packed as `parts`,
+    as many in one message as fit in CHUNK_BYTES with their proofs and framing (8 slices of 62 KB:
+    one message, not 8; each message costs the receiver's loop a read)."""
+    message = swarm_pb2.SlicePush(header=signed_header, want=want)
+    used = message.ByteSize()
+    for index, item in slices:
+        data = item.payload
+        for start in range(0, max(len(data), 1), CHUNK_BYTES):
+            proof = item.proof if start == 0 else ()
+            piece = data[start : start + CHUNK_BYTES]
+            size = len(piece) + sum(len(h) + 2 for h in proof) + PART_OVERHEAD
+            if message.parts and used + size > CHUNK_BYTES:
+                yield message
+                message, used = swarm_pb2.SlicePush(), 0
+            message.parts.append(swarm_pb2.SlicePush(slice=index, start=start == 0, proof=proof, data=piece))
+            used += size
+    yield message
+
+
+class PushedSlices:
+    """The receiver's side of one push stream, for the update under `header`: take() each message
+    (RpcAbort on one that breaks the rules: the caller ends the stream with it), then proven()."""
+
+    def __init__(self, header: UpdateHeader) -> None:
+        self.header = header
+        self.total = 0
+        self.parts: list[tuple[int, tuple[bytes, ...], bytearray]] = []  # (index, proof, bytes so far)
+
+    def take(self, message: swarm_pb2.SlicePush) -> None:
+        if not message.parts:  # a sender that packs nothing: one piece a message
+            self._piece(message)
+            return
+        if message.data or message.start:
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "a packed message carries a slice of its own besides its parts",
+                           swarm_pb2.MALFORMED)
+        for part in message.parts:
+            if part.parts or part.HasField("header") or part.HasField("want"):
+                raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "a packed part carries parts, a header or a request",
+                               swarm_pb2.MALFORMED)
+            self._piece(part)
+
+    def _piece(self, message: swarm_pb2.SlicePush) -> None:
+        self.total += len(message.data)
+        if self.total > self.header.payload_size:
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"pushed slices exceed the signed payload size {self.header.payload_size}",
+                           swarm_pb2.INVALID_UPDATE)
+        if message.start:
+            self.parts.append((message.slice, tuple(message.proof), bytearray()))
+        elif message.data and not self.parts:
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "slice data before any slice started", swarm_pb2.MALFORMED)
+        if self.parts:
+            self.parts[-1][2].extend(message.data)
+
+    def proven(self) -> tuple[list[tuple[int, str, tuple[bytes, ...], bytes]], list[int]]:
+        """-> (each slice whose proof puts it under the header's root: (index, sha256 hex, proof,
+        bytes); the indices of those whose proof fails)."""
+        header, root = self.header, self.header.root_bytes()
+        kept, refused = [], []
+        for index, proof, data in self.parts:
+            digest = hashlib.sha256(data).digest()
+            if merkle.verify(digest, index, header.num_slices, proof, root):
+                kept.append((index, digest.hex(), proof, bytes(data)))
+            else:
+                refused.append(index)
+        return kept, refused
