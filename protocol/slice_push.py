@@ -42,7 +42,7 @@ def push_slices(signed_header: swarm_pb2.Signed, slices: Sequence[tuple[int, Hel
         data = item.payload
         for start in range(0, max(len(data), 1), CHUNK_BYTES):
             proof = item.proof if start == 0 else ()
-            piece = data[start : start + CHUNK_BYTES]
+            piece = data if len(data) <= CHUNK_BYTES else data[start : start + CHUNK_BYTES]  # (a slice of bytes copies)
             size = len(piece) + sum(len(h) + 2 for h in proof) + PART_OVERHEAD
             if message.parts and used + size > CHUNK_BYTES:
                 yield message
@@ -59,7 +59,9 @@ class PushedSlices:
     def __init__(self, header: UpdateHeader) -> None:
         self.header = header
         self.total = 0
-        self.parts: list[tuple[int, tuple[bytes, ...], bytearray]] = []  # (index, proof, bytes so far)
+        # (index, proof, its pieces so far): a slice that came in one piece is kept as the bytes
+        # read, not copied into a buffer and out again (each copy of a 62 KB slice costs)
+        self.parts: list[tuple[int, tuple[bytes, ...], list[bytes]]] = []
 
     def take(self, message: swarm_pb2.SlicePush) -> None:
         if not message.parts:  # a sender that packs nothing: one piece a message
@@ -75,26 +77,28 @@ class PushedSlices:
             self._piece(part)
 
     def _piece(self, message: swarm_pb2.SlicePush) -> None:
-        self.total += len(message.data)
+        data = message.data  # read once: each read of a bytes field makes a new copy
+        self.total += len(data)
         if self.total > self.header.payload_size:
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"pushed slices exceed the signed payload size {self.header.payload_size}",
                            swarm_pb2.INVALID_UPDATE)
         if message.start:
-            self.parts.append((message.slice, tuple(message.proof), bytearray()))
-        elif message.data and not self.parts:
+            self.parts.append((message.slice, tuple(message.proof), []))
+        elif data and not self.parts:
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "slice data before any slice started", swarm_pb2.MALFORMED)
         if self.parts:
-            self.parts[-1][2].extend(message.data)
+            self.parts[-1][2].append(data)
 
     def proven(self) -> tuple[list[tuple[int, str, tuple[bytes, ...], bytes]], list[int]]:
         """-> (each slice whose proof puts it under the header's root: (index, sha256 hex, proof,
         bytes); the indices of those whose proof fails)."""
         header, root = self.header, self.header.root_bytes()
         kept, refused = [], []
-        for index, proof, data in self.parts:
+        for index, proof, pieces in self.parts:
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             digest = hashlib.sha256(data).digest()
             if merkle.verify(digest, index, header.num_slices, proof, root):
-                kept.append((index, digest.hex(), proof, bytes(data)))
+                kept.append((index, digest.hex(), proof, data))
             else:
                 refused.append(index)
         return kept, refused
