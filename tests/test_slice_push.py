@@ -100,6 +100,27 @@ def test_a_trade_without_its_request_is_refused(owner):
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "request" in failed.value.details()
 
 
+def test_garbage_in_a_trade_ends_that_stream_with_an_error_and_the_owner_trades_on(owner):
+    """Bytes that are no SlicePush, or a push naming no slice, end that one stream with a status
+    (never a hang or a dead server); the next trade goes through."""
+    header, signed, store, stub = owner
+
+    async def garbage(messages):
+        call = stub.pool.aio.raw_swap(stub.endpoint)(iter(messages), timeout=30)
+        try:
+            return [data async for data in call], None
+        except grpc.aio.AioRpcError as exc:
+            return None, exc.code()
+
+    for messages in ([b"\xff\xff\xff not a message"],
+                     [swarm_pb2.SlicePush(header=signed, want=swarm_pb2.FetchRequest()).SerializeToString(),
+                      swarm_pb2.SlicePush(data=b"no slice started").SerializeToString()]):
+        answered, code = stub.pool.aio.run(lambda: garbage(messages))
+        assert answered is None and code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT), code
+    assert [item.data for item in _trade(stub, signed, [_item(0)])] == [THEIRS[1], THEIRS[3]]
+    assert store.get_slice(header.root_bytes(), 0).payload == SLICES[0]
+
+
 def test_a_node_that_takes_no_pushes_refuses_a_trade_and_the_caller_gets_nothing_from_it():
     store = PayloadStore()
     server, port = serve_payloads(PayloadServicer(store, verify_header=lambda s: None), ByteCounter("coordinator"),
