@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import hashlib
 import logging
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable, Mapping, Sequence
@@ -147,6 +148,7 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
     # without a counter says nothing, as a sync channel without one does
     metadata = () if counter is None else ((PEER_HEADER, counter.local_peer or "anonymous"),)
     call = None
+    pushing = PushProgress()
     hashing = pool.aio.hashing  # once per stream: PoolClosed here when the pool closed meanwhile
     try:
         if push is None:
@@ -154,12 +156,14 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
         else:
             if counter is not None:
                 counter.add(holder, call=True, method=method)
-            call = pool.aio.raw_swap(holder)(_swap_messages(push, request, counter, holder), timeout=deadline.total_seconds(),
+            call = pool.aio.raw_swap(holder)(_swap_messages(push, request, counter, holder, pushing), timeout=deadline.total_seconds(),
                                              metadata=metadata)
         while True:
             try:
                 data = await asyncio.wait_for(call.read(), stall.total_seconds())
             except asyncio.TimeoutError:
+                if pushing.moved_within(stall.total_seconds()):
+                    continue  # the holder answered and is still taking our push (a slow uplink): alive
                 STALLS.mark(holder, stall.total_seconds())
                 raise TransferError(f"sent nothing for {stall.total_seconds():g} s: cut off (its link or process is down)") from None
             if data is grpc.aio.EOF:
@@ -183,13 +187,35 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
     return reader.out
 
 
-def _swap_messages(push: Push, request: swarm_pb2.FetchRequest, counter: ByteCounter | None, holder: str):
-    """A SwapSlices stream's requests, serialized and counted here (gRPC reads them as it sends)."""
+class PushProgress:
+    """When a stream's push last moved: gRPC takes the next message once the last one is written
+    (flow control passed it on), so a push that keeps being taken is a live holder even while it
+    sends nothing back (a trade's answer may be long done while our upload goes on)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.last: float | None = None  # None: no push, or not started
+        self.done = False
+
+    def moved(self) -> None:
+        self.last = self.clock()
+
+    def moved_within(self, seconds: float) -> bool:
+        """True while a push is under way and its last message was taken less than `seconds` ago."""
+        return self.last is not None and not self.done and self.clock() - self.last < seconds
+
+
+def _swap_messages(push: Push, request: swarm_pb2.FetchRequest, counter: ByteCounter | None, holder: str,
+                   progress: PushProgress):
+    """A SwapSlices stream's requests, serialized and counted here (gRPC takes each as it sends)."""
     for message in push_slices(push.signed_header, push.slices, want=request):
+        progress.moved()
         data = message.SerializeToString()
         if counter is not None:
             counter.add(holder, sent=len(data), method=SWAP_METHOD)
         yield data
+    progress.moved()
+    progress.done = True  # the last message is written or being written: the holder's answer ends the stream
 
 
 async def _check(reader: "ItemReader", hashing: concurrent.futures.Executor) -> None:

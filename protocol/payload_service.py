@@ -28,6 +28,7 @@ from protocol.streaming import TransferError, iter_chunks, receive_chunks
 
 MAX_FETCH_STREAMS = 1024  # FetchPayload streams a node serves at once (more: RESOURCE_EXHAUSTED, the fetcher falls back)
 MAX_ITEMS = 4096  # objects in one batched fetch (exchange.slices' bound): a request names at most that many
+MAX_ENDED_PUSHES = 4096  # trades' ended pushes a store remembers (PayloadStore.push_ended)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,20 +82,28 @@ class PayloadStore:
             self._slice_added.notify_all()
 
     def push_ended(self, slices_root: bytes, round_: int) -> None:
-        """A push of the slices under `slices_root` to us ended (what it brought that proved is
-        stored): whoever waits for more of them stops waiting and fetches what is missing."""
+        """A trade's push of the slices under `slices_root` to us ended (what it brought that
+        proved is stored): whoever waits for more of them (wait_slices(..., until_push_ended=True))
+        stops waiting and fetches what is missing from their author, who serves them. Remembered
+        for the newest MAX_ENDED_PUSHES roots at most (a caller's header is only signed, not
+        checked against any manifest: these marks must not grow, nor move the store's rounds)."""
         with self._lock:
+            self._pushes_ended.pop(slices_root, None)
             self._pushes_ended[slices_root] = round_
-            self._drop_old(round_)
+            while len(self._pushes_ended) > MAX_ENDED_PUSHES:
+                del self._pushes_ended[next(iter(self._pushes_ended))]
             self._slice_added.notify_all()
 
-    def wait_slices(self, wanted: list[tuple[bytes, int]], timeout_s: float) -> None:
-        """Block until every (slices_root, index) in `wanted` is stored, or a push under its root
-        ended without it, or `timeout_s` passes (slices pushed to us, which we own: by a
-        client-mode author, or in a trade another owner opened)."""
+    def wait_slices(self, wanted: list[tuple[bytes, int]], timeout_s: float, *, until_push_ended: bool = False) -> None:
+        """Block until every (slices_root, index) in `wanted` is stored or `timeout_s` passes
+        (slices pushed to us, which we own: by a client-mode author, or in a trade another owner
+        opened). `until_push_ended`: also stop for a key whose root's push ended without it (a
+        trade's: its author serves it, so fetching it is the fallback; a client-mode author's
+        push is waited for whole, since nobody else serves its slices and anyone may replay its
+        signed header in a push of its own)."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while not all(key in self._slices or key[0] in self._pushes_ended for key in wanted):
+            while not all(key in self._slices or (until_push_ended and key[0] in self._pushes_ended) for key in wanted):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
@@ -320,7 +329,6 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                 pushed.take(message)
         except RpcAbort:
             self.on_reject("malformed")
-            self.store.push_ended(header.root_bytes(), header.round)  # nothing kept: whoever waits fetches
             raise
         kept, refused = self._keep(pushed)
         if refused:
@@ -339,57 +347,59 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         if self.streaming >= self.max_streams:
             raise RpcAbort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.streaming} transfers in flight here, at most "
                                                                f"{self.max_streams}: fetch instead, or retry shortly")
-        incoming = request_iterator.__aiter__()
+        self.streaming += 1  # on the loop's thread only, before any await: the bound holds for calls arriving together
+        taking: asyncio.Future | None = None
         try:
-            first = await incoming.__anext__()
-        except StopAsyncIteration:
-            first = None
-        if first is None or not first.HasField("header") or not first.HasField("want"):
-            self.on_reject("malformed")
-            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must carry the signed header and the request",
-                           swarm_pb2.MALFORMED)
-        try:
-            header = self.verify_header(first.header)
-        except EnvelopeError as exc:
-            self.on_reject(exc.reason)
-            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.reason}: {exc}", refusal_for(exc.reason)) from None
-        pushed = PushedSlices(header)
-
-        async def take() -> None:  # beside the answer: both directions of the link at once
-            whole = False
+            incoming = request_iterator.__aiter__()
             try:
-                pushed.take(first)
-                async for message in incoming:
-                    pushed.take(message)
-                whole = True
-            except RpcAbort:
+                first = await incoming.__anext__()
+            except StopAsyncIteration:
+                first = None
+            if first is None or not first.HasField("header") or not first.HasField("want"):
                 self.on_reject("malformed")
-                raise
-            finally:  # kept if it came whole; either way whoever waits for it stops waiting
-                if whole:
-                    self._keep(pushed)
-                else:
+                raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must carry the signed header and the request",
+                               swarm_pb2.MALFORMED)
+            try:
+                header = self.verify_header(first.header)
+            except EnvelopeError as exc:
+                self.on_reject(exc.reason)
+                raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.reason}: {exc}", refusal_for(exc.reason)) from None
+            pushed = PushedSlices(header)
+
+            async def take() -> None:  # beside the answer: both directions of the link at once
+                whole = False
+                try:
+                    pushed.take(first)
+                    async for message in incoming:
+                        pushed.take(message)
+                    whole = True
+                except RpcAbort:
+                    self.on_reject("malformed")
+                    raise
+                finally:  # what proved is kept even from a broken stream; whoever waits for the rest fetches it
+                    self._keep(pushed, count_refused=whole)
                     self.store.push_ended(header.root_bytes(), header.round)
 
-        taking = asyncio.ensure_future(take())
-        self.streaming += 1  # on the loop's thread only: no lock
-        try:
+            taking = asyncio.ensure_future(take())
             for message in self._serve_items(first.want):
                 yield message
             await taking
         finally:
             self.streaming -= 1
-            taking.cancel()
+            if taking is not None:
+                if taking.done() and not taking.cancelled():
+                    taking.exception()  # retrieved: a failed push already ended the call (or is moot once the answer failed)
+                taking.cancel()
 
-    def _keep(self, pushed: PushedSlices) -> tuple[int, list[int]]:
-        """Store the pushed slices whose proofs hold, then say the push ended (store.push_ended).
-        -> (how many were kept, the refused indices)."""
+    def _keep(self, pushed: PushedSlices, *, count_refused: bool = True) -> tuple[int, list[int]]:
+        """Store the pushed slices whose proofs hold. -> (how many were kept, the refused indices).
+        `count_refused`: a refusal is the pusher's fault (False for a broken stream, whose last
+        slice may just be cut short)."""
         header = pushed.header
         kept, refused = pushed.proven()
         for index, digest, proof, data in kept:
             self.store.put_slice(header.root_bytes(), index, StoredSlice(header.round, digest, proof, header.num_slices, data))
-        self.store.push_ended(header.root_bytes(), header.round)
-        if refused:
+        if refused and count_refused:
             self.on_reject("bad-proof")
         return len(kept), refused
 

@@ -59,6 +59,8 @@ class PushedSlices:
     def __init__(self, header: UpdateHeader) -> None:
         self.header = header
         self.total = 0
+        self.max_proof = max(1, header.num_slices - 1).bit_length()  # siblings on a leaf's path in a tree of num_slices leaves
+        self.started: set[int] = set()
         # (index, proof, its pieces so far): a slice that came in one piece is kept as the bytes
         # read, not copied into a buffer and out again (each copy of a 62 KB slice costs)
         self.parts: list[tuple[int, tuple[bytes, ...], list[bytes]]] = []
@@ -77,17 +79,34 @@ class PushedSlices:
             self._piece(part)
 
     def _piece(self, message: swarm_pb2.SlicePush) -> None:
+        """One piece. What a pusher may make us hold is bounded by what it could honestly send: at
+        most payload_size bytes of data, each slice started once with at most a tree's depth of
+        32-byte siblings, and a slice continued only after a full CHUNK_BYTES piece (no stream of
+        empty or tiny pieces)."""
         data = message.data  # read once: each read of a bytes field makes a new copy
         self.total += len(data)
         if self.total > self.header.payload_size:
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"pushed slices exceed the signed payload size {self.header.payload_size}",
                            swarm_pb2.INVALID_UPDATE)
         if message.start:
-            self.parts.append((message.slice, tuple(message.proof), []))
-        elif data and not self.parts:
-            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "slice data before any slice started", swarm_pb2.MALFORMED)
-        if self.parts:
-            self.parts[-1][2].append(data)
+            proof = tuple(message.proof)
+            if not 0 <= message.slice < self.header.num_slices or message.slice in self.started:
+                raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"slice {message.slice} pushed twice or not one of the update's "
+                                                                 f"{self.header.num_slices}", swarm_pb2.MALFORMED)
+            if len(proof) > self.max_proof or any(len(h) != 32 for h in proof):
+                raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"slice {message.slice}: a proof of {len(proof)} siblings, "
+                                                                 f"at most {self.max_proof} of 32 bytes", swarm_pb2.MALFORMED)
+            self.started.add(message.slice)
+            self.parts.append((message.slice, proof, [data]))
+            return
+        if not self.parts:
+            if data:
+                raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "slice data before any slice started", swarm_pb2.MALFORMED)
+            return  # the first message's header (and request), no piece
+        if not data or len(self.parts[-1][2][-1]) != CHUNK_BYTES:
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "a slice continued after a piece short of CHUNK_BYTES, or an empty piece",
+                           swarm_pb2.MALFORMED)
+        self.parts[-1][2].append(data)
 
     def proven(self) -> tuple[list[tuple[int, str, tuple[bytes, ...], bytes]], list[int]]:
         """-> (each slice whose proof puts it under the header's root: (index, sha256 hex, proof,

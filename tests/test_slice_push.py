@@ -16,7 +16,7 @@ from protocol.accounting import ByteCounter
 from protocol.envelope import build_update_header, sign_update
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
-from protocol.batched_fetch import Push, Wanted, fetch_streams
+from protocol.batched_fetch import Push, PushProgress, Wanted, fetch_streams
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredSlice, serve_payloads
 from protocol.slice_push import push_slices
 from protocol.wire import swarm_pb2
@@ -85,12 +85,13 @@ def test_a_trade_refuses_a_pushed_slice_whose_proof_does_not_hold_and_still_answ
     assert store.get_slice(header.root_bytes(), 2) is None  # the owner fetches it itself
 
 
-def test_a_trade_pushing_more_than_the_signed_payload_is_cut_off_and_keeps_nothing(owner):
+def test_a_trade_pushing_more_than_the_signed_payload_is_cut_off_there(owner):
     header, signed, store, stub = owner
-    padded = [_item(j) for j in range(len(SLICES))] + [_item(0)]
+    padded = [_item(j) for j in range(4)] + [_item(4, data=SLICES[4] + b"more")]  # 4 bytes past the signed size
     came = _trade(stub, signed, padded, wanted=(0,))
     assert len(came) == 1  # what the broken stream did not bring is None: the caller's fallback fetches it
-    assert all(store.get_slice(header.root_bytes(), j) is None for j in range(len(SLICES)))
+    root = header.root_bytes()
+    assert [store.get_slice(root, j) is not None for j in range(len(SLICES))] == [True] * 4 + [False]  # what proved, kept
 
 
 def test_a_trade_without_its_request_is_refused(owner):
@@ -178,12 +179,72 @@ def test_a_push_that_ended_without_a_slice_ends_the_wait_for_it(owner):
     without it (here: its proof failed), and fetches it at once instead of at its timeout."""
     header, signed, store, stub = owner
     root = header.root_bytes()
-    waited = threading.Thread(target=store.wait_slices, args=([(root, 0), (root, 2)], 600.0), daemon=True)
+    waited = threading.Thread(target=store.wait_slices, args=([(root, 0), (root, 2)], 600.0), kwargs={"until_push_ended": True},
+                              daemon=True)
     waited.start()
     _trade(stub, signed, [_item(0), _item(2, data=b"x" * len(SLICES[2]))])
     waited.join(60)
     assert not waited.is_alive()  # old code: waited its 600 s
     assert store.get_slice(root, 0) is not None and store.get_slice(root, 2) is None
+
+
+def test_a_trade_that_ended_does_not_end_the_wait_for_a_client_mode_authors_push(owner):
+    """Anyone may replay an author's signed header in a push of its own. A trade that ends under
+    it (the author serves its slices: fetching them is the fallback) ends a trade's wait; a
+    client-mode author's slices are served by nobody else, so its owner waits for them whole."""
+    header, signed, store, stub = owner
+    root = header.root_bytes()
+    waited = threading.Thread(target=store.wait_slices, args=([(root, 1)], 600.0), daemon=True)
+    waited.start()
+    _trade(stub, signed, [])  # the header alone, nothing pushed: the trade ends
+    waited.join(0.5)
+    assert waited.is_alive()  # still waiting for the author's own push
+    assert stub.PushSlices(push_slices(signed, [_item(1)]), timeout=30).accepted
+    waited.join(60)
+    assert not waited.is_alive()
+
+
+def test_a_broken_trade_keeps_the_slices_that_proved_before_it_broke(owner):
+    header, signed, store, stub = owner
+    bad = _item(3, proof=[b"x" * 32] * 9)  # a proof longer than a 5-leaf tree is deep: the stream is refused there
+    _trade(stub, signed, [_item(0), _item(2), bad], wanted=(1,))
+    root = header.root_bytes()
+    assert store.get_slice(root, 0).payload == SLICES[0] and store.get_slice(root, 2).payload == SLICES[2]
+    assert store.get_slice(root, 3) is None
+
+
+@pytest.mark.parametrize("pieces, why", [
+    ([(1, True, b"a"), (1, True, b"b")], "pushed twice"),
+    ([(7, True, b"a")], "not one of the update's"),
+    ([(1, True, b"a"), (1, False, b"b")], "short of CHUNK_BYTES"),
+    ([(1, True, b"a"), (1, False, b"")], "short of CHUNK_BYTES"),
+])
+def test_a_push_that_could_not_be_honest_is_refused(owner, pieces, why):
+    """What a pusher may make an owner hold is bounded by what an honest push holds: each slice of
+    the update started once, continued only after a full CHUNK_BYTES piece."""
+    header, signed, store, stub = owner
+    messages = [swarm_pb2.SlicePush(header=signed)] + [
+        swarm_pb2.SlicePush(slice=j, start=start, proof=PROOFS[j % len(SLICES)] if start else (), data=data)
+        for j, start, data in pieces]
+    with pytest.raises(grpc.RpcError) as failed:
+        stub.PushSlices(iter(messages), timeout=30)
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT and why in failed.value.details()
+
+
+def test_push_progress_keeps_a_trade_alive_while_its_upload_moves():
+    """A trade's answer may be long done while our push still uploads: the stream is alive while
+    gRPC keeps taking our messages, and stalled once it stops taking them (or never had any)."""
+    now = [100.0]
+    progress = PushProgress(clock=lambda: now[0])
+    assert not progress.moved_within(5.0)  # no push
+    progress.moved()
+    now[0] += 4.0
+    assert progress.moved_within(5.0)
+    now[0] += 2.0
+    assert not progress.moved_within(5.0)  # nothing taken for 6 s: cut off as stalled
+    progress.moved()
+    progress.done = True
+    assert not progress.moved_within(5.0)  # the push is all out: only the holder's answer counts
 
 
 def test_waiting_for_slices_nobody_pushes_ends_at_its_timeout():

@@ -198,10 +198,10 @@ class SliceFetching:
                          for p, j in groups.get(holder, [])] + [Wanted(max_size=size, sha256=sha) for sha, size in results.get(holder, [])]
                 for holder in {**groups, **results}}
         fetch_streams(self.pool, plan, on_item=keep, pushes=trades.pushes if trades is not None else None)
-        for pairs, wait_s in ((pushed, self.push_wait_s), (awaited, self.swap_wait_s)):
+        for pairs, wait_s, trade in ((pushed, self.push_wait_s, False), (awaited, self.swap_wait_s, True)):
             waiting = [pair for pair in pairs if pair not in got]
-            if waiting:
-                self.store.wait_slices([(rnd.headers[p].root_bytes(), j) for p, j in waiting], wait_s)
+            if waiting:  # a trade that ended without some slice: fetched from its author at once
+                self.store.wait_slices([(rnd.headers[p].root_bytes(), j) for p, j in waiting], wait_s, until_push_ended=trade)
                 for pair in waiting:
                     take_held(pair)
         missing = [pair for pair in wanted if pair not in got]
