@@ -6,9 +6,10 @@
                    beside its request for the other's; the trades opened to us are awaited
                    (swap_wait_s once our own streams are done). An author that owns nothing gets
                    ONE FetchPayload stream carrying every slice wanted from it; all streams at
-                   once. What did not come (a missing item, a failed proof, a broken stream, a
-                   trade never opened) is fetched alone from the next holders (the author, the
-                   slice's other owners)
+                   once. What a trade did not bring (never opened, ended short) comes in one
+                   batched stream from its author; what still did not come (a missing item, a
+                   failed proof, a broken stream) is fetched alone from the next holders (the
+                   author, the slice's other owners)
   all-gather       each agreed aggregated slice from one of its signers, the signers asked as few as
                    hold what the gather wants (slice_plan.cover, ties at random): ONE stream per
                    owner carries every slice wanted from it, all owners at once; what did not come,
@@ -181,29 +182,43 @@ class SliceFetching:
                 groups.setdefault(holder, []).append((p, j))
         results = results or {}
 
-        def keep(holder: str, k: int, item: FetchedSlice) -> None:  # as each object checks, while the streams go on
-            inputs = groups.get(holder, [])
-            if k >= len(inputs):  # an aggregated slice riding along
-                self.store.put_blob(item.digest, rnd.round, item.data)
-                return
-            p, j = inputs[k]
-            header = rnd.headers[p]
-            self.store.put_slice(header.root_bytes(), j, StoredSlice(rnd.round, item.digest, item.proof, header.num_slices,
-                                                                    item.data))  # re-served
-            got[(p, j)] = (item.data, "")
-            if arrived is not None:
-                arrived((p, j), item.data)
+        def stream(groups: dict[str, list[tuple[str, int]]], results: dict[str, list[tuple[str, int]]],
+                   pushes: dict[str, Push] | None) -> None:
+            """One batched stream per holder: `groups`' inputs, then `results`' aggregated slices."""
+            def keep(holder: str, k: int, item: FetchedSlice) -> None:  # as each object checks, while the streams go on
+                inputs = groups.get(holder, [])
+                if k >= len(inputs):  # an aggregated slice riding along
+                    self.store.put_blob(item.digest, rnd.round, item.data)
+                    return
+                p, j = inputs[k]
+                header = rnd.headers[p]
+                self.store.put_slice(header.root_bytes(), j, StoredSlice(rnd.round, item.digest, item.proof, header.num_slices,
+                                                                        item.data))  # re-served
+                got[(p, j)] = (item.data, "")
+                if arrived is not None:
+                    arrived((p, j), item.data)
 
-        plan = {holder: [Wanted(max_size=self.math.sliced_codec.max_slice_payload_size(j), slice=j, proven=rnd.proven[p])
-                         for p, j in groups.get(holder, [])] + [Wanted(max_size=size, sha256=sha) for sha, size in results.get(holder, [])]
-                for holder in {**groups, **results}}
-        fetch_streams(self.pool, plan, on_item=keep, pushes=trades.pushes if trades is not None else None)
+            plan = {holder: [Wanted(max_size=self.math.sliced_codec.max_slice_payload_size(j), slice=j, proven=rnd.proven[p])
+                             for p, j in groups.get(holder, [])] + [Wanted(max_size=size, sha256=sha) for sha, size in results.get(holder, [])]
+                    for holder in {**groups, **results}}
+            fetch_streams(self.pool, plan, on_item=keep, pushes=pushes)
+
+        stream(groups, results, trades.pushes if trades is not None else None)
         for pairs, wait_s, trade in ((pushed, self.push_wait_s, False), (awaited, self.swap_wait_s, True)):
             waiting = [pair for pair in pairs if pair not in got]
             if waiting:  # a trade that ended without some slice: fetched from its author at once
                 self.store.wait_slices([(rnd.headers[p].root_bytes(), j) for p, j in waiting], wait_s, until_push_ended=trade)
                 for pair in waiting:
                     take_held(pair)
+        # What a trade did not bring, in ONE stream per author (it serves its slices): a partner that
+        # never opened (older, crashed, slow) costs one batched fetch, not a call per slice.
+        untraded: dict[str, list[tuple[str, int]]] = {}
+        for p, j in awaited:
+            holder = next((h for h in rnd.holders[p] if h and h != self.own_endpoint), "")
+            if (p, j) not in got and holder:
+                untraded.setdefault(holder, []).append((p, j))
+        if untraded:
+            stream(untraded, {}, None)
         missing = [pair for pair in wanted if pair not in got]
         for pair, outcome in zip(missing, self.workers.map(lambda pair: self._try_fetch(rnd, *pair), missing)):
             got[pair] = outcome
