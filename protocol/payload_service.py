@@ -22,6 +22,7 @@ from protocol.aio_server import AsyncServer
 from protocol.channels import CHUNK_BYTES, PART_OVERHEAD, create_async_server
 from protocol.envelope import EnvelopeError, UpdateHeader, check_payload
 from protocol.ratelimit import CallerLimits
+from protocol.reasons import Reason
 from protocol.rpc_errors import RpcAbort, guarded, refusal_for
 from protocol.slice_push import PushedSlices
 from protocol.streaming import TransferError, iter_chunks, receive_chunks
@@ -29,6 +30,7 @@ from protocol.streaming import TransferError, iter_chunks, receive_chunks
 MAX_FETCH_STREAMS = 1024  # FetchPayload streams a node serves at once (more: RESOURCE_EXHAUSTED, the fetcher falls back)
 MAX_ITEMS = 4096  # objects in one batched fetch (exchange.slices' bound): a request names at most that many
 MAX_ENDED_PUSHES = 4096  # trades' ended pushes a store remembers (PayloadStore.push_ended)
+PUSH_ROUND_SLACK = 2  # rounds a pushed header may be away from the node's own (overlapped peers run one ahead)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +180,13 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         limits: CallerLimits | None = None,
         max_stream_s: float = 120.0,
         max_streams: int = MAX_FETCH_STREAMS,
+        current_round: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
         self.verify_header = verify_header
+        # the round this node is at: a pushed header more than PUSH_ROUND_SLACK rounds away is refused
+        # (its signature only says who signed it; a far-future round would move the store's rounds)
+        self.current_round = current_round
         self.accept_pushes = accept_pushes
         self.accept_slice_pushes = accept_slice_pushes  # a serving peer: client-mode authors push it the slices it owns
         self.on_reject = on_reject or (lambda reason: None)
@@ -319,7 +325,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
             self.on_reject("malformed")
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must carry the signed header", swarm_pb2.MALFORMED)
         try:
-            header = self.verify_header(first.header)
+            header = self._pushed_header(first.header)
         except EnvelopeError as exc:
             self.on_reject(exc.reason)
             return swarm_pb2.PushReply(accepted=False, reason=f"{exc.reason}: {exc}", refusal=refusal_for(exc.reason))
@@ -360,7 +366,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                 raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must carry the signed header and the request",
                                swarm_pb2.MALFORMED)
             try:
-                header = self.verify_header(first.header)
+                header = self._pushed_header(first.header)
             except EnvelopeError as exc:
                 self.on_reject(exc.reason)
                 raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.reason}: {exc}", refusal_for(exc.reason)) from None
@@ -390,6 +396,14 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                 if taking.done() and not taking.cancelled():
                     taking.exception()  # retrieved: a failed push already ended the call (or is moot once the answer failed)
                 taking.cancel()
+
+    def _pushed_header(self, signed: swarm_pb2.Signed) -> UpdateHeader:
+        """A pushed update's header, verified, and of a round near ours; EnvelopeError otherwise."""
+        header = self.verify_header(signed)
+        if self.current_round is not None and abs(header.round - self.current_round()) > PUSH_ROUND_SLACK:
+            raise EnvelopeError(Reason.WRONG_ROUND, f"slices of round {header.round} pushed to a node at round "
+                                                    f"{self.current_round()}: at most {PUSH_ROUND_SLACK} rounds apart")
+        return header
 
     def _keep(self, pushed: PushedSlices, *, count_refused: bool = True) -> tuple[int, list[int]]:
         """Store the pushed slices whose proofs hold. -> (how many were kept, the refused indices).

@@ -247,6 +247,33 @@ def test_push_progress_keeps_a_trade_alive_while_its_upload_moves():
     assert not progress.moved_within(5.0)  # the push is all out: only the holder's answer counts
 
 
+def test_a_push_of_a_round_far_from_ours_is_refused_and_moves_nothing():
+    """A pushed header is only signed: one of a far-future round (any key can sign one) would move
+    the store's newest round and drop what it holds. A node refuses pushes more than
+    PUSH_ROUND_SLACK rounds from its own, and keeps what it held."""
+    author = Identity.generate()
+    far = build_update_header(run_id="run", round_=10**9, peer_id=author.peer_id, codec="fp16", numel=1, layout_hash="L",
+                              base_param_hash="B", payload=b"".join(SLICES), slices=[d.hex() for d in DIGESTS])
+    store = PayloadStore()
+    held = _item(0)[1]
+    store.put_slice(THEIR_ROOT, 0, StoredSlice(3, held.digest, held.proof, held.count, held.payload))  # ours, round 3
+    server, port = serve_payloads(PayloadServicer(store, verify_header=lambda s: far, accept_slice_pushes=True,
+                                                  current_round=lambda: 3), ByteCounter("owner"), host="127.0.0.1", port=0)
+    pool = ChannelPool(ByteCounter("caller"))
+    try:
+        signed = sign_update(author, far)
+        reply = pool.peer_stub(f"127.0.0.1:{port}").PushSlices(push_slices(signed, [_item(1)]), timeout=30)
+        assert not reply.accepted and "round 1000000000" in reply.reason
+        target = f"127.0.0.1:{port}"
+        fetch_streams(pool, {target: [Wanted(max_size=1000, slice=0, proven=merkle.ProvenNodes(THEIR_ROOT, len(THEIRS)))]},
+                      pushes={target: Push(signed, [_item(1)])})
+        assert store.get_slice(far.root_bytes(), 1) is None  # neither push kept anything
+        assert store.get_slice(THEIR_ROOT, 0) is not None  # and what the node held is still there
+    finally:
+        pool.close()
+        server.stop(0)
+
+
 def test_waiting_for_slices_nobody_pushes_ends_at_its_timeout():
     store = PayloadStore()
     store.wait_slices([(b"r" * 32, 0)], 0.05)  # returns; the caller then counts the author unreachable
