@@ -142,8 +142,8 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
     request = _request(wanted)
     counter = pool.counter
     method = METHOD if push is None else SWAP_METHOD
-    if counter is not None and push is None:
-        counter.add(holder, sent=request.ByteSize(), call=True, method=method)
+    if counter is not None:  # a trade's requests are counted as they are serialized (_swap_messages)
+        counter.add(holder, sent=request.ByteSize() if push is None else 0, call=True, method=method)
     # who we are, as the sync channels' counting interceptor says it (protocol/accounting.py); a pool
     # without a counter says nothing, as a sync channel without one does
     metadata = () if counter is None else ((PEER_HEADER, counter.local_peer or "anonymous"),)
@@ -154,8 +154,6 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
         if push is None:
             call = pool.aio.raw_fetch(holder)(request, timeout=deadline.total_seconds(), metadata=metadata)
         else:
-            if counter is not None:
-                counter.add(holder, call=True, method=method)
             call = pool.aio.raw_swap(holder)(_swap_messages(push, request, counter, holder, pushing), timeout=deadline.total_seconds(),
                                              metadata=metadata)
         while True:
@@ -214,7 +212,6 @@ def _swap_messages(push: Push, request: swarm_pb2.FetchRequest, counter: ByteCou
         if counter is not None:
             counter.add(holder, sent=len(data), method=SWAP_METHOD)
         yield data
-    progress.moved()
     progress.done = True  # the last message is written or being written: the holder's answer ends the stream
 
 

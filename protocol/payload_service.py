@@ -428,8 +428,6 @@ def serve_payloads(servicer: PayloadServicer, counter: ByteCounter | None, *, ho
     return server, bound
 
 
-
-
 def pack_chunks(chunks: Iterable[swarm_pb2.Chunk]) -> Iterator[swarm_pb2.Chunk]:
     """Consecutive chunks of a batched stream in as few messages as fit: each message's parts hold
     at most CHUNK_BYTES of data, proofs and framing, so it stays under the channel's message limit

@@ -121,6 +121,11 @@ class SliceFetching:
             log.info("slice %d of %s unavailable: %s", j, peer_id[:8], exc)
             return None, "unreachable"
 
+    def _first_holder(self, rnd: SliceRound, author: str) -> str:
+        """Where a batched fetch asks for the author's slices first: its first holder that is not
+        us ("" for a client-mode author, whose slices were pushed to their owners)."""
+        return next((h for h in rnd.holders[author] if h and h != self.own_endpoint), "")
+
     def _signer_endpoints(self, rnd: SliceRound, signers: Iterable[SliceResult]) -> list[str]:
         """Where the owners who signed these results serve (each once, ours left out)."""
         return list(dict.fromkeys(rnd.endpoints[s.owner] for s in signers
@@ -159,7 +164,6 @@ class SliceFetching:
         the owners that open one to us would send is not asked for but awaited (swap_wait_s once
         our own streams are done; then fetched like the rest)."""
         got: dict[tuple[str, int], tuple[bytes | None, str]] = {}
-        groups: dict[str, list[tuple[str, int]]] = {}
         # pushed to us once their authors hold the manifest: by client-mode authors (who serve
         # nothing) and by the owners that open a trade with us
         pushed = [(p, j) for p, j in wanted if not any(rnd.holders[p])]
@@ -174,36 +178,9 @@ class SliceFetching:
             return held is not None
 
         later = set(pushed) | set(awaited)
-        for p, j in wanted:
-            if take_held((p, j)) or (p, j) in later:
-                continue
-            holder = (via or {}).get(j) or next((h for h in rnd.holders[p] if h and h != self.own_endpoint), "")
-            if holder:
-                groups.setdefault(holder, []).append((p, j))
-        results = results or {}
-
-        def stream(groups: dict[str, list[tuple[str, int]]], results: dict[str, list[tuple[str, int]]],
-                   pushes: dict[str, Push] | None) -> None:
-            """One batched stream per holder: `groups`' inputs, then `results`' aggregated slices."""
-            def keep(holder: str, k: int, item: FetchedSlice) -> None:  # as each object checks, while the streams go on
-                inputs = groups.get(holder, [])
-                if k >= len(inputs):  # an aggregated slice riding along
-                    self.store.put_blob(item.digest, rnd.round, item.data)
-                    return
-                p, j = inputs[k]
-                header = rnd.headers[p]
-                self.store.put_slice(header.root_bytes(), j, StoredSlice(rnd.round, item.digest, item.proof, header.num_slices,
-                                                                        item.data))  # re-served
-                got[(p, j)] = (item.data, "")
-                if arrived is not None:
-                    arrived((p, j), item.data)
-
-            plan = {holder: [Wanted(max_size=self.math.sliced_codec.max_slice_payload_size(j), slice=j, proven=rnd.proven[p])
-                             for p, j in groups.get(holder, [])] + [Wanted(max_size=size, sha256=sha) for sha, size in results.get(holder, [])]
-                    for holder in {**groups, **results}}
-            fetch_streams(self.pool, plan, on_item=keep, pushes=pushes)
-
-        stream(groups, results, trades.pushes if trades is not None else None)
+        asked = [pair for pair in wanted if not take_held(pair) and pair not in later]
+        self._stream_inputs(rnd, self._by_holder(rnd, asked, via), results or {}, got, arrived,
+                            trades.pushes if trades is not None else None)
         for pairs, wait_s, trade in ((pushed, self.push_wait_s, False), (awaited, self.swap_wait_s, True)):
             waiting = [pair for pair in pairs if pair not in got]
             if waiting:  # a trade that ended without some slice: fetched from its author at once
@@ -212,17 +189,48 @@ class SliceFetching:
                     take_held(pair)
         # What a trade did not bring, in ONE stream per author (it serves its slices): a partner that
         # never opened (older, crashed, slow) costs one batched fetch, not a call per slice.
-        untraded: dict[str, list[tuple[str, int]]] = {}
-        for p, j in awaited:
-            holder = next((h for h in rnd.holders[p] if h and h != self.own_endpoint), "")
-            if (p, j) not in got and holder:
-                untraded.setdefault(holder, []).append((p, j))
+        untraded = self._by_holder(rnd, [pair for pair in awaited if pair not in got])
         if untraded:
-            stream(untraded, {}, None)
+            self._stream_inputs(rnd, untraded, {}, got, arrived)
         missing = [pair for pair in wanted if pair not in got]
         for pair, outcome in zip(missing, self.workers.map(lambda pair: self._try_fetch(rnd, *pair), missing)):
             got[pair] = outcome
         return got
+
+    def _by_holder(self, rnd: SliceRound, pairs: list[tuple[str, int]],
+                   via: dict[int, str] | None = None) -> dict[str, list[tuple[str, int]]]:
+        """holder -> the (author, slice) pairs to ask it for: slice j's `via` holder if any, else
+        the author's first holder; a pair with neither is left out (the fallback tries it)."""
+        groups: dict[str, list[tuple[str, int]]] = {}
+        for p, j in pairs:
+            holder = (via or {}).get(j) or self._first_holder(rnd, p)
+            if holder:
+                groups.setdefault(holder, []).append((p, j))
+        return groups
+
+    def _stream_inputs(self, rnd: SliceRound, groups: dict[str, list[tuple[str, int]]], results: dict[str, list[tuple[str, int]]],
+                       got: dict[tuple[str, int], tuple[bytes | None, str]], arrived: Callable[[tuple[str, int], bytes], None] | None,
+                       pushes: dict[str, Push] | None = None) -> None:
+        """One batched stream per holder: `groups`' inputs (author, slice), then `results`'
+        aggregated slices (sha256, size), `pushes` sent beside; each object stored as it checks,
+        an input also into `got` and told to `arrived`."""
+        def keep(holder: str, k: int, item: FetchedSlice) -> None:  # as each object checks, while the streams go on
+            inputs = groups.get(holder, [])
+            if k >= len(inputs):  # an aggregated slice riding along
+                self.store.put_blob(item.digest, rnd.round, item.data)
+                return
+            p, j = inputs[k]
+            header = rnd.headers[p]
+            self.store.put_slice(header.root_bytes(), j, StoredSlice(rnd.round, item.digest, item.proof, header.num_slices,
+                                                                    item.data))  # re-served
+            got[(p, j)] = (item.data, "")
+            if arrived is not None:
+                arrived((p, j), item.data)
+
+        plan = {holder: [Wanted(max_size=self.math.sliced_codec.max_slice_payload_size(j), slice=j, proven=rnd.proven[p])
+                         for p, j in groups.get(holder, [])] + [Wanted(max_size=size, sha256=sha) for sha, size in results.get(holder, [])]
+                for holder in {**groups, **results}}
+        fetch_streams(self.pool, plan, on_item=keep, pushes=pushes)
 
     def _agreed_results(self, rnd: SliceRound, by_slice: dict[int, list[tuple[SliceResult, swarm_pb2.Signed]]],
                         slices: list[int]) -> dict[int, tuple[str, int, list[str]]]:
