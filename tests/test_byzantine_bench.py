@@ -113,10 +113,18 @@ def test_tiny_sliced_run_counts_the_lying_owners_lies_and_writes_its_own_report(
     assert all(r["status"] == "ok" and r["exchange"] == "sliced" for r in runs)
     lying = bench.run_case(bench.Case("main", "median", 2, "lying-owner", 0, exchange="sliced"), bench.PROFILES["tiny"])
     lies = lying["lying_owner"]
-    # 2 liars of 8 own 16 of the 32 slices a round; seed 0's two owner draws never pair them, so each lie
-    # sits beside an honest co-owner's result: all caught, and θ is the no-attacker run's, bit for bit.
-    assert lying["status"] == "ok" and lies["told"] == lies["caught"] == 32 and lies["slices_with_only_liars"] == 0
-    assert lying["final_params_sha256"] == runs[1]["final_params_sha256"]
+    # 2 liars of 8 own 16 of the 32 slices a round (r = 2). Which slices they own is drawn from the committed
+    # headers, so from the training data: the default corpus is this machine's standard library, and the draw
+    # differs between machines. What holds on every machine: a lie beside an honest co-owner's result is always
+    # caught, so a round's uncaught lies sit on slices whose both owners lie (2 lies each; only a spot check
+    # reaches them); θ is the no-attacker run's, bit for bit, exactly when no lie got through.
+    assert lying["status"] == "ok" and lies["told"] == 32 and len(lies["rounds"]) == 2
+    for rnd in lies["rounds"]:
+        assert rnd["told"] == 16 and 0 <= rnd["told"] - rnd["caught"] <= 2 * rnd["slices_with_only_liars"]
+        if rnd["slices_with_only_liars"] == 0:
+            assert rnd["caught"] == 16 and rnd["named"] == [0, 1]
+    assert lies["uncaught"] == lies["told"] - lies["caught"]
+    assert (lying["final_params_sha256"] == runs[1]["final_params_sha256"]) == (lies["uncaught"] == 0)
     md = (tmp_path / "byzantine_sliced.md").read_text()
     assert "Refused in sliced mode, not run: krum, multi-krum, geometric-median" in md
     assert "| median | " in md and "## Targets (issue 10)" in md
