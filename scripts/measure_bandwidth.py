@@ -75,6 +75,8 @@ def analyze(peer_summaries: list[dict], *, codec: str, numel: int, coordinator_k
                 "next_window_s": record.get("next_window_s"),  # overlapped: the window the manifest gave the next phase
                 # sliced exchange: wall-clock end of each exchange step (peer/exchange/sliced_peer.py)
                 "timeline": record.get("timeline") or None,
+                # sliced exchange: the owned slices' reduces, wall / CPU / wait for a core (peer/run/thread_clock.py)
+                "reduce_times": (record.get("slices") or {}).get("reduce"),
             })
 
     def median(key: str) -> float | None:

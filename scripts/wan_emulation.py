@@ -202,6 +202,22 @@ def timeline_text(result: dict) -> str:
     return ", ".join(f"{step} {at:.3f}" for step, at in after_last_commit(result).items())
 
 
+def reduce_times_text(result: dict) -> str:
+    """The owners' slice reduces per peer-round (peer/run/thread_clock.py), median over the
+    peer-rounds that reduced: wall time, the thread's CPU and its wait for a core (ms per slice);
+    "" for JSONs without them."""
+    times = [t for row in result["rows"] if (t := row.get("reduce_times")) and t.get("calls")]
+    if not times:
+        return ""
+
+    def per_slice(key: str) -> str:
+        values = [t[key] / t["calls"] for t in times if t.get(key) is not None]
+        return f"{1000 * statistics.median(values):.1f}" if values else "not recorded (no per-thread schedstat)"
+
+    return (f"wall {per_slice('wall_s')} ms, CPU {per_slice('cpu_s')} ms, waiting for a core {per_slice('core_wait_s')} ms "
+            f"(median per slice over {len(times)} peer-rounds)")
+
+
 def bound_cells(result: dict) -> list[str]:
     """The md's bound columns: the bound, fetch / bound and span / bound (target: fetch <= 1.5x)."""
     bound, span = link_bound_s(result), exchange_span_s(result)
@@ -260,6 +276,8 @@ def write_markdown(path: Path, sources: list[dict]) -> None:
         lines += [f"### {r['codec']}: {r['shaping']} ({Path(source).name})", "", "```", format_table(r), "```", ""]
         if after_last_commit(r):
             lines += ["Each step's end after the round's last commit (s, median over peers and rounds): " + timeline_text(r), ""]
+        if reduce_times_text(r):
+            lines += ["An owner's slice reduce: " + reduce_times_text(r), ""]
     write_keeping_notes(path, "\n".join(lines))
 
 
@@ -355,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
             print(format_table(result) + "\n", flush=True)
             print("bound | fetch / bound | span | span / bound: " + " | ".join(bound_cells(results[-1])), flush=True)
             print("after the last commit (s): " + timeline_text(results[-1]), flush=True)
+            if reduce_times_text(results[-1]):
+                print("an owner's slice reduce: " + reduce_times_text(results[-1]), flush=True)
         finally:
             bed.close()
             for s, handler in previous.items():

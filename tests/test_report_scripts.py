@@ -95,6 +95,19 @@ def test_wan_bound_is_bytes_at_the_link_rate_plus_the_documented_round_trips():
     assert wan_emulation.bound_cells({**result, "round_trips": None}) == ["-", "-", "0.60", "-"]  # all-to-all: no documented count
 
 
+def test_wan_reduce_times_are_medians_per_slice_over_the_peer_rounds_that_reduced():
+    rows = [{"reduce_times": {"calls": 4, "wall_s": 0.04, "cpu_s": 0.008, "core_wait_s": 0.03}},   # 10 / 2 / 7.5 ms a slice
+            {"reduce_times": {"calls": 2, "wall_s": 0.06, "cpu_s": 0.006, "core_wait_s": 0.05}},   # 30 / 3 / 25
+            {"reduce_times": {"calls": 1, "wall_s": 0.02, "cpu_s": 0.004, "core_wait_s": 0.01}},   # 20 / 4 / 10
+            {"reduce_times": {"calls": 0, "wall_s": 0.0, "cpu_s": 0.0, "core_wait_s": 0.0}},       # owned nothing: left out
+            {"reduce_times": None}, {}]                                                             # older JSONs
+    assert wan_emulation.reduce_times_text({"rows": rows}) == (
+        "wall 20.0 ms, CPU 3.0 ms, waiting for a core 10.0 ms (median per slice over 3 peer-rounds)")
+    unknown = [{"reduce_times": {**row["reduce_times"], "core_wait_s": None}} for row in rows[:3]]
+    assert "waiting for a core not recorded (no per-thread schedstat)" in wan_emulation.reduce_times_text({"rows": unknown})
+    assert wan_emulation.reduce_times_text({"rows": rows[4:]}) == ""
+
+
 def test_vs_hivemind_report_from_a_run_that_stopped_early_has_no_nan(tmp_path):
     # the JSON kept from the re-implemented harness's run, stopped at 8 x 10M: no wall_s, no load_after
     out = tmp_path / "vs.md"

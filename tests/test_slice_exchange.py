@@ -133,6 +133,10 @@ def test_every_node_gathers_the_same_aggregate_as_the_whole_vector_math(slice_no
     for outcome in outcomes[1:]:
         assert torch.equal(outcome.combined, outcomes[0].combined)
     assert all(not o.liars and not o.recomputed for o in outcomes)
+    for node, rnd in zip(nodes, rounds):  # each owner timed its own slices' reduces (peer/run/thread_clock.py)
+        times = node.exchange.last_reduce_times
+        assert times["calls"] == len(slice_plan.owned_by(rnd.owners, node.identity.peer_id)) == 4
+        assert 0 < times["cpu_s"] <= times["wall_s"] + 0.01 and (times["core_wait_s"] is None or times["core_wait_s"] >= 0)
     # The reference, computed here from the decoded rows: per coordinate the mean of the 2 middle
     # of 4 values (the median rule's even-n choice), in the slice results' fp16 format.
     expected = torch.stack(updates).sort(dim=0).values[1:3].double().mean(dim=0).float().half().float()

@@ -144,7 +144,8 @@ class SlicedPeer(PeerExchange):
             wait_s=wait_s + final.waited_s, fetch_s=fetch_s, aggregate_s=aggregate_s,
             slices={"owned": len(slice_plan.owned_by(rnd.owners, ctx.identity.peer_id)),
                     "recomputed": len(outcome.recomputed), "spot_checked": len(outcome.spot_checked), "liars": len(outcome.liars),
-                    "result_bytes": outcome.result_bytes},
+                    "result_bytes": outcome.result_bytes,
+                    "reduce": self.engine.last_reduce_times},  # wall, CPU, wait for a core (peer/run/thread_clock.py)
             timeline=marks, run_state=applied.reply.run_state if applied.reply is not None and applied.reply.applied else None,
             window_s=round_.manifest.window_ms / 1000,
         )

@@ -33,6 +33,7 @@ from protocol.envelope import EnvelopeError, RoundManifest, UpdateHeader, check_
 from protocol import merkle
 from peer.run.slice_fetch import SliceFetching
 from peer.run.slice_round import GatherOutcome, Lie, SliceRound, draw_owners
+from peer.run.thread_clock import CoreTally
 from protocol.batched_fetch import MAX_STREAMS
 from protocol.channels import STALL_TIMEOUT
 from protocol.payload_fetch import ChannelPool
@@ -74,6 +75,8 @@ class SliceExchange(SliceFetching):
         # Client mode: one push stream per owner, all in flight at once (fetches run on the pool's loop: protocol/batched_fetch.py).
         self.streams = ThreadPoolExecutor(max_workers=MAX_STREAMS, thread_name_prefix="swarmloco-stream")
         self._hashed: tuple[bytes, list[bytes], list[bytes]] | None = None  # (payload, slices, digests)
+        # The last reduce_owned_slices' reduces: their wall time, CPU and wait for a core (peer/run/thread_clock.py)
+        self.last_reduce_times: dict[str, Any] | None = None
 
     def close(self) -> None:
         self.slice_workers.shutdown(wait=False, cancel_futures=True)
@@ -173,6 +176,7 @@ class SliceExchange(SliceFetching):
         inputs: dict[tuple[str, int], bytes] = {}
         early: dict[int, Future] = {}
         lock = threading.Lock()
+        times = CoreTally()
 
         def arrived(pair: tuple[str, int], data: bytes) -> None:
             j = pair[1]
@@ -181,7 +185,7 @@ class SliceExchange(SliceFetching):
                 missing[j] -= 1
                 if missing[j]:
                     return
-            early[j] = self.slice_workers.submit(self.reduce, rnd, j, None, [(inputs[(p, j)], "") for p in peers])
+            early[j] = self.slice_workers.submit(times.call, self.reduce, rnd, j, None, [(inputs[(p, j)], "") for p in peers])
 
         # Two owners trade in ONE stream (SwapSlices), opened by one of them (slice_plan.swap_partners):
         # half the streams of fetching from each other (issue 24).
@@ -189,7 +193,10 @@ class SliceExchange(SliceFetching):
         fetched = self._fetch_inputs(rnd, [(p, j) for j in owned for p in peers], arrived, trades=trades)
         if marks is not None:
             marks["inputs_fetched"] = time.time()
-        return [early[j].result() if j in early else self.reduce(rnd, j, fetched=[fetched[(p, j)] for p in peers]) for j in owned]
+        reduced = [early[j].result() if j in early else times.call(self.reduce, rnd, j, None, [fetched[(p, j)] for p in peers])
+                   for j in owned]
+        self.last_reduce_times = times.take()
+        return reduced
 
     def reduce_owned(self, rnd: SliceRound, marks: dict[str, float] | None = None) -> list[swarm_pb2.Signed]:
         """What this node submits: its owned slices reduced and signed as one batch (none when it owns none)."""
