@@ -28,6 +28,7 @@ class Engine:
 
     def __init__(self, me: str) -> None:
         self.me = me
+        self.last_reduce_times = None  # nothing timed (peer/run/thread_clock.py)
 
     def open_round(self, manifest, signed, r, verify):
         return SimpleNamespace(headers={self.me: None}, owners=[[self.me]], pack=lambda batches: batches)
