@@ -5,6 +5,7 @@ only DHT node does not answer yet."""
 from __future__ import annotations
 
 import random
+import re
 from datetime import timedelta
 
 import pytest
@@ -118,6 +119,8 @@ def test_a_peer_started_before_its_coordinator_waits_for_the_run_and_joins(swarm
         assert "joined run" not in "".join(peer.lines)
         config = write_run_config(tmp_path / "run.json", rounds={"rounds": 2, "expected_peers": 1})
         coordinator = swarm.start_coordinator(["--config", str(config), "--initial-peers", *discovery.visible_maddrs(bootstrap)])
+        # the coordinator joined an existing DHT: before starting the run it looked for a live active one, and said so
+        assert re.search(r"looking in the DHT for a live active coordinator of run \S+ \(up to \d+ s\)", "".join(coordinator.lines))
         wait_line(peer, r"joined run \S+ at round 0", 120)
         assert swarm.wait(coordinator, 120) == 0 and swarm.wait(peer, 60) == 0, "".join(peer.lines)[-2000:]
     finally:

@@ -52,7 +52,11 @@ class CoordinatorOptions:
 def _run_is_held(dht, cfg: RunConfig, options: CoordinatorOptions, stop: threading.Event) -> bool:
     """A coordinator that joins an existing DHT (it came back after a takeover) follows when the run
     has a live active coordinator: records take a moment to arrive after the DHT bootstraps."""
-    deadline = time.monotonic() + (max(3 * cfg.control.lease_s, JOIN_LOOKUP_S) if options.initial_peers else 0.0)
+    lookup_s = max(3 * cfg.control.lease_s, JOIN_LOOKUP_S) if options.initial_peers else 0.0
+    if lookup_s:  # said, so that the wait is not silence: it is what keeps two actives from forking the run
+        print(f"coordinator | looking in the DHT for a live active coordinator of run {cfg.run_id} (up to {lookup_s:.0f} s): "
+              f"if one answers this one follows it as a standby, else it starts the run", flush=True)
+    deadline = time.monotonic() + lookup_s
     while True:
         active, _, finished = standby.live_active(dht, cfg.run_id, options.coordinator_key)
         if active is not None or finished is not None:  # a finished run is not started again either
