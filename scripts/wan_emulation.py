@@ -276,8 +276,8 @@ def write_markdown(path: Path, sources: list[dict]) -> None:
         lines += [f"### {r['codec']}: {r['shaping']} ({Path(source).name})", "", "```", format_table(r), "```", ""]
         if after_last_commit(r):
             lines += ["Each step's end after the round's last commit (s, median over peers and rounds): " + timeline_text(r), ""]
-        if reduce_times_text(r):
-            lines += ["An owner's slice reduce: " + reduce_times_text(r), ""]
+        if reduced := reduce_times_text(r):
+            lines += ["An owner's slice reduce: " + reduced, ""]
     write_keeping_notes(path, "\n".join(lines))
 
 
@@ -373,8 +373,8 @@ def main(argv: list[str] | None = None) -> int:
             print(format_table(result) + "\n", flush=True)
             print("bound | fetch / bound | span | span / bound: " + " | ".join(bound_cells(results[-1])), flush=True)
             print("after the last commit (s): " + timeline_text(results[-1]), flush=True)
-            if reduce_times_text(results[-1]):
-                print("an owner's slice reduce: " + reduce_times_text(results[-1]), flush=True)
+            if reduced := reduce_times_text(results[-1]):
+                print("an owner's slice reduce: " + reduced, flush=True)
         finally:
             bed.close()
             for s, handler in previous.items():

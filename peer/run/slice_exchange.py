@@ -185,7 +185,7 @@ class SliceExchange(SliceFetching):
                 missing[j] -= 1
                 if missing[j]:
                     return
-            early[j] = self.slice_workers.submit(times.call, self.reduce, rnd, j, None, [(inputs[(p, j)], "") for p in peers])
+            early[j] = self.slice_workers.submit(times.call, self.reduce, rnd, j, fetched=[(inputs[(p, j)], "") for p in peers])
 
         # Two owners trade in ONE stream (SwapSlices), opened by one of them (slice_plan.swap_partners):
         # half the streams of fetching from each other (issue 24).
@@ -193,7 +193,7 @@ class SliceExchange(SliceFetching):
         fetched = self._fetch_inputs(rnd, [(p, j) for j in owned for p in peers], arrived, trades=trades)
         if marks is not None:
             marks["inputs_fetched"] = time.time()
-        reduced = [early[j].result() if j in early else times.call(self.reduce, rnd, j, None, [fetched[(p, j)] for p in peers])
+        reduced = [early[j].result() if j in early else times.call(self.reduce, rnd, j, fetched=[fetched[(p, j)] for p in peers])
                    for j in owned]
         self.last_reduce_times = times.take()
         return reduced

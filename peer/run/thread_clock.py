@@ -42,11 +42,11 @@ class CoreTally:
     core_wait_s: float | None = 0.0  # None once any call could not read it
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """fn(*args) on this thread, its times added to the tally (also when it raises)."""
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """fn(*args, **kwargs) on this thread, its times added to the tally (also when it raises)."""
         wall, cpu, waited = time.monotonic(), time.thread_time(), core_wait_s()
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         finally:
             wall, cpu, after = time.monotonic() - wall, time.thread_time() - cpu, core_wait_s()
             with self._lock:
