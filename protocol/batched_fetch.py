@@ -21,9 +21,9 @@ import concurrent.futures
 import hashlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Callable, Mapping, Sequence
+from typing import AsyncIterator, Callable, Mapping, Sequence
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -32,8 +32,11 @@ from protocol import merkle
 from protocol._generated import swarm_pb2
 from protocol.accounting import PEER_HEADER, ByteCounter
 from protocol.aio_channels import PoolClosed
-from protocol.channels import STALL_TIMEOUT, TRANSFER_DEADLINE
+from protocol.channels import CHUNK_BYTES, STALL_TIMEOUT, TRANSFER_DEADLINE
 from protocol.payload_fetch import ChannelPool, FetchedSlice
+from protocol.payload_service import pack_chunks
+from protocol.result_relay import ResultPieces, result_chunks
+from protocol.rpc_errors import RpcAbort
 from protocol.slice_push import HeldSlice, push_slices
 from protocol.stall_watch import STALLS
 from protocol.streaming import TransferError
@@ -68,6 +71,20 @@ class Push:
 
     signed_header: swarm_pb2.Signed
     slices: Sequence[tuple[int, HeldSlice]]
+    # The trade's tail (protocol/result_relay.py): our aggregated slices the holder gathers from us,
+    # sent once they are reduced; the holder's for us (slice -> at most bytes), each handed to
+    # `on_result` as it comes whole (on the loop), `on_end` once no more can come. With either,
+    # fetch_streams returns as soon as the request's items are in and the stream goes on beside,
+    # for at most `tail_s` more of silence.
+    results: Callable[[], AsyncIterator[list[tuple[int, bytes]]]] | None = None
+    expect: Mapping[int, int] = field(default_factory=dict)
+    on_result: Callable[[int, bytes], None] | None = None
+    on_end: Callable[[], None] | None = None
+    tail_s: float = 0.0
+
+    @property
+    def has_tail(self) -> bool:
+        return self.results is not None or bool(self.expect)
 
 
 OnItem = Callable[[str, int, FetchedSlice], None]  # (holder, index in its wanted list, the checked object)
@@ -102,7 +119,13 @@ def fetch_streams(pool: ChannelPool, plan: Mapping[str, Sequence[Wanted]], *, de
 
         async def one(holder: str) -> list[FetchedSlice | None]:
             async with gate:
-                return await _stream(pool, holder, plan[holder], deadline, stall, on_item, pushes.get(holder))
+                push = pushes.get(holder)
+                if push is None or not push.has_tail:
+                    return await _stream(pool, holder, plan[holder], deadline, stall, on_item, push)
+                # a trade with a tail: back as soon as the request's items are in, the stream going on beside
+                items_in = asyncio.get_running_loop().create_future()
+                _keep_running(asyncio.ensure_future(_stream(pool, holder, plan[holder], deadline, stall, on_item, push, items_in)))
+                return await items_in
 
         holders = list(plan)
         return dict(zip(holders, await asyncio.gather(*(one(h) for h in holders))))
@@ -136,9 +159,23 @@ def _request(wanted: list[Wanted]) -> swarm_pb2.FetchRequest:
     return swarm_pb2.FetchRequest(items=items, packed=True)
 
 
+_RUNNING: set[asyncio.Task] = set()  # trades' tails going on after fetch_streams returned (a task needs a reference)
+
+
+def _keep_running(task: asyncio.Task) -> None:
+    _RUNNING.add(task)
+    task.add_done_callback(_RUNNING.discard)
+
+
 async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline: timedelta, stall: timedelta,
-                  on_item: OnItem | None, push: Push | None = None) -> list[FetchedSlice | None]:
-    reader = ItemReader(wanted, None if on_item is None else (lambda k, item: on_item(holder, k, item)))
+                  on_item: OnItem | None, push: Push | None = None,
+                  items_in: asyncio.Future | None = None) -> list[FetchedSlice | None]:
+    """One batched stream; `items_in` (a trade with a tail) gets the items as soon as they are all
+    in, and the stream goes on for the tail (results both ways), each read allowed push.tail_s."""
+    results = None
+    if push is not None and push.expect:
+        results = ResultPieces(push.expect, push.on_result or (lambda j, data: None))
+    reader = ItemReader(wanted, None if on_item is None else (lambda k, item: on_item(holder, k, item)), results)
     request = _request(wanted)
     counter = pool.counter
     method = METHOD if push is None else SWAP_METHOD
@@ -157,9 +194,12 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
             call = pool.aio.raw_swap(holder)(_swap_messages(push, request, counter, holder, pushing), timeout=deadline.total_seconds(),
                                              metadata=metadata)
         while True:
+            tail = items_in is not None and items_in.done()
             try:
-                data = await asyncio.wait_for(call.read(), stall.total_seconds())
+                data = await asyncio.wait_for(call.read(), push.tail_s if tail and push is not None else stall.total_seconds())
             except asyncio.TimeoutError:
+                if tail:
+                    raise TransferError("its results did not come in time: the gather fetches them") from None
                 if pushing.moved_within(stall.total_seconds()):
                     continue  # the holder answered and is still taking our push (a slow uplink): alive
                 STALLS.mark(holder, stall.total_seconds())
@@ -174,6 +214,9 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
                 raise TransferError(f"a message of {len(data)} bytes that is not a Chunk") from None
             reader.message(message)
             await _check(reader, hashing)
+            if items_in is not None and not items_in.done() and reader.settled():
+                await _check(reader, hashing)  # the last item, finished by settled()
+                items_in.set_result(list(reader.out))
         reader.close()
     except Exception as exc:  # noqa: BLE001 - a broken or lying stream: keep what checked, the caller refetches the rest
         if call is not None:
@@ -182,6 +225,13 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
         log.info("batched fetch of %d objects from %s stopped: %s", len(wanted), holder,
                  exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc)
     await _check(reader, hashing)
+    if items_in is not None and not items_in.done():
+        items_in.set_result(list(reader.out))
+    if push is not None and push.on_end is not None:
+        try:
+            push.on_end()
+        except Exception:  # noqa: BLE001 - the caller's fault, not the holder's
+            log.exception("ending a trade's tail failed")
     return reader.out
 
 
@@ -203,16 +253,25 @@ class PushProgress:
         return self.last is not None and not self.done and self.clock() - self.last < seconds
 
 
-def _swap_messages(push: Push, request: swarm_pb2.FetchRequest, counter: ByteCounter | None, holder: str,
-                   progress: PushProgress):
+async def _swap_messages(push: Push, request: swarm_pb2.FetchRequest, counter: ByteCounter | None, holder: str,
+                         progress: PushProgress):
     """A SwapSlices stream's requests, serialized and counted here (gRPC takes each as it sends)."""
-    for message in push_slices(push.signed_header, push.slices, want=request):
-        progress.moved()
+    def counted(message: swarm_pb2.SlicePush) -> bytes:
         data = message.SerializeToString()
         if counter is not None:
             counter.add(holder, sent=len(data), method=SWAP_METHOD)
-        yield data
+        return data
+
+    # with a tail, the last message says our slices end there: our results follow once reduced
+    for message in push_slices(push.signed_header, push.slices, want=request, takes_results=bool(push.expect),
+                               inputs_done=push.results is not None):
+        progress.moved()
+        yield counted(message)
     progress.done = True  # the last message is written or being written: the holder's answer ends the stream
+    if push.results is not None:
+        async for ready in push.results():
+            for packed in pack_chunks(result_chunks(ready, CHUNK_BYTES)):
+                yield counted(swarm_pb2.SlicePush(results=packed.parts))
 
 
 async def _check(reader: "ItemReader", hashing: concurrent.futures.Executor) -> None:
@@ -235,8 +294,11 @@ def _sha256(data: bytes) -> bytes:
 class ItemReader:
     """The items of one batched stream, message by message: each checked once its bytes are in."""
 
-    def __init__(self, wanted: list[Wanted], on_item: Callable[[int, FetchedSlice], None] | None) -> None:
+    def __init__(self, wanted: list[Wanted], on_item: Callable[[int, FetchedSlice], None] | None,
+                 results: ResultPieces | None = None) -> None:
         self.wanted, self.on_item = wanted, on_item
+        self.results = results  # a trade's tail: the holder's aggregated slices for us, after the items
+        self.items_over = False  # every item is answered (settled), or a result piece came: no item may follow
         self.out: list[FetchedSlice | None] = [None] * len(wanted)
         # An item that came whole in one chunk (every slice under CHUNK_BYTES) is its chunk's bytes
         # as they are; a bytearray gathers only an item split over several chunks.
@@ -249,12 +311,25 @@ class ItemReader:
         if not message.parts:  # a holder that packs nothing sends each chunk alone
             self._take(message)
             return
-        if message.item or message.data or message.missing or message.total_size:
+        if message.item or message.data or message.missing or message.total_size or message.HasField("result"):
             raise TransferError("a packed message carries a chunk of its own besides its parts")
         for part in message.parts:  # several chunks, in stream order
             if part.parts:
                 raise TransferError("a packed part packs parts of its own")
             self._take(part)
+
+    def settled(self) -> bool:
+        """Every wanted item answered (its bytes in, or marked missing): the rest of the stream can
+        only be a trade's tail. Ends the items once the last one's bytes are in (the caller then
+        checks it: _check)."""
+        if not self.items_over and (not self.wanted or self.current == len(self.wanted) - 1 and self.first is not None and (
+                self.first.missing or len(self.buffer) == self.first.total_size)):
+            self._end_items()
+        return self.items_over
+
+    def _end_items(self) -> None:
+        self._finish()
+        self.first, self.buffer, self.items_over = None, b"", True
 
     def close(self) -> None:
         """The stream ended (or broke): the item in progress checks if its bytes are all in."""
@@ -263,6 +338,18 @@ class ItemReader:
             self._finish()
 
     def _take(self, chunk: swarm_pb2.Chunk) -> None:
+        if chunk.HasField("result"):  # a trade's tail: the holder's aggregated slice for us
+            if self.results is None:
+                raise TransferError(f"a result piece (slice {chunk.result}) where none is expected")
+            if not self.items_over:
+                self._end_items()
+            try:
+                self.results.take(chunk)
+            except RpcAbort as exc:
+                raise TransferError(exc.message) from None
+            return
+        if self.items_over:
+            raise TransferError(f"item {chunk.item} after the items ended")
         if chunk.item != self.current:
             if not self.current < chunk.item < len(self.wanted):
                 raise TransferError(f"item {chunk.item} out of order (after {self.current} of {len(self.wanted)})")

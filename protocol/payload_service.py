@@ -8,6 +8,7 @@ any node is as good as the author's: nodes re-serve what they verified (gossip, 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import time
 from dataclasses import dataclass
@@ -19,10 +20,11 @@ from protocol import merkle
 from protocol._generated import swarm_pb2, swarm_pb2_grpc
 from protocol.accounting import ByteCounter
 from protocol.aio_server import AsyncServer
-from protocol.channels import CHUNK_BYTES, PART_OVERHEAD, create_async_server
+from protocol.channels import CHUNK_BYTES, PART_OVERHEAD, STALL_TIMEOUT, create_async_server
 from protocol.envelope import EnvelopeError, UpdateHeader, check_payload
 from protocol.ratelimit import CallerLimits
 from protocol.reasons import Reason
+from protocol.result_relay import ResultPieces, ResultRelay, result_chunks
 from protocol.rpc_errors import RpcAbort, guarded, refusal_for
 from protocol.slice_push import PushedSlices
 from protocol.streaming import TransferError, iter_chunks, receive_chunks
@@ -74,6 +76,8 @@ class PayloadStore:
         self._slices: dict[tuple[bytes, int], StoredSlice] = {}
         self._pushes_ended: dict[bytes, int] = {}  # slices_root -> round: a push of that update's slices to us ended
         self._newest = -1  # the newest round stored: older than newest - keep_rounds is dropped
+        # our aggregated slices on their way to their gatherers over the trade streams, and theirs to us
+        self.results = ResultRelay(keep_rounds)
 
     def put_slice(self, slices_root: bytes, index: int, item: StoredSlice) -> None:
         """Store a slice the caller has verified against `slices_root` (its proof checked, or the
@@ -120,6 +124,12 @@ class PayloadStore:
         with self._lock:
             self._blobs[sha256] = StoredBlob(round_, data)
             self._drop_old(round_)
+
+    def take_result(self, round_: int, partner: str, j: int, data: bytes) -> None:
+        """An aggregated slice a trade partner sent us (protocol/result_relay.py): stored under its
+        own sha256, believed by nobody until the gather finds that sha256 signed by the owners."""
+        self.put_blob(hashlib.sha256(data).hexdigest(), round_, data)
+        self.results.received(round_, partner, j)
 
     def put(self, item: StoredPayload, *, verified: bool = False) -> None:
         """Store a payload. `verified=True` when the caller has just checked size and sha256
@@ -371,24 +381,46 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                 self.on_reject(exc.reason)
                 raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.reason}: {exc}", refusal_for(exc.reason)) from None
             pushed = PushedSlices(header)
+            relay, partner = self.store.results, header.peer_id
 
             async def take() -> None:  # beside the answer: both directions of the link at once
-                whole = False
+                whole = kept = False
+                tail: ResultPieces | None = None
+                message: swarm_pb2.SlicePush | None = first
                 try:
-                    pushed.take(first)
-                    async for message in incoming:
-                        pushed.take(message)
+                    while message is not None:
+                        if tail is not None:  # after inputs_done: the caller's results we gather from it
+                            if message.parts or message.data or message.inputs_done:
+                                raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, "slices after inputs_done", swarm_pb2.MALFORMED)
+                            for chunk in message.results:
+                                tail.take(chunk)
+                        else:
+                            pushed.take(message)
+                            if message.inputs_done:  # its slices end here: keep them now (our reduce may wait on them)
+                                kept = True
+                                self._keep(pushed)
+                                self.store.push_ended(header.root_bytes(), header.round)
+                                plan = await relay.plan(header.round, STALL_TIMEOUT.total_seconds())
+                                expected = {} if plan is None else plan.receive.get(partner, {})
+                                tail = ResultPieces(expected, lambda j, data: self.store.take_result(header.round, partner, j, data))
+                        message = await anext(incoming, None)
                     whole = True
                 except RpcAbort:
                     self.on_reject("malformed")
                     raise
                 finally:  # what proved is kept even from a broken stream; whoever waits for the rest fetches it
-                    self._keep(pushed, count_refused=whole)
-                    self.store.push_ended(header.root_bytes(), header.round)
+                    if not kept:
+                        self._keep(pushed, count_refused=whole)
+                        self.store.push_ended(header.root_bytes(), header.round)
+                    relay.ended(header.round, partner)
 
             taking = asyncio.ensure_future(take())
             for message in self._serve_items(first.want):
                 yield message
+            if first.takes_results:  # then our aggregated slices it gathers from us, as each is reduced (protocol/result_relay.py)
+                async for ready in relay.outgoing(header.round, partner, STALL_TIMEOUT.total_seconds()):
+                    for message in pack_chunks(result_chunks(ready, CHUNK_BYTES)):
+                        yield message
             await taking
         finally:
             self.streaming -= 1

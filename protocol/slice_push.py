@@ -31,12 +31,15 @@ class HeldSlice(Protocol):
 
 
 def push_slices(signed_header: swarm_pb2.Signed, slices: Sequence[tuple[int, HeldSlice]],
-                want: swarm_pb2.FetchRequest | None = None) -> Iterator[swarm_pb2.SlicePush]:
+                want: swarm_pb2.FetchRequest | None = None, takes_results: bool = False,
+                inputs_done: bool = False) -> Iterator[swarm_pb2.SlicePush]:
     """The sender's messages: the header (and `want`, SwapSlices' request) first, then each slice
     (index, whole proof, bytes in pieces of at most CHUNK_BYTES), the pieces packed as `parts`,
     as many in one message as fit in CHUNK_BYTES with their proofs and framing (8 slices of 62 KB:
-    one message, not 8; each message costs the receiver's loop a read)."""
-    message = swarm_pb2.SlicePush(header=signed_header, want=want)
+    one message, not 8; each message costs the receiver's loop a read). `takes_results`: SwapSlices'
+    caller reads the callee's aggregated slices after the answer (protocol/result_relay.py);
+    `inputs_done`: the last message says our slices end there (our results follow)."""
+    message = swarm_pb2.SlicePush(header=signed_header, want=want, takes_results=takes_results)
     used = message.ByteSize()
     for index, item in slices:
         data = item.payload
@@ -49,6 +52,7 @@ def push_slices(signed_header: swarm_pb2.Signed, slices: Sequence[tuple[int, Hel
                 message, used = swarm_pb2.SlicePush(), 0
             message.parts.append(swarm_pb2.SlicePush(slice=index, start=start == 0, proof=proof, data=piece))
             used += size
+    message.inputs_done = inputs_done
     yield message
 
 

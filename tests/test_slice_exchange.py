@@ -244,16 +244,17 @@ def _owner(signed) -> str:
 def test_one_stream_per_counterpart_per_phase(slice_nodes):
     """Reduce-scatter: every two owners trade in ONE SwapSlices stream, opened by one of them
     (slice_plan.swap_partners): each sends the other the slices of its update the other owns, and
-    nothing is fetched; all-gather: a peer asks each owner it picked for every aggregated slice it
-    wants from it in ONE FetchPayload stream (issue 24). Counted by each node's transport ledger
-    (client and served side); the bytes of those streams are the slices, their proofs and a few
-    bytes an item."""
+    nothing is fetched; all-gather: the same stream then carries back, once reduced, each
+    aggregated slice the other gathers from us (slice_plan.result_routes), so the gather opens no
+    stream at all (issue 24). Counted by each node's transport ledger (client and served side);
+    the bytes of those streams are the slices, their proofs, the results and a few bytes an item."""
     cfg, nodes = slice_nodes
     rounds, _ = make_round(cfg, nodes)
-    endpoints = {node.endpoint for node in nodes}
     endpoint_of = {node.identity.peer_id: node.endpoint for node in nodes}
     befores = [node.counter.total() for node in nodes]
     batches = reduce_all(nodes, rounds)
+    assert all(node.store.results.wait_inbound(rnd.round, 10.0) for node, rnd in zip(nodes, rounds))  # every result in
+    size_of = {res.slice: res.result_size for signed in batches for res in nodes[0].exchange.open_batch(rounds[0], signed)[0]}
     opened = Counter()
     for node, rnd, before in zip(nodes, rounds, befores):
         me = node.identity.peer_id
@@ -272,20 +273,45 @@ def test_one_stream_per_counterpart_per_phase(slice_nodes):
         ours = sum(len(node.store.get_slice(rnd.headers[me].root_bytes(), j).payload) for j in mine)
         # A slice answered: at most its whole proof (log2 8 = 3 siblings of 34 B framed) and ~12 B of
         # framing; a pushed one: its whole proof and ~12 B; a stream's request or header: ~600 B.
-        per_slice, authors = 3 * 34 + 12, len(rnd.peer_ids) - 1
-        assert 0 <= received - (data - own) <= len(owned) * authors * per_slice + 3 * 600
-        assert 0 <= sent - ours <= len(mine) * per_slice + 3 * 600
+        # the aggregated slices that ride back: each slice we do not own from one of its owners
+        send, receive = slice_plan.result_routes(rnd.owners, rnd.peer_ids, me)
+        results_in = sum(size_of[j] for js in receive.values() for j in js)
+        results_out = sum(size_of[j] for js in send.values() for j in js)
+        assert results_in == sum(size_of[j] for j in range(len(rnd.owners)) if j not in owned)  # each exactly once
+        per_slice, authors, per_result = 3 * 34 + 12, len(rnd.peer_ids) - 1, 24
+        assert 0 <= received - (data - own) - results_in <= len(owned) * authors * per_slice + 3 * 600 + 8 * per_result
+        assert 0 <= sent - ours - results_out <= len(mine) * per_slice + 3 * 600 + 8 * per_result
     assert sorted(opened.values()) == [1] * 6  # 4 owners: 6 pairs, each traded in one stream
     for node, rnd in zip(nodes, rounds):
         node.counter.round = 1  # the gather's calls, apart
         before = node.counter.calls_to("FetchPayload")
         outcome = node.exchange.gather(rnd, batches, spot_checks=0)
         assert not outcome.recomputed and not outcome.liars
-        after = node.counter.calls_to("FetchPayload")
-        gathered = {e: after[e] - before.get(e, 0) for e in after if after[e] - before.get(e, 0)}
-        assert gathered and set(gathered.values()) == {1} and set(gathered) <= endpoints - {node.endpoint}
+        assert node.counter.calls_to("FetchPayload") == before  # every result came over the trades: no stream of its own
     combined = [node.exchange.gather(rnd, batches, spot_checks=0).combined for node, rnd in zip(nodes, rounds)]
     assert all(torch.equal(c, combined[0]) for c in combined)  # in sync
+
+
+def test_a_partner_that_relays_other_bytes_than_it_signs_changes_nothing(slice_nodes):
+    """The results riding the trades are believed by nobody: an owner that sends its gatherers
+    other bytes than those it signs (here zeros) only makes them fetch the signed bytes from the
+    slice's owners, as before; every node gathers the same aggregate, nothing recomputed, and no
+    liar named (what it signed is honest)."""
+    cfg, nodes = slice_nodes
+    rounds, _ = make_round(cfg, nodes)
+    liar = nodes[1]
+    relay_honestly = liar.store.results.put
+    liar.store.results.put = lambda r, j, data: relay_honestly(r, j, bytes(len(data)))
+    batches = reduce_all(nodes, rounds)
+    assert all(node.store.results.wait_inbound(rnd.round, 10.0) for node, rnd in zip(nodes, rounds))
+    before = [node.counter.calls_to("FetchPayload") for node in nodes]
+    outcomes = [node.exchange.gather(rnd, batches, spot_checks=0) for node, rnd in zip(nodes, rounds)]
+    assert all(torch.equal(o.combined, outcomes[0].combined) and not o.recomputed and not o.liars for o in outcomes)
+    me = liar.identity.peer_id
+    for node, rnd, asked in zip(nodes, rounds, before):
+        routed = slice_plan.result_routes(rnd.owners, rnd.peer_ids, me)[0].get(node.identity.peer_id)
+        fetched = node.counter.calls_to("FetchPayload") != asked
+        assert fetched == bool(routed)  # whoever the liar routed results to fetched them; nobody else opened a stream
 
 
 def test_an_owner_that_never_opens_its_trades_is_fetched_from_and_changes_nothing(slice_nodes):

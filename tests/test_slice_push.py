@@ -18,6 +18,7 @@ from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
 from protocol.batched_fetch import Push, PushProgress, Wanted, fetch_streams
 from protocol.payload_service import PayloadServicer, PayloadStore, StoredSlice, serve_payloads
+from protocol.result_relay import RelayPlan
 from protocol.slice_push import push_slices
 from protocol.wire import swarm_pb2
 
@@ -278,3 +279,53 @@ def test_waiting_for_slices_nobody_pushes_ends_at_its_timeout():
     store = PayloadStore()
     store.wait_slices([(b"r" * 32, 0)], 0.05)  # returns; the caller then counts the author unreachable
     assert store.get_slice(b"r" * 32, 0) is None
+
+
+def _tail_trade(stub, signed, sent: list[tuple[int, bytes]], expect: dict[int, int]):
+    """A trade with a tail (protocol/result_relay.py): our slice 0 pushed, their slice 1 wanted;
+    then `sent` (our results) and what they owe us (`expect`). -> (answer, results we got, ended)."""
+    got: list[tuple[int, bytes]] = []
+    ended = threading.Event()
+
+    async def ours():
+        yield sent
+
+    proven = merkle.ProvenNodes(THEIR_ROOT, len(THEIRS))
+    push = Push(signed, [_item(0)], results=ours, expect=expect, on_result=lambda j, data: got.append((j, data)),
+                on_end=ended.set, tail_s=5.0)
+    came = fetch_streams(stub.pool, {stub.endpoint: [Wanted(max_size=1000, slice=1, proven=proven)]},
+                         pushes={stub.endpoint: push})[stub.endpoint]
+    return came, got, ended
+
+
+def test_a_trade_carries_both_owners_results_back_once_reduced(owner):
+    """After the inputs, the same stream carries each side's aggregated slices the other gathers
+    from it: the caller's once its slices are sent, the owner's once its reduce puts them. The
+    caller is back as soon as the answer is in; the bytes are stored under their sha256."""
+    header, signed, store, stub = owner
+    author = header.peer_id
+    store.results.open(0, RelayPlan(send={author: [7]}, receive={author: {9: 100}}, wait_s=5.0))
+    came, got, ended = _tail_trade(stub, signed, [(9, b"nine" * 20)], {7: 100})
+    assert [item.data for item in came] == [THEIRS[1]]  # the answer, before the owner reduced anything
+    assert store.get_slice(header.root_bytes(), 0).payload == SLICES[0]  # kept at inputs_done, not at the stream's end
+    assert not ended.is_set() and got == []
+    store.results.put(0, 7, b"seven" * 10)  # the owner's reduce
+    assert ended.wait(5.0) and got == [(7, b"seven" * 10)]
+    assert store.results.wait_inbound(0, 5.0)  # the caller's result came in
+    assert store.get_blob(hashlib.sha256(b"nine" * 20).hexdigest()) == b"nine" * 20
+
+
+def test_a_result_nobody_owes_ends_the_stream_and_keeps_the_inputs(owner):
+    """A caller that sends a result the plan does not route from it (or larger than the run's
+    bound) has its stream cut there; the slices it pushed before still count, nothing of the
+    result is stored, and the owner stops waiting for that caller's results."""
+    header, signed, store, stub = owner
+    author = header.peer_id
+    store.results.open(0, RelayPlan(send={}, receive={author: {9: 100}}, wait_s=5.0))
+    for sent in ([(8, b"x" * 50)], [(9, b"y" * 101)]):
+        came, got, ended = _tail_trade(stub, signed, sent, {})
+        assert [item.data for item in came] == [THEIRS[1]] and ended.wait(5.0)
+        assert store.results.wait_inbound(0, 5.0)  # its stream ended: the gather fetches slice 9
+        assert store.get_blob(hashlib.sha256(sent[0][1]).hexdigest()) is None
+        assert store.get_slice(header.root_bytes(), 0).payload == SLICES[0]
+        store.results.open(0, RelayPlan(send={}, receive={author: {9: 100}}, wait_s=5.0))

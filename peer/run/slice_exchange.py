@@ -185,18 +185,29 @@ class SliceExchange(SliceFetching):
                 missing[j] -= 1
                 if missing[j]:
                     return
-            early[j] = self.slice_workers.submit(times.call, self.reduce, rnd, j, fetched=[(inputs[(p, j)], "") for p in peers])
+            early[j] = self.slice_workers.submit(self._reduce_relayed, rnd, j, times, [(inputs[(p, j)], "") for p in peers])
 
         # Two owners trade in ONE stream (SwapSlices), opened by one of them (slice_plan.swap_partners):
-        # half the streams of fetching from each other (issue 24).
+        # half the streams of fetching from each other (issue 24); our results go back over it.
         trades = self._trades(rnd, self.identity.peer_id)
-        fetched = self._fetch_inputs(rnd, [(p, j) for j in owned for p in peers], arrived, trades=trades)
-        if marks is not None:
-            marks["inputs_fetched"] = time.time()
-        reduced = [early[j].result() if j in early else times.call(self.reduce, rnd, j, fetched=[fetched[(p, j)] for p in peers])
-                   for j in owned]
+        try:
+            fetched = self._fetch_inputs(rnd, [(p, j) for j in owned for p in peers], arrived, trades=trades)
+            if marks is not None:
+                marks["inputs_fetched"] = time.time()
+            reduced = [early[j].result() if j in early else self._reduce_relayed(rnd, j, times, [fetched[(p, j)] for p in peers])
+                       for j in owned]
+        except BaseException:
+            self.store.results.abandon(rnd.round)  # the trades stop waiting for results that will not come
+            raise
         self.last_reduce_times = times.take()
         return reduced
+
+    def _reduce_relayed(self, rnd: SliceRound, j: int, times: CoreTally,
+                        fetched: list[tuple[bytes | None, str]]) -> tuple[bytes, SliceResult]:
+        """reduce(), timed, and its bytes handed to the trades that carry them to their gatherers."""
+        out = times.call(self.reduce, rnd, j, fetched=fetched)
+        self.store.results.put(rnd.round, j, out[0])
+        return out
 
     def reduce_owned(self, rnd: SliceRound, marks: dict[str, float] | None = None) -> list[swarm_pb2.Signed]:
         """What this node submits: its owned slices reduced and signed as one batch (none when it owns none)."""
@@ -249,6 +260,9 @@ class SliceExchange(SliceFetching):
         if spot is None:
             spot = self.draw_spot_checks(rnd, spot_checks, coverage, rng)
         outcome = GatherOutcome(combined=torch.empty(layout.numel), spot_checked=spot)
+        # The results our trade partners send us over the reduce-scatter's streams (protocol/
+        # result_relay.py): those of the owners that signed are on their way, if not in already.
+        self.store.results.wait_inbound(rnd.round, self.swap_wait_s, {res.owner for claims in by_slice.values() for res, _ in claims})
         self._prefetch(rnd, by_slice, spot)
         if marks is not None:
             marks["results_fetched"] = time.time()

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
+from functools import partial
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable
 
@@ -45,6 +46,7 @@ from protocol.batched_fetch import Push, Wanted, fetch_streams
 from protocol.envelope import signed_from_json
 from protocol.payload_fetch import ChannelPool, FetchedSlice, FetchError, fetch_blob, fetch_slice
 from protocol.payload_service import PayloadStore, StoredSlice
+from protocol.result_relay import RelayPlan
 from protocol.slice_push import push_slices
 from protocol.slice_result import SliceResult
 from protocol.wire import swarm_pb2
@@ -140,11 +142,23 @@ class SliceFetching:
             return None
         signed = signed_from_json(next(e.header for e in rnd.manifest.entries if e.peer_id == me))
         root = rnd.headers[me].root_bytes()
+        # The all-gather rides the same streams (protocol/result_relay.py): what each partner
+        # gathers from us, and we from it, goes back over the trade once reduced.
+        relay, r = self.store.results, rnd.round
+        partners = [p for p in opens + awaits if rnd.endpoints.get(p)]
+        bound = self.math.max_result_bytes()
+        send, receive = slice_plan.result_routes(rnd.owners, rnd.peer_ids, me)
+        plan = RelayPlan(send={p: send.get(p, []) for p in partners}, receive={p: dict.fromkeys(receive.get(p, []), bound) for p in partners},
+                         wait_s=self.push_wait_s)
+        relay.open(r, plan)
         pushes = {}
         for other in opens:
             if rnd.endpoints.get(other):
                 held = [(j, item) for j in slice_plan.owned_by(rnd.owners, other) if (item := self.store.get_slice(root, j))]
-                pushes[rnd.endpoints[other]] = Push(signed, held)
+                pushes[rnd.endpoints[other]] = Push(
+                    signed, held, results=partial(relay.outgoing, r, other, 0.0) if plan.send[other] else None,
+                    expect=plan.receive[other], on_result=partial(self.store.take_result, r, other),
+                    on_end=partial(relay.ended, r, other), tail_s=self.push_wait_s)
         return Trades(pushes=pushes, awaited=frozenset(awaits))
 
     def _fetch_inputs(self, rnd: SliceRound, wanted: list[tuple[str, int]],

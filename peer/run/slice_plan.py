@@ -53,6 +53,27 @@ def swap_partners(owners: Sequence[Sequence[str]], peer_ids: Sequence[str], me: 
     return opens, awaits
 
 
+def result_routes(owners: Sequence[Sequence[str]], peer_ids: Sequence[str], me: str) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """Who hands whom which aggregated slice over their trade (protocol/result_relay.py): each
+    slice a peer does not own comes to it from ONE of the slice's r owners, the (k mod r)-th for
+    the k-th of the slice's gatherers in `peer_ids`' order (the manifest's), so a slice's owners
+    split its gatherers evenly. -> (gatherer -> the slices `me` sends it, owner -> the slices it
+    sends `me`). A pure function of the manifest: both ends of a trade compute the same."""
+    send: dict[str, list[int]] = {}
+    receive: dict[str, list[int]] = {}
+    for j, slice_owners in enumerate(owners):
+        if not slice_owners:
+            continue
+        gatherers = [p for p in peer_ids if p not in slice_owners]
+        if me in slice_owners:
+            for k, gatherer in enumerate(gatherers):
+                if slice_owners[k % len(slice_owners)] == me:
+                    send.setdefault(gatherer, []).append(j)
+        elif me in gatherers:
+            receive.setdefault(slice_owners[gatherers.index(me) % len(slice_owners)], []).append(j)
+    return send, receive
+
+
 def spot_check_probability(spot_checks: int, coverage: float, num_slices: int, checkers: int) -> float:
     """Chance that one node (a peer, or the coordinator) runs its spot checks this round:
     min(1, coverage·S / (n·k)), so the swarm recomputes each slice about `coverage` times per round

@@ -187,7 +187,7 @@ class CheckpointRequest(_message.Message):
     def __init__(self, offset: _Optional[int] = ...) -> None: ...
 
 class Chunk(_message.Message):
-    __slots__ = ("data", "offset", "total_size", "sha256", "round", "proof", "item", "missing", "parts")
+    __slots__ = ("data", "offset", "total_size", "sha256", "round", "proof", "item", "missing", "parts", "result")
     DATA_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +197,7 @@ class Chunk(_message.Message):
     ITEM_FIELD_NUMBER: _ClassVar[int]
     MISSING_FIELD_NUMBER: _ClassVar[int]
     PARTS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     offset: int
     total_size: int
@@ -206,7 +207,8 @@ class Chunk(_message.Message):
     item: int
     missing: bool
     parts: _containers.RepeatedCompositeFieldContainer[Chunk]
-    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., total_size: _Optional[int] = ..., sha256: _Optional[str] = ..., round: _Optional[int] = ..., proof: _Optional[_Iterable[bytes]] = ..., item: _Optional[int] = ..., missing: _Optional[bool] = ..., parts: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ...) -> None: ...
+    result: int
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., total_size: _Optional[int] = ..., sha256: _Optional[str] = ..., round: _Optional[int] = ..., proof: _Optional[_Iterable[bytes]] = ..., item: _Optional[int] = ..., missing: _Optional[bool] = ..., parts: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., result: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
@@ -261,7 +263,7 @@ class PushChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[Signed, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class SlicePush(_message.Message):
-    __slots__ = ("header", "slice", "start", "proof", "data", "want", "parts")
+    __slots__ = ("header", "slice", "start", "proof", "data", "want", "parts", "inputs_done", "results", "takes_results")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SLICE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +271,9 @@ class SlicePush(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     WANT_FIELD_NUMBER: _ClassVar[int]
     PARTS_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_DONE_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TAKES_RESULTS_FIELD_NUMBER: _ClassVar[int]
     header: Signed
     slice: int
     start: bool
@@ -276,7 +281,10 @@ class SlicePush(_message.Message):
     data: bytes
     want: FetchRequest
     parts: _containers.RepeatedCompositeFieldContainer[SlicePush]
-    def __init__(self, header: _Optional[_Union[Signed, _Mapping]] = ..., slice: _Optional[int] = ..., start: _Optional[bool] = ..., proof: _Optional[_Iterable[bytes]] = ..., data: _Optional[bytes] = ..., want: _Optional[_Union[FetchRequest, _Mapping]] = ..., parts: _Optional[_Iterable[_Union[SlicePush, _Mapping]]] = ...) -> None: ...
+    inputs_done: bool
+    results: _containers.RepeatedCompositeFieldContainer[Chunk]
+    takes_results: bool
+    def __init__(self, header: _Optional[_Union[Signed, _Mapping]] = ..., slice: _Optional[int] = ..., start: _Optional[bool] = ..., proof: _Optional[_Iterable[bytes]] = ..., data: _Optional[bytes] = ..., want: _Optional[_Union[FetchRequest, _Mapping]] = ..., parts: _Optional[_Iterable[_Union[SlicePush, _Mapping]]] = ..., inputs_done: _Optional[bool] = ..., results: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., takes_results: _Optional[bool] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("accepted", "reason", "sha256", "refusal")
