@@ -193,6 +193,8 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
         else:
             call = pool.aio.raw_swap(holder)(_swap_messages(push, request, counter, holder, pushing), timeout=deadline.total_seconds(),
                                              metadata=metadata)
+        if items_in is not None and reader.settled():  # nothing wanted: only the tail
+            items_in.set_result([])
         while True:
             tail = items_in is not None and items_in.done()
             try:

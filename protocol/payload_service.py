@@ -127,8 +127,13 @@ class PayloadStore:
 
     def take_result(self, round_: int, partner: str, j: int, data: bytes) -> None:
         """An aggregated slice a trade partner sent us (protocol/result_relay.py): stored under its
-        own sha256, believed by nobody until the gather finds that sha256 signed by the owners."""
-        self.put_blob(hashlib.sha256(data).hexdigest(), round_, data)
+        own sha256, believed by nobody until the gather finds that sha256 signed by the owners.
+        Kept only while the plan says `partner` owes it (once), and never over a blob we hold."""
+        if not self.results.is_due(round_, partner, j):
+            return
+        sha = hashlib.sha256(data).hexdigest()
+        if self.lookup(sha) is None:
+            self.put_blob(sha, round_, data)
         self.results.received(round_, partner, j)
 
     def put(self, item: StoredPayload, *, verified: bool = False) -> None:
@@ -382,6 +387,8 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                 raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.reason}: {exc}", refusal_for(exc.reason)) from None
             pushed = PushedSlices(header)
             relay, partner = self.store.results, header.peer_id
+            # the first stream under this header this round takes its results (a second is a replay)
+            claimed = relay.started(header.round, partner)
 
             async def take() -> None:  # beside the answer: both directions of the link at once
                 whole = kept = False
@@ -401,7 +408,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                                 self._keep(pushed)
                                 self.store.push_ended(header.root_bytes(), header.round)
                                 plan = await relay.plan(header.round, STALL_TIMEOUT.total_seconds())
-                                expected = {} if plan is None else plan.receive.get(partner, {})
+                                expected = {} if plan is None or not claimed else plan.receive.get(partner, {})
                                 tail = ResultPieces(expected, lambda j, data: self.store.take_result(header.round, partner, j, data))
                         message = await anext(incoming, None)
                     whole = True
@@ -412,7 +419,8 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                     if not kept:
                         self._keep(pushed, count_refused=whole)
                         self.store.push_ended(header.root_bytes(), header.round)
-                    relay.ended(header.round, partner)
+                    if claimed:
+                        relay.ended(header.round, partner)
 
             taking = asyncio.ensure_future(take())
             for message in self._serve_items(first.want):

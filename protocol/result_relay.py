@@ -49,6 +49,7 @@ class _Outbox:
 
     ready: list[tuple[int, bytes]] = field(default_factory=list)
     left: int = 0  # still to be reduced
+    claimed: bool = False  # a stream is sending these: another with the same partner's header gets nothing
     woken: tuple[asyncio.AbstractEventLoop, asyncio.Future] | None = None  # its stream, waiting
 
 
@@ -58,6 +59,10 @@ class _Round:
     outboxes: dict[str, _Outbox] = field(default_factory=dict)
     routes: dict[int, list[str]] = field(default_factory=dict)  # slice -> the partners it goes to
     due: dict[str, set[int]] = field(default_factory=dict)  # partner -> the slices still due from it
+    # partners whose stream with us started (ours we open ourselves; theirs once it came in): only
+    # those are waited for (a trade that never reached us owes nothing that will come)
+    started: set[str] = field(default_factory=set)
+    taking: set[str] = field(default_factory=set)  # partners one of whose streams takes their results (one at a time)
     abandoned: bool = False
 
 
@@ -121,7 +126,27 @@ class ResultRelay:
         for waiter in woken + waiters:
             _wake(waiter)
 
+    def started(self, round_: int, partner: str) -> bool:
+        """A stream with `partner` that will carry its results to us began (ours when we open it,
+        its own when it comes in). -> False when one already does (a second stream under the same
+        header: a replay, whose results we do not take)."""
+        with self._lock:
+            entry = self._round(round_)
+            if partner in entry.taking:
+                return False
+            entry.taking.add(partner)
+            entry.started.add(partner)
+            return True
+
+    def is_due(self, round_: int, partner: str, j: int) -> bool:
+        """Whether `partner` still owes us its result for slice j (what it sends beyond that is
+        dropped: what a partner makes us hold is what it owes)."""
+        with self._lock:
+            entry = self._rounds.get(round_)
+            return entry is not None and j in entry.due.get(partner, ())
+
     def received(self, round_: int, partner: str, j: int) -> None:
+        """`partner`'s result for slice j is in (stored)."""
         with self._lock:
             entry = self._rounds.get(round_)
             if entry is not None and j in entry.due.get(partner, ()):
@@ -132,17 +157,21 @@ class ResultRelay:
         """`partner`'s stream with us ended: what it did not bring is fetched by the gather."""
         with self._lock:
             entry = self._rounds.get(round_)
-            if entry is not None and entry.due.pop(partner, None):
-                self._changed.notify_all()
+            if entry is not None and partner in entry.taking:
+                entry.taking.discard(partner)
+                if entry.due.pop(partner, None):
+                    self._changed.notify_all()
 
     def wait_inbound(self, round_: int, timeout_s: float, partners: Collection[str] | None = None) -> bool:
-        """Block until the results of `round_` due from `partners` (default: all) are in or their
-        streams ended, or `timeout_s` passed (False). True at once when nothing is due to us."""
+        """Block until the results of `round_` due from `partners` (default: all) whose streams
+        started are in or those streams ended, or `timeout_s` passed (False). True at once when
+        nothing is due to us."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             while True:
                 entry = self._rounds.get(round_)
-                if entry is None or not any(due for p, due in entry.due.items() if partners is None or p in partners):
+                if entry is None or not any(due for p, due in entry.due.items()
+                                            if p in entry.started and (partners is None or p in partners)):
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -163,8 +192,13 @@ class ResultRelay:
                     return entry.plan
                 waiter = (loop, loop.create_future())
                 self._plan_waiters.append(waiter)
-            if not await _woken_by(waiter[1], deadline):
-                return None
+            try:
+                if not await _woken_by(waiter[1], deadline):
+                    return None
+            finally:
+                with self._lock:
+                    if waiter in self._plan_waiters:
+                        self._plan_waiters.remove(waiter)
 
     async def outgoing(self, round_: int, partner: str, plan_wait_s: float) -> AsyncIterator[list[tuple[int, bytes]]]:
         """Our results of `round_` that `partner` gathers from us, all in one batch once the last
@@ -177,12 +211,15 @@ class ResultRelay:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + plan.wait_s
+        mine: bool | None = None
         while True:
             with self._lock:
                 entry = self._rounds.get(round_)
                 box = None if entry is None else entry.outboxes.get(partner)
-                if box is None:
-                    return
+                if box is None or box.claimed and mine is None:
+                    return  # not our partner this round, or another stream under its header sends them
+                if mine is None:
+                    box.claimed = mine = True
                 if box.left <= 0 or entry.abandoned:
                     ready, box.ready = box.ready, []
                     break
@@ -241,30 +278,32 @@ class ResultPieces:
         self.seen: set[int] = set()
         self.current: int | None = None
         self.size = 0
-        self.pieces: list[bytes] = []
+        self.buffer: bytes | bytearray = b""  # the slice in progress; a bytearray only once it spans pieces
 
     def take(self, chunk: swarm_pb2.Chunk) -> None:
-        j, data = chunk.result, chunk.data
-        if chunk.offset == 0 and j != self.current:
-            if j not in self.expected or j in self.seen:
-                raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"result of slice {j} sent twice or not one this stream owes",
-                               swarm_pb2.MALFORMED)
+        j, data = chunk.result, chunk.data  # (read once: each read of a bytes field copies)
+        if not data:  # an honest sender never sends an empty piece: each would cost a pass for nothing
+            raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"an empty result piece (slice {j})", swarm_pb2.MALFORMED)
+        if self.current is None:
+            if j not in self.expected or j in self.seen or chunk.offset != 0:
+                raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"result of slice {j} sent twice, not from its start, or not "
+                                                                 "one this stream owes", swarm_pb2.MALFORMED)
             if not 0 < chunk.total_size <= self.expected[j]:
                 raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"result of slice {j}: {chunk.total_size} bytes declared, "
                                                                  f"at most {self.expected[j]}", swarm_pb2.MALFORMED)
             self.seen.add(j)
-            self.current, self.size, self.pieces = j, chunk.total_size, []
-        elif j != self.current or chunk.total_size != self.size or chunk.offset != sum(map(len, self.pieces)):
+            self.current, self.size, self.buffer = j, chunk.total_size, data
+        elif j != self.current or chunk.total_size != self.size or chunk.offset != len(self.buffer):
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"result piece of slice {j} at offset {chunk.offset} out of order",
                            swarm_pb2.MALFORMED)
-        self.pieces.append(data)
-        got = sum(map(len, self.pieces))
-        if got > self.size:
+        else:
+            self.buffer = self.buffer if isinstance(self.buffer, bytearray) else bytearray(self.buffer)
+            self.buffer.extend(data)
+        if len(self.buffer) > self.size:
             raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"result of slice {j}: more than its declared {self.size} bytes",
                            swarm_pb2.MALFORMED)
-        if got == self.size:
-            whole = self.pieces[0] if len(self.pieces) == 1 else b"".join(self.pieces)
-            self.current, self.pieces = None, []
+        if len(self.buffer) == self.size:
+            whole, self.current, self.buffer = bytes(self.buffer) if isinstance(self.buffer, bytearray) else self.buffer, None, b""
             self.whole(j, whole)
 
 

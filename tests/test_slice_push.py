@@ -329,3 +329,18 @@ def test_a_result_nobody_owes_ends_the_stream_and_keeps_the_inputs(owner):
         assert store.get_blob(hashlib.sha256(sent[0][1]).hexdigest()) is None
         assert store.get_slice(header.root_bytes(), 0).payload == SLICES[0]
         store.results.open(0, RelayPlan(send={}, receive={author: {9: 100}}, wait_s=5.0))
+
+
+def test_a_trade_wanting_nothing_returns_at_once_and_its_tail_goes_on(owner):
+    """A trade whose caller wants none of the owner's slices (it holds them) is back as soon as its
+    push is on its way, not after the owner's reduce or a stall timeout; the tail still brings the
+    owner's result once reduced."""
+    header, signed, store, stub = owner
+    store.results.open(0, RelayPlan(send={header.peer_id: [7]}, receive={}, wait_s=5.0))
+    got, ended = [], threading.Event()
+    push = Push(signed, [_item(0)], expect={7: 100}, on_result=lambda j, data: got.append((j, data)), on_end=ended.set, tail_s=5.0)
+    assert fetch_streams(stub.pool, {}, pushes={stub.endpoint: push}) == {stub.endpoint: []}
+    assert not ended.is_set()
+    store.results.put(0, 7, b"seven")
+    assert ended.wait(5.0) and got == [(7, b"seven")]
+    assert store.get_slice(header.root_bytes(), 0).payload == SLICES[0]

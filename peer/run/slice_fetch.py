@@ -154,6 +154,7 @@ class SliceFetching:
         pushes = {}
         for other in opens:
             if rnd.endpoints.get(other):
+                relay.started(r, other)  # our stream to it: its results to us come over it
                 held = [(j, item) for j in slice_plan.owned_by(rnd.owners, other) if (item := self.store.get_slice(root, j))]
                 pushes[rnd.endpoints[other]] = Push(
                     signed, held, results=partial(relay.outgoing, r, other, 0.0) if plan.send[other] else None,
