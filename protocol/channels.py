@@ -276,8 +276,17 @@ def create_async_channel(target: str, *, tls: TlsConfig | None = None) -> grpc.a
     return _open_channel(grpc.aio, target, tls, _options())
 
 
+# A channel's connections are its own: with gRPC's process-wide subchannel pool, a new channel to an
+# address whose earlier connection was refused (a peer restarted on the same port, a test's server on a
+# port a previous one used) shares that subchannel's reconnect backoff and fails at once with "connection
+# refused" for up to its backoff while the new server is up (measured: UNAVAILABLE through a fresh channel
+# to a freshly started server; with a local pool the call reaches it).
+LOCAL_SUBCHANNELS = ("grpc.use_local_subchannel_pool", 1)
+
+
 def _open_channel(api, target: str, tls: TlsConfig | None, options: list) -> Any:
     """`api` (grpc or grpc.aio)'s channel to target: TLS per `tls` (None: the process-wide setting)."""
+    options = [*options, LOCAL_SUBCHANNELS]
     tls = _tls_for(tls)
     if tls is not None:
         return api.secure_channel(target, tls.channel_credentials(), options=options)

@@ -24,7 +24,7 @@ from protocol.rpc_errors import RpcAbort
 
 
 class HeldSlice(Protocol):
-    """What a sender holds of each slice it pushes (payload_service.StoredSlice)."""
+    """What a sender holds of each slice it pushes (payload_store.StoredSlice)."""
 
     payload: bytes
     proof: tuple[bytes, ...]

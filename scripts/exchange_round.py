@@ -49,7 +49,8 @@ from protocol.envelope import (ManifestEntry, RoundManifest, UpdateHeader, build
                                sign_update, signed_to_json)
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload, serve_payloads
+from protocol.payload_service import PayloadServicer, serve_payloads
+from protocol.payload_store import PayloadStore, StoredPayload
 from protocol.wire import swarm_pb2
 
 RUN_ID = "bench"

@@ -15,7 +15,8 @@ from protocol.accounting import ByteCounter
 from protocol.channels import CHUNK_BYTES, MAX_MESSAGE_BYTES
 from protocol.batched_fetch import Wanted, fetch_items
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadServicer, PayloadStore, StoredSlice, pack_chunks, serve_payloads
+from protocol.payload_service import PayloadServicer, pack_chunks, serve_payloads
+from protocol.payload_store import PayloadStore, StoredSlice
 from protocol.streaming import iter_chunks
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
 from tests.helpers import assert_closing_releases_a_fetch_in_flight

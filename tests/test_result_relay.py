@@ -131,7 +131,7 @@ def test_result_pieces_take_what_is_owed_in_pieces_and_refuse_the_rest():
 
 
 def test_a_store_keeps_only_the_results_a_partner_owes_once():
-    from protocol.payload_service import PayloadStore
+    from protocol.payload_store import PayloadStore
     import hashlib
 
     store = PayloadStore()

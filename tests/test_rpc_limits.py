@@ -87,7 +87,8 @@ def test_a_fetch_whose_client_stops_reading_is_cut_off_and_its_call_freed_by_the
     from hashlib import sha256
 
     from protocol.accounting import ByteCounter
-    from protocol.payload_service import PayloadServicer, PayloadStore, serve_payloads
+    from protocol.payload_service import PayloadServicer, serve_payloads
+    from protocol.payload_store import PayloadStore
     from protocol.rpc_errors import WATCHDOG
     from protocol.wire import swarm_pb2_grpc
 

@@ -16,7 +16,8 @@ from protocol.accounting import ByteCounter
 from protocol.aio_channels import PoolClosed
 from protocol.batched_fetch import Wanted, fetch_items
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadServicer, PayloadStore, serve_payloads
+from protocol.payload_service import PayloadServicer, serve_payloads
+from protocol.payload_store import PayloadStore
 from tests.helpers import assert_closing_releases_a_fetch_in_flight
 
 BLOBS = [bytes([i]) * (40_000 + i) for i in range(5)]

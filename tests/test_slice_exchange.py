@@ -27,7 +27,8 @@ from protocol.accounting import ByteCounter
 from protocol.envelope import ManifestEntry, build_update_header, sign_manifest, sign_update, signed_to_json
 from protocol.identity import Identity, peer_id_of
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload, serve_payloads
+from protocol.payload_service import PayloadServicer, serve_payloads
+from protocol.payload_store import PayloadStore, StoredPayload
 from protocol.slice_result import sign_slice_results
 
 NUMEL = 4096

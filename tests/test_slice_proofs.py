@@ -15,7 +15,8 @@ from protocol.accounting import ByteCounter
 from protocol.envelope import build_update_header
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool, FetchError, fetch_slice
-from protocol.payload_service import PayloadServicer, PayloadStore, StoredSlice, serve_payloads
+from protocol.payload_service import PayloadServicer, serve_payloads
+from protocol.payload_store import PayloadStore, StoredSlice
 from protocol.wire import swarm_pb2
 
 SLICES = [bytes([i]) * (100 + 37 * i) for i in range(11)]  # 11 slices: odd levels in the tree

@@ -17,7 +17,8 @@ from protocol.envelope import build_update_header, sign_update
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
 from protocol.batched_fetch import Push, PushProgress, Wanted, fetch_streams
-from protocol.payload_service import PayloadServicer, PayloadStore, StoredSlice, serve_payloads
+from protocol.payload_service import PayloadServicer, serve_payloads
+from protocol.payload_store import PayloadStore, StoredSlice
 from protocol.result_relay import RelayPlan
 from protocol.slice_push import push_slices
 from protocol.wire import swarm_pb2

@@ -16,7 +16,8 @@ from protocol.accounting import ByteCounter
 from protocol.identity import Identity
 from protocol.batched_fetch import Wanted, fetch_items
 from protocol.payload_fetch import ChannelPool, FetchError, fetch_blob
-from protocol.payload_service import PayloadServicer, PayloadStore, serve_payloads
+from protocol.payload_service import PayloadServicer, serve_payloads
+from protocol.payload_store import PayloadStore
 from protocol.stall_watch import STALLS
 
 STALL = timedelta(seconds=1)

@@ -15,7 +15,8 @@ from protocol.accounting import ByteCounter
 from protocol.envelope import EnvelopeError
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool, FetchError
-from protocol.payload_service import PayloadServicer, PayloadStore, serve_payloads
+from protocol.payload_service import PayloadServicer, serve_payloads
+from protocol.payload_store import PayloadStore
 from protocol.state_manifest import open_state_manifest
 
 D = 10_000

@@ -32,7 +32,7 @@ from peer.run.slice_round import sliced_manifest
 from protocol.envelope import ManifestEntry, build_update_header, sign_manifest, sign_update, signed_to_json
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadStore
+from protocol.payload_store import PayloadStore
 from protocol.slice_result import SliceResult, sign_slice_results
 
 LYING_OWNER = "lying-owner"  # simulate's --attack name for Byzantine slice owners

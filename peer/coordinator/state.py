@@ -37,7 +37,7 @@ from protocol.accounting import ByteCounter
 from protocol.envelope import UpdateHeader
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadStore
+from protocol.payload_store import PayloadStore
 from protocol.run_state import RunState, sign_run_state
 from protocol.wire import swarm_pb2
 

@@ -20,7 +20,7 @@ from peer.run.round_math import UpdateRejected
 from protocol.channels import TRANSFER_DEADLINE
 from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest
 from protocol.payload_fetch import fetch_payload
-from protocol.payload_service import StoredPayload
+from protocol.payload_store import StoredPayload
 from protocol.reasons import Reason, count_for_cause
 from protocol.wire import swarm_pb2
 

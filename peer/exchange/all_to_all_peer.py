@@ -17,7 +17,7 @@ from peer.run.faults import fail_point
 from peer.run.round_math import UpdateRejected
 from protocol.envelope import EnvelopeError, RoundManifest, check_entry, signed_from_json
 from protocol.payload_fetch import fetch_payload
-from protocol.payload_service import StoredPayload
+from protocol.payload_store import StoredPayload
 from protocol.reasons import count_for_cause
 
 log = logging.getLogger("swarmloco.peer")

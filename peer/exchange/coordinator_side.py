@@ -39,7 +39,7 @@ from peer.run.round_math import RoundMath
 from protocol.envelope import ManifestEntry, RoundManifest
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadStore, StoredPayload
+from protocol.payload_store import PayloadStore, StoredPayload
 from protocol.rpc_errors import RpcAbort, refusal_for
 from protocol.wire import swarm_pb2
 

@@ -22,7 +22,7 @@ from protocol.coordinator_port import CoordinatorPort
 from protocol.envelope import RoundManifest, UpdateHeader
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadStore
+from protocol.payload_store import PayloadStore
 from protocol.wire import swarm_pb2
 
 

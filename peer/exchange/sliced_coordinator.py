@@ -34,7 +34,7 @@ from peer.exchange.spot_budget import SpotBudget
 from peer.run.slice_exchange import SliceExchange
 from peer.run.slice_round import Lie, SliceRound, sliced_manifest
 from protocol.envelope import EnvelopeError, ManifestEntry, RoundManifest
-from protocol.payload_service import StoredPayload
+from protocol.payload_store import StoredPayload
 from protocol.reasons import Reason
 from protocol.rpc_errors import RpcAbort, refusal_for
 from protocol.slice_result import SliceResult, open_mismatch_report, signed_to_text

@@ -52,7 +52,8 @@ from protocol.envelope import JOIN_TAG, UpdateHeader, build_update_header, sign_
 from protocol.identity import Identity
 from protocol.lifetime import timed_step
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadServicer, PayloadStore, StoredPayload, serve_payloads
+from protocol.payload_service import PayloadServicer, serve_payloads
+from protocol.payload_store import PayloadStore, StoredPayload
 from protocol.rpc_errors import Refused
 from protocol.signing import sign_body
 

@@ -37,7 +37,7 @@ from peer.run.thread_clock import CoreTally
 from protocol.batched_fetch import MAX_STREAMS
 from protocol.channels import STALL_TIMEOUT
 from protocol.payload_fetch import ChannelPool
-from protocol.payload_service import PayloadStore, StoredSlice
+from protocol.payload_store import PayloadStore, StoredSlice
 from protocol.slice_result import SliceResult, open_slice_results, sign_slice_results
 from protocol.slice_result_wire import BatchUnpacker
 from protocol.wire import swarm_pb2

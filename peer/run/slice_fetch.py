@@ -45,7 +45,7 @@ from protocol.channels import TRANSFER_DEADLINE
 from protocol.batched_fetch import Push, Wanted, fetch_streams
 from protocol.envelope import signed_from_json
 from protocol.payload_fetch import ChannelPool, FetchedSlice, FetchError, fetch_blob, fetch_slice
-from protocol.payload_service import PayloadStore, StoredSlice
+from protocol.payload_store import PayloadStore, StoredSlice
 from protocol.result_relay import RelayPlan
 from protocol.slice_push import push_slices
 from protocol.slice_result import SliceResult
