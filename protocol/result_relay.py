@@ -8,13 +8,16 @@ still collecting the signed results:
 
   sending    the exchange opens a round's plan (what we send each partner, what each sends us) and
              puts each of our results as it is reduced; each trade stream, at either end, sends
-             the partner its slices in the order they are ready (`outgoing`)
+             the partner its slices in ONE batch once the last of them is in (`outgoing`; a message
+             per slice cost both ends more loop passes than the streams it saved)
   receiving  a result piece is taken only for a slice the plan expects from that partner, once, at
-             most the run's result size (`ResultPieces`); the bytes are stored under their own
-             sha256 (PayloadStore.take_result): nothing is believed until the gather finds that
-             sha256 signed by the slice's owners, exactly as for bytes it fetched itself
-  gather     waits (bounded) until every partner's results are in or its stream ended
-             (`wait_inbound`), then fetches whatever is still missing as before
+             most the run's result size, never empty (`ResultPieces`); the bytes are stored under
+             their own sha256 while the partner owes them (PayloadStore.take_result): nothing is
+             believed until the gather finds that sha256 signed by the slice's owners, exactly as
+             for bytes it fetched itself. Only the first stream under a partner's header in a round
+             takes its results or gets ours (anyone may replay a signed header)
+  gather     waits (bounded) until the results of the partners whose stream started are in or
+             those streams ended (`wait_inbound`), then fetches whatever is still missing as before
 
 Nothing here decides what the swarm applies: a lying partner's bytes simply match no signed hash.
 """
