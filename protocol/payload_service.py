@@ -210,7 +210,9 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         """Two owners trade (issue 24: one stream a pair in the reduce-scatter, where each fetched
         from the other): the caller's first message carries its signed header and `want`, answered
         as FetchPayload answers it, while its slices that we own come in and are kept as PushSlices
-        keeps them (each proven under its signed root), all on the server's loop."""
+        keeps them (each proven under its signed root), all on the server's loop. Then the stream's
+        tail (protocol/result_relay.py): after the caller's `inputs_done`, its aggregated slices we
+        gather from it; after our answer, if it `takes_results`, ours it gathers from us."""
         if not self.accept_slice_pushes:
             raise RpcAbort(grpc.StatusCode.FAILED_PRECONDITION, "this node takes no slice pushes (it owns no slices)", swarm_pb2.NO_RELAY)
         if self.streaming >= self.max_streams:
