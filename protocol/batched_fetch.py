@@ -200,10 +200,10 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
             try:
                 data = await asyncio.wait_for(call.read(), push.tail_s if tail and push is not None else stall.total_seconds())
             except asyncio.TimeoutError:
-                if tail:
-                    raise TransferError("its results did not come in time: the gather fetches them") from None
                 if pushing.moved_within(stall.total_seconds()):
                     continue  # the holder answered and is still taking our push (a slow uplink): alive
+                if tail:
+                    raise TransferError("its results did not come in time: the gather fetches them") from None
                 STALLS.mark(holder, stall.total_seconds())
                 raise TransferError(f"sent nothing for {stall.total_seconds():g} s: cut off (its link or process is down)") from None
             if data is grpc.aio.EOF:
