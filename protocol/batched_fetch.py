@@ -32,7 +32,7 @@ from protocol import merkle
 from protocol._generated import swarm_pb2
 from protocol.accounting import PEER_HEADER, ByteCounter
 from protocol.aio_channels import PoolClosed
-from protocol.channels import CHUNK_BYTES, STALL_TIMEOUT, TRANSFER_DEADLINE
+from protocol.channels import STALL_TIMEOUT, TRANSFER_DEADLINE
 from protocol.payload_fetch import ChannelPool, FetchedSlice
 from protocol.payload_service import pack_chunks
 from protocol.result_relay import ResultPieces, result_chunks
@@ -193,12 +193,13 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
         else:
             call = pool.aio.raw_swap(holder)(_swap_messages(push, request, counter, holder, pushing), timeout=deadline.total_seconds(),
                                              metadata=metadata)
-        if items_in is not None and reader.settled():  # nothing wanted: only the tail
-            items_in.set_result([])
         while True:
+            if items_in is not None and not items_in.done() and reader.settled():  # the rest is the tail
+                await _check(reader, hashing)  # the last item, finished by settled()
+                items_in.set_result(list(reader.out))
             tail = items_in is not None and items_in.done()
             try:
-                data = await asyncio.wait_for(call.read(), push.tail_s if tail and push is not None else stall.total_seconds())
+                data = await asyncio.wait_for(call.read(), push.tail_s if tail else stall.total_seconds())
             except asyncio.TimeoutError:
                 if pushing.moved_within(stall.total_seconds()):
                     continue  # the holder answered and is still taking our push (a slow uplink): alive
@@ -216,9 +217,6 @@ async def _stream(pool: ChannelPool, holder: str, wanted: list[Wanted], deadline
                 raise TransferError(f"a message of {len(data)} bytes that is not a Chunk") from None
             reader.message(message)
             await _check(reader, hashing)
-            if items_in is not None and not items_in.done() and reader.settled():
-                await _check(reader, hashing)  # the last item, finished by settled()
-                items_in.set_result(list(reader.out))
         reader.close()
     except Exception as exc:  # noqa: BLE001 - a broken or lying stream: keep what checked, the caller refetches the rest
         if call is not None:
@@ -272,7 +270,7 @@ async def _swap_messages(push: Push, request: swarm_pb2.FetchRequest, counter: B
     progress.done = True  # the last message is written or being written: the holder's answer ends the stream
     if push.results is not None:
         async for ready in push.results():
-            for packed in pack_chunks(result_chunks(ready, CHUNK_BYTES)):
+            for packed in pack_chunks(result_chunks(ready)):
                 yield counted(swarm_pb2.SlicePush(results=packed.parts))
 
 

@@ -277,7 +277,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                 yield message
             if first.takes_results:  # then our aggregated slices it gathers from us, as each is reduced (protocol/result_relay.py)
                 async for ready in relay.outgoing(header.round, partner, STALL_TIMEOUT.total_seconds()):
-                    for message in pack_chunks(result_chunks(ready, CHUNK_BYTES)):
+                    for message in pack_chunks(result_chunks(ready)):
                         yield message
             await taking
         finally:

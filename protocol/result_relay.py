@@ -33,7 +33,9 @@ from typing import AsyncIterator, Callable, Collection, Mapping, Sequence
 import grpc
 
 from protocol._generated import swarm_pb2
+from protocol.channels import CHUNK_BYTES
 from protocol.rpc_errors import RpcAbort
+from protocol.streaming import iter_chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +64,10 @@ class _Round:
     outboxes: dict[str, _Outbox] = field(default_factory=dict)
     routes: dict[int, list[str]] = field(default_factory=dict)  # slice -> the partners it goes to
     due: dict[str, set[int]] = field(default_factory=dict)  # partner -> the slices still due from it
-    # partners whose stream with us started (ours we open ourselves; theirs once it came in): only
-    # those are waited for (a trade that never reached us owes nothing that will come)
-    started: set[str] = field(default_factory=set)
-    taking: set[str] = field(default_factory=set)  # partners one of whose streams takes their results (one at a time)
+    # partners one of whose streams with us takes their results now (ours we open ourselves; theirs
+    # once it came in; one at a time): only those are waited for (a trade that never reached us, or
+    # ended, owes nothing more that will come)
+    taking: set[str] = field(default_factory=set)
     abandoned: bool = False
 
 
@@ -138,7 +140,6 @@ class ResultRelay:
             if partner in entry.taking:
                 return False
             entry.taking.add(partner)
-            entry.started.add(partner)
             return True
 
     def is_due(self, round_: int, partner: str, j: int) -> bool:
@@ -174,7 +175,7 @@ class ResultRelay:
             while True:
                 entry = self._rounds.get(round_)
                 if entry is None or not any(due for p, due in entry.due.items()
-                                            if p in entry.started and (partners is None or p in partners)):
+                                            if p in entry.taking and (partners is None or p in partners)):
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -310,11 +311,11 @@ class ResultPieces:
             self.whole(j, whole)
 
 
-def result_chunks(results: Sequence[tuple[int, bytes]], chunk_bytes: int) -> list[swarm_pb2.Chunk]:
+def result_chunks(results: Sequence[tuple[int, bytes]], chunk_bytes: int = CHUNK_BYTES) -> list[swarm_pb2.Chunk]:
     """Our results as Chunk pieces of at most chunk_bytes each (Chunk.result names the slice)."""
     chunks = []
     for j, data in results:
-        for start in range(0, len(data), chunk_bytes):
-            piece = data if len(data) <= chunk_bytes else data[start : start + chunk_bytes]
-            chunks.append(swarm_pb2.Chunk(result=j, offset=start, total_size=len(data), data=piece))
+        for chunk in iter_chunks(data, sha256=None, chunk_bytes=chunk_bytes):
+            chunk.result = j
+            chunks.append(chunk)
     return chunks

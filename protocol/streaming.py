@@ -23,8 +23,8 @@ class TransferError(IOError):
 
 
 def iter_chunks(data: bytes, *, offset: int = 0, round_: int = 0, sha256: str | None = "",
-                proof: Sequence[bytes] = ()) -> Iterator[swarm_pb2.Chunk]:
-    """Yield `data[offset:]` in messages of at most CHUNK_BYTES; `proof` (a slice's Merkle proof)
+                proof: Sequence[bytes] = (), chunk_bytes: int = CHUNK_BYTES) -> Iterator[swarm_pb2.Chunk]:
+    """Yield `data[offset:]` in messages of at most chunk_bytes; `proof` (a slice's Merkle proof)
     rides on the first one. sha256=None: declare no digest (a slice: the receiver hashes the bytes
     into the leaf its proof must put under the signed root, so 64 characters a slice are saved)."""
     digest = "" if sha256 is None else sha256 or hashlib.sha256(data).hexdigest()
@@ -32,9 +32,9 @@ def iter_chunks(data: bytes, *, offset: int = 0, round_: int = 0, sha256: str | 
     if offset >= total:
         yield swarm_pb2.Chunk(data=b"", offset=total, total_size=total, sha256=digest, round=round_, proof=proof)
         return
-    for start in range(offset, total, CHUNK_BYTES):
+    for start in range(offset, total, chunk_bytes):
         yield swarm_pb2.Chunk(
-            data=data[start : start + CHUNK_BYTES], offset=start, total_size=total, sha256=digest, round=round_,
+            data=data[start : start + chunk_bytes], offset=start, total_size=total, sha256=digest, round=round_,
             proof=proof if start == offset else (),
         )
 
