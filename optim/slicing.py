@@ -101,8 +101,10 @@ class SliceLayout:
         return hashlib.sha256(",".join(map(str, self.bounds)).encode()).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=4096)
 def slice_seed(seed: int, j: int) -> int:
-    """The codec seed of slice j in a round whose seed is `seed` (the same on every peer)."""
+    """The codec seed of slice j in a round whose seed is `seed` (the same on every peer); kept,
+    as each slice's decode asks for it."""
     return int.from_bytes(hashlib.sha256(f"{seed}/{j}".encode()).digest()[:4], "little")
 
 

@@ -112,7 +112,7 @@ class ResultRelay:
                 box = entry.outboxes[partner]
                 box.ready.append((j, data))
                 box.left -= 1
-                if box.woken is not None:
+                if box.left <= 0 and box.woken is not None:  # its stream sends one batch: woken once, when complete
                     woken.append(box.woken)
                     box.woken = None
         for waiter in woken:

@@ -21,6 +21,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SUBNET = "10.77.0"
+# How the nodes' processes share this machine's cores (Linux schedules by group before by thread;
+# with sched_autogroup_enabled, each session is a group):
+#   per-node  each node its own session, so its own group: every busy node gets an equal share of
+#             the cores, and a node's thread priorities act only inside its share (as on a machine
+#             of 1/N of these cores);
+#   shared    every node in the caller's session: all threads compete by their own priorities, so a
+#             node's exchange at normal priority runs before any node's lowered training thread (as
+#             on a volunteer's own machine, where the exchange competes only with its own training).
+CPU_GROUPS = ("per-node", "shared")
 BURST = "32kb"
 
 
@@ -38,7 +47,10 @@ def run_ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 class Testbed:
     """The namespaces, bridge, veths and qdiscs of one emulation; `close()` deletes all of it."""
 
-    def __init__(self, nodes: int, *, rate_mbit: float, rtt_ms: float) -> None:
+    def __init__(self, nodes: int, *, rate_mbit: float, rtt_ms: float, cpu_groups: str = "per-node") -> None:
+        if cpu_groups not in CPU_GROUPS:
+            raise ValueError(f"cpu_groups {cpu_groups!r}: use one of {', '.join(CPU_GROUPS)}")
+        self.cpu_groups = cpu_groups
         self.prefix = f"swl{os.getpid()}"
         self.hub = f"{self.prefix}-hub"
         self.names = [f"{self.prefix}-n{i}" for i in range(nodes)]
@@ -89,7 +101,9 @@ class Testbed:
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
         log = open(log_path, "w")
         process = subprocess.Popen(["ip", "netns", "exec", self.names[i], *argv], stdout=log, stderr=subprocess.STDOUT,
-                                   env=env, cwd=ROOT, start_new_session=True)
+                                   env=env, cwd=ROOT,
+                                   # a process group of its own either way: close() kills the whole group
+                                   **({"start_new_session": True} if self.cpu_groups == "per-node" else {"process_group": 0}))
         self.processes.append(process)
         return process
 

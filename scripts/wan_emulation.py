@@ -42,7 +42,10 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
 
 import delay_proxy  # noqa: E402
 from peer.node.thread_priority import resolve as resolve_priority  # noqa: E402
-from netns_testbed import BURST, Testbed, measure_link_mbit, namespaces_permitted, netem_available, run_ip  # noqa: E402
+from netns_testbed import BURST, CPU_GROUPS, Testbed, measure_link_mbit, namespaces_permitted, netem_available, run_ip  # noqa: E402
+
+# The shaping text's words for each way the peers share the cores (a JSON that says none: "per-node").
+CPU_GROUPS_TEXT = {"shared": "peers in one CPU scheduling group", "per-node": "a CPU scheduling group per peer"}
 
 COORD_GRPC, COORD_DHT, PEER_GRPC = 31338, 31337, 31400
 # docs/sliced-exchange.md "Round trips": the sequential round trips of one sliced round (commit with
@@ -298,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exchange", choices=("sliced", "all-to-all"), help="exchange.mode (default: the run config's, sliced)")
     parser.add_argument("--train-priority", choices=("auto", "normal", "low"), default="auto",
                         help="the peers' --train-priority (overlapped rounds: the training thread's CPU priority; auto: low on Linux)")
+    parser.add_argument("--cpu-groups", choices=CPU_GROUPS, default="shared",
+                        help="how the peers share this machine's cores (scripts/netns_testbed.py): shared (the default since "
+                             "session 24): one scheduling group, threads compete by priority; per-node: a group (session) "
+                             "per peer, an equal share of the cores each, as every run before session 24")
     parser.add_argument("--window-s", type=float, default=0.0,
                         help="rounds.window_s: a compute window instead of --inner-steps per phase (overlapped: the swarm's)")
     parser.add_argument("--fixed-h", action="store_true",
@@ -335,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(args.workdir or tempfile.mkdtemp(prefix="swarmloco-wan-"))
     results = []
     for codec in args.codec:
-        bed = Testbed(args.peers + 1, rate_mbit=args.rate_mbit, rtt_ms=args.rtt_ms)
+        bed = Testbed(args.peers + 1, rate_mbit=args.rate_mbit, rtt_ms=args.rtt_ms, cpu_groups=args.cpu_groups)
         atexit.register(bed.close)
         previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
         try:
@@ -354,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             priority = resolve_priority(args.train_priority)  # what the peers apply (the peers run here)
             if args.overlap and (priority != "normal" or args.train_priority != "auto"):
                 shaping += f"; training thread priority {priority}" + (" (the default)" if args.train_priority == "auto" else "")
+            shaping += "; " + CPU_GROUPS_TEXT[args.cpu_groups]
             if args.window_s:
                 shaping += f"; compute window {args.window_s:g} s" + (" (swarm-aligned)" if args.overlap else "")
             print(f"codec {codec}: {args.peers} peers + coordinator in namespaces; {shaping}", flush=True)
@@ -366,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                             "delay_proxy": proxy_kind, "overlap_window": args.overlap and not args.window_s and not args.fixed_h,
                             "rate_mbit": args.rate_mbit,
                             "rtt_ms": args.rtt_ms, "exchange": exchange, "window_s": args.window_s,
-                            "train_priority": priority,
+                            "train_priority": priority, "cpu_groups": args.cpu_groups,
                             "round_trips": SLICED_ROUND_TRIPS if exchange == "sliced" else None})
             from measure_bandwidth import format_table
 

@@ -59,6 +59,33 @@ def test_outgoing_sends_each_planned_slice_once_as_it_is_reduced_and_waits_for_t
     assert collect(relay, 4, "c") == []  # routed nothing
 
 
+def test_a_waiting_stream_is_woken_once_when_its_batch_is_complete_not_per_result(monkeypatch):
+    from protocol import result_relay
+
+    wakes: list[object] = []
+    real_wake = result_relay._wake
+    monkeypatch.setattr(result_relay, "_wake", lambda waiter: (wakes.append(waiter), real_wake(waiter)))
+    relay = ResultRelay()
+    relay.open(4, RelayPlan(send={"b": [3, 5, 7]}, receive={}, wait_s=30.0))
+    sent: list[tuple[int, bytes]] = []
+    stream = threading.Thread(target=lambda: sent.extend(collect(relay, 4, "b")))
+    stream.start()
+    try:
+        box = relay._rounds[4].outboxes["b"]
+        for _ in range(2000):  # until the stream waits on its batch (bounded: 20 s)
+            if box.woken is not None:
+                break
+            threading.Event().wait(0.01)
+        assert box.woken is not None
+        relay.put(4, 3, b"three")
+        relay.put(4, 5, b"five")
+        assert wakes == [] and box.woken is not None  # two of three: the stream sleeps on
+        relay.put(4, 7, b"seven")
+    finally:
+        stream.join(timeout=30)
+    assert len(wakes) == 1 and sorted(sent) == [(3, b"three"), (5, b"five"), (7, b"seven")]
+
+
 def test_outgoing_stops_when_the_reduce_is_abandoned_or_no_plan_comes():
     relay = ResultRelay()
     relay.open(1, RelayPlan(send={"b": [0, 1]}, receive={}, wait_s=30.0))

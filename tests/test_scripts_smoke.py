@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -332,3 +333,30 @@ def test_wan_report_only_needs_to_be_told_which_md(capsys):
     assert exit_info.value.code == 2
     assert "--write-md PATH" in capsys.readouterr().err
     assert md.read_bytes() == before
+
+
+@pytest.mark.parametrize("cpu_groups", ["per-node", "shared"])
+def test_the_testbeds_nodes_share_the_cores_as_asked_and_are_killed_as_a_group(cpu_groups, tmp_path):
+    """netns_testbed's cpu_groups: per-node puts each node's process in a session (so a scheduling
+    group) of its own; shared keeps it in ours. Either way it leads a process group, which close() kills."""
+    from netns_testbed import Testbed, namespaces_permitted
+
+    if why := namespaces_permitted():
+        pytest.skip(why)
+    bed = Testbed(1, rate_mbit=0, rtt_ms=0, cpu_groups=cpu_groups)
+    try:
+        bed.up()
+        probe = bed.spawn(0, [sys.executable, "-c", "import os, time; print(os.getsid(0), os.getpgid(0), flush=True); time.sleep(60)"],
+                          tmp_path / "probe.log")
+        for _ in range(500):  # until it printed (bounded: 25 s)
+            if (tmp_path / "probe.log").read_text().strip():
+                break
+            time.sleep(0.05)
+        sid, pgid = map(int, (tmp_path / "probe.log").read_text().split())
+        assert pgid == probe.pid  # `ip netns exec` execs the probe: same process
+        assert sid == (probe.pid if cpu_groups == "per-node" else os.getsid(0))
+    finally:
+        bed.close()
+    assert probe.poll() is not None  # close() killed its group
+    with pytest.raises(ValueError, match="cpu_groups"):
+        Testbed(1, rate_mbit=0, rtt_ms=0, cpu_groups="per-peer")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -39,6 +40,26 @@ def test_on_linux_the_wait_for_a_core_is_read_and_never_negative():
     tally.call(spin, 0.02)
     waited = tally.take()["core_wait_s"]
     assert waited is not None and waited >= 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread schedstat is Linux's")
+def test_each_thread_reads_its_own_counters_from_the_file_it_opened_once():
+    seen: dict[int, tuple[int, int]] = {}
+
+    def read() -> None:
+        assert thread_clock.core_wait_s() is not None and thread_clock.core_wait_s() is not None  # the second: the same file
+        seen[threading.get_native_id()] = (os.fstat(thread_clock._SCHEDSTAT.file.fd).st_ino, thread_clock._SCHEDSTAT.file.fd)
+
+    threads = [threading.Thread(target=read) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    read()
+    assert len(seen) == 3 and len({fd for _, fd in seen.values()}) >= 2  # a finished thread's file may be closed and its fd reused
+    for tid, (inode, _) in seen.items():
+        if tid == threading.get_native_id():
+            assert inode == os.stat(f"/proc/self/task/{tid}/schedstat").st_ino  # this thread's own, not the process's
 
 
 def test_calls_from_several_threads_add_up_and_a_raising_call_is_counted():

@@ -13,6 +13,7 @@ and scripts/wan_emulation.py reports it beside the exchange's timeline (benchmar
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,10 +26,32 @@ SCHEDSTAT = "/proc/thread-self/schedstat"
 def core_wait_s() -> float | None:
     """This thread's total time runnable but waiting for a core (s), or None where the OS does not say."""
     try:
-        with open(SCHEDSTAT, "rb") as f:
-            return int(f.read().split()[1]) / 1e9  # "<on-cpu ns> <run-queue ns> <timeslices>"
+        stat = getattr(_SCHEDSTAT, "file", None)
+        if stat is None or stat.path != SCHEDSTAT:
+            stat = _SCHEDSTAT.file = _ThreadStat(SCHEDSTAT)
+        return int(os.pread(stat.fd, 128, 0).split()[1]) / 1e9  # "<on-cpu ns> <run-queue ns> <timeslices>"
     except (OSError, IndexError, ValueError):
         return None
+
+
+class _ThreadStat:
+    """This thread's schedstat, opened once: /proc/thread-self names the thread that opens it, and
+    re-reading an open file is ~8x cheaper than opening it per read (two reads per slice reduce).
+    Closed with the thread (its threading.local goes, and this with it)."""
+
+    __slots__ = ("path", "fd")
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # first: where it fails, there is nothing to close
+        self.path = path
+
+    def __del__(self) -> None:
+        fd = getattr(self, "fd", None)
+        if fd is not None:
+            os.close(fd)
+
+
+_SCHEDSTAT = threading.local()
 
 
 @dataclass(slots=True)
