@@ -33,8 +33,9 @@ import math
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
+import numpy as np
 import torch
 
 from optim.quantize import CAST_FORMATS, BlockQuantFormat, CastFormat, CodecError, SignFormat, ValueFormat
@@ -140,6 +141,37 @@ class StagedCodec:
         return self._header() + index_bytes + self.values.encode(kept)
 
     def decode(self, payload: bytes, numel: int, *, seed: int = 0) -> torch.Tensor:
+        view, index_end, num_values = self._checked(payload, numel)
+        values = self.values.decode(view[index_end:], num_values)
+        if self.sparsifier is None:
+            return values
+        return self.sparsifier.decode(view[HEADER_SIZE:index_end], values, numel, seed)
+
+    def cast_into(self, payloads: Sequence[bytes | memoryview], numel: int, out: torch.Tensor) -> list[CodecError | None]:
+        """decode_into() for a plain dtype cast (no sparsifier, a CastFormat): every payload's
+        length and header checked as decode() does, then all their values cast in one call."""
+        assert self.sparsifier is None and isinstance(self.values, CastFormat)
+        errors: list[CodecError | None] = []
+        size = self.values.size(numel)
+        raw = bytearray(size * len(payloads))  # the values of every payload that decodes, back to back
+        k = 0
+        for payload in payloads:
+            try:
+                view, index_end, _ = self._checked(payload, numel)
+            except CodecError as exc:
+                errors.append(exc)
+                continue
+            raw[k * size : (k + 1) * size] = view[index_end:]
+            errors.append(None)
+            k += 1
+        if k:
+            cast = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8, count=k * size)).view(self.values.dtype)
+            out[:k].copy_(cast.view(k, numel))  # (k, numel): the cast to float32, once for all rows
+        return errors
+
+    def _checked(self, payload: bytes | memoryview, numel: int) -> tuple[memoryview, int, int]:
+        """A payload's exact length and header checked, before any of it is decoded: (a view of
+        it, where its values start, how many values)."""
         most = self.max_encoded_size(numel)
         if len(payload) > most:  # before reading anything: the bound is the receiver's, not the payload's
             raise CodecError(f"{self.spec}: expected at most {most} bytes for {numel} values, got {len(payload)}")
@@ -149,11 +181,32 @@ class StagedCodec:
             raise CodecError(f"{self.spec}: expected exactly {expected} bytes for {numel} values "
                              f"(as its index part says), got {len(payload)}")
         _, num_values = self._layout(numel)
-        index_end = len(payload) - self.values.size(num_values)
-        values = self.values.decode(view[index_end:], num_values)
-        if self.sparsifier is None:
-            return values
-        return self.sparsifier.decode(view[HEADER_SIZE:index_end], values, numel, seed)
+        return view, len(payload) - self.values.size(num_values), num_values
+
+
+def decode_into(codec: Codec, payloads: Sequence[bytes | memoryview], numel: int, out: torch.Tensor, *,
+                seed: int = 0) -> list[CodecError | None]:
+    """codec.decode() of each payload into the next row of `out` ((>= len(payloads), numel)
+    float32): the k-th payload that decodes fills out[k]. -> per payload None, or the CodecError
+    that decode() raises (its row skipped). The same values bit for bit as decoding one by one.
+
+    Why rows at once: an owner decodes the n inputs of each slice it reduces, and each tensor call
+    a thread makes lets the other threads of its process take the interpreter; on a busy machine
+    each such hand-off then waits for a core. A plain dtype cast (the default fp16) decodes all rows
+    in one call (StagedCodec.cast_into); other codecs one by one."""
+    if isinstance(codec, StagedCodec) and codec.sparsifier is None and isinstance(codec.values, CastFormat):
+        return codec.cast_into(payloads, numel, out)
+    errors: list[CodecError | None] = []
+    k = 0
+    for payload in payloads:
+        try:
+            out[k] = codec.decode(payload, numel, seed=seed)
+        except CodecError as exc:
+            errors.append(exc)
+            continue
+        errors.append(None)
+        k += 1
+    return errors
 
 
 def _describe(x: object) -> str:

@@ -31,11 +31,12 @@ import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from optim.codecs import Codec, CodecError, StagedCodec
+from optim.codecs import Codec, CodecError, StagedCodec, decode_into
 from optim.codecs import build as build_codec
 from optim.quantize import BlockQuantFormat, CastFormat
 from optim.sparsify import ChunkTopK, RandK, TopK
@@ -189,6 +190,13 @@ class SlicedCodec:
         if not 0 <= j < self.layout.num_slices:
             raise CodecError(f"slice {j} does not exist (the layout has {self.layout.num_slices})")
         return self.codec.decode(data, self.layout.size(j), seed=slice_seed(seed, j))
+
+    def decode_slice_into(self, datas: Sequence[bytes], j: int, out: torch.Tensor, *, seed: int = 0) -> list[CodecError | None]:
+        """decode_slice() of several updates' slice j into the next rows of `out` ((>= len(datas),
+        layout.size(j)) float32): per input None, or the CodecError that skipped its row."""
+        if not 0 <= j < self.layout.num_slices:
+            raise CodecError(f"slice {j} does not exist (the layout has {self.layout.num_slices})")
+        return decode_into(self.codec, datas, self.layout.size(j), out, seed=slice_seed(seed, j))
 
     def decode(self, payload: bytes, numel: int, *, seed: int = 0) -> torch.Tensor:
         self._check_numel(numel)

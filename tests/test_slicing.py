@@ -9,7 +9,8 @@ import torch
 from optim import codecs, slicing
 from peer.run import slice_plan
 from peer.run.config import ConfigError, RunConfig
-from peer.run.round_math import RoundMath
+from peer.run.round_math import RoundMath, UpdateRejected
+from protocol.reasons import Reason
 
 
 def sliced_config(**aggregation) -> RunConfig:
@@ -141,3 +142,38 @@ def test_collusion_odds_follow_the_owner_draw():
     assert 0.0 < odds["p_lie_survives_round"] < 0.2
     no_checks = slice_plan.collusion_odds(8, 2, 2, 32, 0, trials=500)
     assert no_checks["p_lie_survives_round"] == 1.0 and no_checks["expected_rounds_until_caught"] == float("inf")
+
+
+@pytest.mark.parametrize("codec", ["fp16", "bf16", "fp32", "int8", "topk:0.1+int8"])
+def test_a_slices_rows_decoded_at_once_are_the_one_by_one_decodes_bit_for_bit_and_refuse_what_they_refuse(codec):
+    """RoundMath.decode_slices (the owner's reduce): each input decoded as decode_slice would, into
+    the next row; a corrupt, truncated or foreign input and a non-finite one are refused with
+    decode_slice's reason, and the rows after them move up."""
+    cfg = RunConfig.from_dict({"exchange": {"mode": "sliced", "slices": 4}, "compression": {"codec": codec}})
+    math = RoundMath(cfg, 4096)
+    j, round_ = 2, 7
+    gen = torch.Generator().manual_seed(3)
+    good = [math.sliced_codec.split(math.encode(torch.randn(4096, generator=gen), round_))[j] for _ in range(4)]
+    cast = codec in ("fp16", "bf16", "fp32")  # a NaN passes a cast's encode (a quantizer's error feedback refuses it)
+    poisoned = torch.randn(4096, generator=gen)
+    poisoned[math.layout.range(j)][5] = float("nan")
+    nan = math.sliced_codec.split(math.encode(poisoned, round_))[j] if cast else good[3][:5]
+    other = RoundMath(RunConfig.from_dict({"exchange": {"mode": "sliced", "slices": 4},
+                                           "compression": {"codec": "fp32" if codec != "fp32" else "fp16"}}), 4096)
+    foreign = other.sliced_codec.split(other.encode(torch.randn(4096, generator=gen), round_))[j]
+    datas = [good[0], good[1][:-2], good[2], foreign, nan, good[3]]
+    out = torch.full((len(datas), math.layout.size(j)), 7.0)
+    got = math.decode_slices(datas, j, round_, out)
+
+    expected_rows, expected_reasons = [], []
+    for data in datas:
+        try:
+            expected_rows.append(math.decode_slice(data, j, round_))
+            expected_reasons.append(None)
+        except UpdateRejected as exc:
+            expected_reasons.append((exc.reason, str(exc)))
+    assert [None if g is None else (g.reason, str(g)) for g in got] == expected_reasons
+    assert expected_reasons[0] is None and expected_reasons[1] is not None and expected_reasons[3] is not None
+    assert expected_reasons[4][0] == (Reason.NON_FINITE if cast else Reason.UNDECODABLE)
+    assert len(expected_rows) == got.count(None)
+    assert torch.equal(out[: len(expected_rows)], torch.stack(expected_rows))  # bit for bit, in order

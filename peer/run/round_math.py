@@ -163,6 +163,25 @@ class RoundMath:
             raise UpdateRejected(Reason.NON_FINITE, f"slice {j} holds NaN or Inf values")
         return values
 
+    def decode_slices(self, datas: list[bytes], j: int, round_: int, out: torch.Tensor) -> list[UpdateRejected | None]:
+        """decode_slice() of several updates' slice j into the next rows of `out` ((>= len(datas),
+        layout.size(j)) float32): -> per input None (it filled the next row) or the UpdateRejected
+        that keeps it out, as decode_slice() would raise. The rows are decoded, and checked finite,
+        in a few calls for all (optim.codecs.decode_into)."""
+        try:
+            errors = self.sliced_codec.decode_slice_into(datas, j, out, seed=codec_seed(self.cfg, round_))
+        except codecs.CodecError as exc:  # the slice itself does not exist: no input decodes
+            return [UpdateRejected(Reason.UNDECODABLE, f"slice {j} does not decode: {exc}") for _ in datas]
+        k = errors.count(None)
+        # A float64 sum of float32 rows is finite exactly when every value is (it cannot overflow).
+        finite = torch.isfinite(out[:k].sum(dim=1, dtype=torch.float64)).tolist() if k else []
+        if not all(finite):
+            out[: sum(finite)] = out[:k][torch.tensor(finite)]  # the finite rows, in order, to the front
+        decoded = iter(finite)
+        return [UpdateRejected(Reason.UNDECODABLE, f"slice {j} does not decode: {error}") if error is not None
+                else None if next(decoded) else UpdateRejected(Reason.NON_FINITE, f"slice {j} holds NaN or Inf values")
+                for error in errors]
+
     def reduce_slice(self, rows: torch.Tensor, j: int, *, round_: int, excluded_for_cause: int = 0,
                      work: RowWork | None = None) -> bytes:
         """(n, s_j) decoded slice j of the listed updates (peer_id order) -> the aggregated slice's

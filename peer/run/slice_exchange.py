@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from peer.run import slice_plan
-from peer.run.round_math import RoundMath, UpdateRejected
+from peer.run.round_math import RoundMath
 from peer.run.work_math import RowWork
 from protocol.reasons import FOR_CAUSE
 from protocol.envelope import EnvelopeError, RoundManifest, UpdateHeader, check_entry, signed_from_json
@@ -138,18 +138,16 @@ class SliceExchange(SliceFetching):
         rows = torch.empty(len(candidates), size)  # (n, s_j), filled in place
         if fetched is None:
             fetched = list(self.workers.map(lambda p: self._try_fetch(rnd, p, j), candidates))
+        present = [data for data, _ in fetched if data is not None]
+        rejected = iter(self.math.decode_slices(present, j, rnd.round, rows))  # the rows of those that decode, in order
         used: list[str] = []
         excluded: dict[str, str] = {}
         for peer_id, (data, error) in zip(candidates, fetched):
-            if data is None:
-                excluded[peer_id] = error
-                continue
-            try:
-                rows[len(used)] = self.math.decode_slice(data, j, rnd.round)
-            except UpdateRejected as exc:
-                excluded[peer_id] = exc.reason
-                continue
-            used.append(peer_id)
+            why = error if data is None else next(rejected)
+            if why is None:
+                used.append(peer_id)
+            else:
+                excluded[peer_id] = why if isinstance(why, str) else why.reason
         for_cause = sum(reason in FOR_CAUSE for reason in [*rnd.manifest.excluded.values(), *excluded.values()])
         work = RowWork.of([rnd.headers[p].tokens for p in used], rnd.manifest.work_history, used)  # their signed claims
         result = self.math.reduce_slice(rows[: len(used)], j, round_=rnd.round, excluded_for_cause=for_cause, work=work)
