@@ -188,10 +188,12 @@ def test_a_frozen_active_coordinator_neither_forks_the_run_nor_leaves_it_without
     two cores throughout."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])] if hog else []
     # The new active waits after recording round 4 until the demoted one is seen following it: with
-    # fast rounds the run could otherwise end (and its status go) before the check below.
+    # fast rounds the run could otherwise end (and its status go) before the check below. Round 4 is
+    # not the last (6 rounds): a standby that first reaches an active whose run is finished leaves
+    # instead of following, so with round 4 the last, the gate held a run already over.
     gate = Gate(tmp_path / "following", "round-recorded", 4)
     try:
-        standby_key, logs, active, standby, peers = _active_standby_and_two_peers(swarm, tmp_path, monkeypatch, 5,
+        standby_key, logs, active, standby, peers = _active_standby_and_two_peers(swarm, tmp_path, monkeypatch, 6,
                                                                                   "round-recorded:2:stop", gate.fault)
         old_key = wait_line(active, r"coordinator fingerprint: (\w+)", 30).group(1)
 
@@ -221,7 +223,7 @@ def test_a_frozen_active_coordinator_neither_forks_the_run_nor_leaves_it_without
     assert old["role"] == "standby" and old["demoted"]["rival"] == standby_key.peer_id and old["demoted"]["rival_term"] == 1
     assert [h["round"] for h in old["history"]] == [0, 1, 2]  # nothing closed after the freeze
     assert max(logged_rounds(logs["coordinator"]), default=-1) == 2
-    assert [h["round"] for h in new["history"]] == list(range(5))  # the run's history, kept across the takeover
+    assert [h["round"] for h in new["history"]] == list(range(6))  # the run's history, kept across the takeover
     assert new["initial_val_loss"] == old["initial_val_loss"] and new["coordinator"]["term"] == 1
     closed = hashes_per_round({h["round"]: h["param_hash"] for h in old["history"]},
                               {h["round"]: h["param_hash"] for h in new["history"]},
@@ -231,7 +233,7 @@ def test_a_frozen_active_coordinator_neither_forks_the_run_nor_leaves_it_without
     for i, peer in enumerate(peers):
         summary = read_summary(swarm, f"peer{i}")
         assert summary["param_hash"] == final and summary["coordinator_term"] == 1, summary
-        wait_line(peer, rf"finished: run \S+ ended at round 5, final hash {final}", 5)
+        wait_line(peer, rf"finished: run \S+ ended at round 6, final hash {final}", 5)
 
 
 def test_an_endpoint_signing_with_another_key_is_refused(swarm, tmp_path):
