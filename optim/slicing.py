@@ -187,16 +187,18 @@ class SlicedCodec:
 
     def decode_slice(self, data: bytes, j: int, *, seed: int = 0) -> torch.Tensor:
         """Slice j's bytes -> (layout.size(j),) float32; CodecError when they cannot be it."""
-        if not 0 <= j < self.layout.num_slices:
-            raise CodecError(f"slice {j} does not exist (the layout has {self.layout.num_slices})")
+        self._check_index(j)
         return self.codec.decode(data, self.layout.size(j), seed=slice_seed(seed, j))
 
     def decode_slice_into(self, datas: Sequence[bytes], j: int, out: torch.Tensor, *, seed: int = 0) -> list[CodecError | None]:
         """decode_slice() of several updates' slice j into the next rows of `out` ((>= len(datas),
         layout.size(j)) float32): per input None, or the CodecError that skipped its row."""
+        self._check_index(j)
+        return decode_into(self.codec, datas, self.layout.size(j), out, seed=slice_seed(seed, j))
+
+    def _check_index(self, j: int) -> None:
         if not 0 <= j < self.layout.num_slices:
             raise CodecError(f"slice {j} does not exist (the layout has {self.layout.num_slices})")
-        return decode_into(self.codec, datas, self.layout.size(j), out, seed=slice_seed(seed, j))
 
     def decode(self, payload: bytes, numel: int, *, seed: int = 0) -> torch.Tensor:
         self._check_numel(numel)

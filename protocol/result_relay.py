@@ -74,7 +74,7 @@ class _Round:
 class ResultRelay:
     """A node's routes of aggregated slices over its trade streams, for the last few rounds.
     Thread-safe: the exchange puts from its slice threads, the streams read on an event loop. A
-    put wakes only the streams that carry that slice, each once, with everything ready for it."""
+    stream is woken once, by the put that completes its batch (or the abandon that ends it)."""
 
     def __init__(self, keep_rounds: int = 2) -> None:
         self.keep_rounds = keep_rounds

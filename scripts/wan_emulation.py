@@ -44,7 +44,8 @@ import delay_proxy  # noqa: E402
 from peer.node.thread_priority import resolve as resolve_priority  # noqa: E402
 from netns_testbed import BURST, CPU_GROUPS, Testbed, measure_link_mbit, namespaces_permitted, netem_available, run_ip  # noqa: E402
 
-# The shaping text's words for each way the peers share the cores (a JSON that says none: "per-node").
+# The shaping text's words for each way the peers share the cores (JSONs before session 24 have no
+# cpu_groups: they ran per-node).
 CPU_GROUPS_TEXT = {"shared": "peers in one CPU scheduling group", "per-node": "a CPU scheduling group per peer"}
 
 COORD_GRPC, COORD_DHT, PEER_GRPC = 31338, 31337, 31400

@@ -9,7 +9,7 @@ import torch
 from optim import codecs, slicing
 from peer.run import slice_plan
 from peer.run.config import ConfigError, RunConfig
-from peer.run.round_math import RoundMath, UpdateRejected
+from peer.run.round_math import RoundMath, UpdateRejected, codec_seed
 from protocol.reasons import Reason
 
 
@@ -144,11 +144,23 @@ def test_collusion_odds_follow_the_owner_draw():
     assert no_checks["p_lie_survives_round"] == 1.0 and no_checks["expected_rounds_until_caught"] == float("inf")
 
 
+def decode_alone(math: RoundMath, data: bytes, j: int, round_: int) -> torch.Tensor:
+    """The reference: one input through the codec alone (CastFormat.decode's own copy and cast), with
+    the refusals an owner makes."""
+    try:
+        values = math.sliced_codec.decode_slice(data, j, seed=codec_seed(math.cfg, round_))
+    except codecs.CodecError as exc:
+        raise UpdateRejected(Reason.UNDECODABLE, f"slice {j} does not decode: {exc}") from None
+    if not slicing.all_finite(values):
+        raise UpdateRejected(Reason.NON_FINITE, f"slice {j} holds NaN or Inf values")
+    return values
+
+
 @pytest.mark.parametrize("codec", ["fp16", "bf16", "fp32", "int8", "topk:0.1+int8"])
 def test_a_slices_rows_decoded_at_once_are_the_one_by_one_decodes_bit_for_bit_and_refuse_what_they_refuse(codec):
-    """RoundMath.decode_slices (the owner's reduce): each input decoded as decode_slice would, into
-    the next row; a corrupt, truncated or foreign input and a non-finite one are refused with
-    decode_slice's reason, and the rows after them move up."""
+    """RoundMath.decode_slices (the owner's reduce): each input decoded as the codec decodes it alone,
+    into the next row; a corrupt, truncated or foreign input and a non-finite one are refused with
+    the reason a one-by-one decode gives, and the rows after them move up."""
     cfg = RunConfig.from_dict({"exchange": {"mode": "sliced", "slices": 4}, "compression": {"codec": codec}})
     math = RoundMath(cfg, 4096)
     j, round_ = 2, 7
@@ -168,7 +180,7 @@ def test_a_slices_rows_decoded_at_once_are_the_one_by_one_decodes_bit_for_bit_an
     expected_rows, expected_reasons = [], []
     for data in datas:
         try:
-            expected_rows.append(math.decode_slice(data, j, round_))
+            expected_rows.append(decode_alone(math, data, j, round_))
             expected_reasons.append(None)
         except UpdateRejected as exc:
             expected_reasons.append((exc.reason, str(exc)))

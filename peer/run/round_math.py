@@ -153,21 +153,11 @@ class RoundMath:
             raise UpdateRejected(Reason.NON_FINITE, "decoded update holds NaN or Inf values")
         return update
 
-    def decode_slice(self, data: bytes, j: int, round_: int) -> torch.Tensor:
-        """Slice j of an update -> (layout.size(j),) float32; UpdateRejected when it must be excluded."""
-        try:
-            values = self.sliced_codec.decode_slice(data, j, seed=codec_seed(self.cfg, round_))
-        except codecs.CodecError as exc:
-            raise UpdateRejected(Reason.UNDECODABLE, f"slice {j} does not decode: {exc}") from None
-        if not slicing.all_finite(values):
-            raise UpdateRejected(Reason.NON_FINITE, f"slice {j} holds NaN or Inf values")
-        return values
-
     def decode_slices(self, datas: list[bytes], j: int, round_: int, out: torch.Tensor) -> list[UpdateRejected | None]:
-        """decode_slice() of several updates' slice j into the next rows of `out` ((>= len(datas),
+        """Slice j of several updates, decoded into the next rows of `out` ((>= len(datas),
         layout.size(j)) float32): -> per input None (it filled the next row) or the UpdateRejected
-        that keeps it out, as decode_slice() would raise. The rows are decoded, and checked finite,
-        in a few calls for all (optim.codecs.decode_into)."""
+        that keeps it out (undecodable, or holding NaN / Inf). The rows are decoded, and checked
+        finite, in a few calls for all (optim.codecs.decode_into)."""
         try:
             errors = self.sliced_codec.decode_slice_into(datas, j, out, seed=codec_seed(self.cfg, round_))
         except codecs.CodecError as exc:  # the slice itself does not exist: no input decodes

@@ -143,11 +143,13 @@ class SliceExchange(SliceFetching):
         used: list[str] = []
         excluded: dict[str, str] = {}
         for peer_id, (data, error) in zip(candidates, fetched):
-            why = error if data is None else next(rejected)
-            if why is None:
-                used.append(peer_id)
-            else:
-                excluded[peer_id] = why if isinstance(why, str) else why.reason
+            if data is not None:
+                refusal = next(rejected)
+                if refusal is None:
+                    used.append(peer_id)
+                    continue
+                error = refusal.reason
+            excluded[peer_id] = error
         for_cause = sum(reason in FOR_CAUSE for reason in [*rnd.manifest.excluded.values(), *excluded.values()])
         work = RowWork.of([rnd.headers[p].tokens for p in used], rnd.manifest.work_history, used)  # their signed claims
         result = self.math.reduce_slice(rows[: len(used)], j, round_=rnd.round, excluded_for_cause=for_cause, work=work)
