@@ -41,7 +41,7 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
         sys.path.insert(0, extra)
 
 import delay_proxy  # noqa: E402
-from peer.node.thread_priority import resolve as resolve_priority  # noqa: E402
+from peer.node.thread_priority import MODES as PRIORITY_MODES, resolve as resolve_priority  # noqa: E402
 from netns_testbed import BURST, CPU_GROUPS, Testbed, measure_link_mbit, namespaces_permitted, netem_available, run_ip  # noqa: E402
 
 # The shaping text's words for each way the peers share the cores (JSONs before session 24 have no
@@ -300,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", nargs="+", metavar="JSON", help="write --write-md from earlier --json files; run nothing")
     parser.add_argument("--overlap", action="store_true", help="overlapped rounds (rounds.overlap_communication)")
     parser.add_argument("--exchange", choices=("sliced", "all-to-all"), help="exchange.mode (default: the run config's, sliced)")
-    parser.add_argument("--train-priority", choices=("auto", "normal", "low"), default="auto",
-                        help="the peers' --train-priority (overlapped rounds: the training thread's CPU priority; auto: low on Linux)")
+    parser.add_argument("--train-priority", choices=PRIORITY_MODES, default="auto",
+                        help="the peers' --train-priority (overlapped rounds: the training thread's CPU priority; auto: idle on Linux)")
     parser.add_argument("--cpu-groups", choices=CPU_GROUPS, default="shared",
                         help="how the peers share this machine's cores (scripts/netns_testbed.py): shared (the default since "
                              "session 24): one scheduling group, threads compete by priority; per-node: a group (session) "

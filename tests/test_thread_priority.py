@@ -40,6 +40,10 @@ def nice() -> int:
     return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
 
+def policy() -> int:
+    return os.sched_getscheduler(threading.get_native_id())
+
+
 @linux
 def test_low_adds_five_to_this_threads_nice_only():
     before = nice()
@@ -48,52 +52,76 @@ def test_low_adds_five_to_this_threads_nice_only():
 
 
 @linux
-def test_auto_the_default_lowers_like_low_on_linux():
+def test_idle_puts_this_thread_alone_under_sched_idle():
+    before = policy()
+    assert before != os.SCHED_IDLE
+    assert in_thread(lambda: (lower_this_thread("idle"), policy())[1]) == os.SCHED_IDLE
+    assert policy() == before
+
+
+@linux
+def test_a_thread_started_by_an_idle_thread_inherits_idle():
+    def start_one() -> int:
+        lower_this_thread("idle")
+        seen: list[int] = []
+        child = threading.Thread(target=lambda: seen.append(policy()))
+        child.start()
+        child.join(30)
+        return seen[0]
+
+    assert in_thread(start_one) == os.SCHED_IDLE
+
+
+@linux
+def test_auto_the_default_is_idle_on_linux():
     assert PeerOptions(coordinator="127.0.0.1:1").train_priority == "auto"
-    before = nice()
-    assert in_thread(lambda: (lambda n0: (lower_this_thread("auto"), nice() - n0)[1])(nice())) == min(5, 19 - before)
-    assert nice() == before
+    assert resolve("auto") == "idle"
+    before = (policy(), nice())
+    assert in_thread(lambda: (lower_this_thread("auto"), (policy(), nice()))[1]) == (os.SCHED_IDLE, before[1])
+    assert (policy(), nice()) == before
 
 
 def test_auto_is_normal_where_threads_have_no_priority_of_their_own(monkeypatch):
     monkeypatch.setattr(thread_priority.sys, "platform", "darwin")
-    assert resolve("auto") == "normal" and resolve("low") == "low"
+    assert resolve("auto") == "normal" and resolve("low") == "low" and resolve("idle") == "idle"
     check_mode("auto")  # accepted everywhere
-    with pytest.raises(ValueError, match="need Linux; use --train-priority normal"):
-        check_mode("low")
+    for mode in ("low", "idle"):
+        with pytest.raises(ValueError, match=f"--train-priority {mode}: per-thread priorities need Linux; use --train-priority normal"):
+            check_mode(mode)
 
 
 def test_normal_changes_nothing():
-    before = nice()
-    assert in_thread(lambda: (lambda n0: (lower_this_thread("normal"), nice() - n0)[1])(nice())) == 0
-    assert nice() == before
+    before = (policy(), nice())
+    assert in_thread(lambda: (lower_this_thread("normal"), (policy(), nice()))[1]) == before
 
 
 def test_an_unknown_mode_is_refused_with_the_choices():
-    with pytest.raises(ValueError, match="use one of auto, normal, low"):
-        check_mode("idle")
+    with pytest.raises(ValueError, match="use one of auto, normal, low, idle"):
+        check_mode("lowest")
     with pytest.raises(ValueError, match="--train-priority"):
         PeerOptions(coordinator="127.0.0.1:1", train_priority="high")
 
 
 @linux
-def test_overlapped_rounds_lower_the_training_thread_after_the_exchange_thread_started():
+@pytest.mark.parametrize("mode", ["auto", "low"])
+def test_overlapped_rounds_lower_the_training_thread_after_the_exchange_thread_started(mode):
     peer = ToyPeer(rounds=3, steps=4, land_after=1)
-    peer.options.train_priority = "low"
-    seen: list[int] = []
+    peer.options.train_priority = mode
+    seen: list[tuple[int, int]] = []
     exchange = peer.exchange
 
     def noting(rnd):
-        seen.append(nice())  # the exchange's worker thread
+        seen.append((policy(), nice()))  # the exchange's worker thread
         return exchange(rnd)
 
     peer.exchange = noting
 
-    def train_then_read() -> tuple[int, int]:
-        start = nice()
+    def train_then_read() -> tuple[tuple[int, int], tuple[int, int]]:
+        start = (policy(), nice())
         run_overlapped(peer)
-        return start, nice()
+        return start, (policy(), nice())
 
     start, after = in_thread(train_then_read)
-    assert after == min(start + 5, 19)
+    assert start[0] != os.SCHED_IDLE
+    assert after == ((os.SCHED_IDLE, start[1]) if mode == "auto" else (start[0], min(start[1] + 5, 19)))
     assert seen == [start] * 3  # every round's exchange ran at the priority the peer started with

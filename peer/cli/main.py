@@ -23,6 +23,7 @@ from peer.cli.model_verbs import HANDLERS as MODEL_HANDLERS, add_model_verbs
 from peer.cli.output_paths import check_outputs
 from peer.cli.parsing import CliParser
 from peer.cli.run_flags import add_run_flags, load_run_config
+from peer.node.thread_priority import MODES as PRIORITY_MODES
 
 EPILOG_PEER = """examples:
   swarmloco peer --initial-peers /ip4/203.0.113.7/tcp/31337/p2p/12D3KooW...
@@ -121,10 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--announce-maddrs", nargs="+", default=[], help="DHT multiaddrs to advertise")
     p.add_argument("--shard", type=_shard, help="data shard I/N (default: chosen from the peer id)")
     p.add_argument("--threads", type=int, help="CPU threads for training (1 when several peers share a machine)")
-    p.add_argument("--train-priority", choices=("auto", "normal", "low"), default="auto",
+    p.add_argument("--train-priority", choices=PRIORITY_MODES, default="auto",
                    help="overlapped rounds: the training thread's CPU priority beside the exchange in flight "
-                        "(low: its nice + 5, so the exchange's CPU work runs first, Linux only; auto, the default: "
-                        "low on Linux, normal elsewhere)")
+                        "(idle: SCHED_IDLE, it runs only where nothing else wants a core; low: its nice + 5; both "
+                        "Linux only; auto, the default: idle on Linux, normal elsewhere)")
     p.add_argument("--resume", action="store_true", help="continue from this identity's saved local state")
     p.add_argument("--state-dir", help="where --resume state is kept (default: beside --identity-path)")
     p.add_argument("--log-every", type=int, default=5, help="print a progress line every N inner steps")

@@ -6,24 +6,30 @@ busy, each of its CPU steps waits behind training, and the average lands later
 (benchmarks/wan.md). Lowering only the training thread lets the exchange's short bursts run
 first; training takes what is left, so its steps slow down only while the exchange needs the CPU.
 
-- "auto" (the default): "low" where the OS has per-thread priorities (Linux), else "normal".
+- "auto" (the default): "idle" where the OS has per-thread scheduling policies (Linux), else "normal".
+- "idle": the training thread runs under SCHED_IDLE (Linux): it gets a core only when no thread of
+  normal priority on the machine wants one, and a woken exchange thread takes its core at once.
 - "low": the training thread's nice value + 5 (Linux per-thread nice).
 - "normal": unchanged.
 
-Why low by default (session 19, benchmarks/wan.md, on the coordinator's phase window): at 8 peers
-on 2 cores the average landed 0.24-0.28 of the phase's steps in (0.28-0.32 of H) against
-0.29-0.31 (0.36-0.40 of H) at normal priority, with the same utilization (95.7-96.2% against
-95.7-96.7%); at 4 peers 0.24-0.27 against 0.29-0.31, the same utilization. A GPU peer's training
-thread mostly waits on the GPU, so it loses nothing there either; and a volunteer's training
-yields to the rest of the machine a little more, which is what a volunteer wants of it.
+Why idle by default (session 25, benchmarks/wan.md, wan_s25_*): at 8 peers on 2 cores, overlapped,
+the peers sharing the scheduling groups, five alternating pairs fetched in 1.34-1.50x the bound
+(median 1.40x) under idle against 1.41-1.83x (median 1.62x) under low, utilization 96-100% either
+way. A nice value only weighs the training thread's share of a core (nice + 5: a third of a normal
+thread's, + 19 changed nothing measurable either, session 24); under SCHED_IDLE the scheduler also
+treats a core running only idle threads as free, so an exchange thread that wakes (a slice arrived,
+a stream wants its next write) runs there at once instead of waiting out the training thread's
+time slice. Training loses nothing it would have had on a machine whose other threads wait on the
+network most of the time; beside another busy program it yields almost entirely, as volunteer
+computing's clients (BOINC, Folding@home) run their work by default. A GPU peer's training thread
+mostly waits on the GPU; its kernel launches are delayed only while the exchange runs on every
+core. `--train-priority low` (session 19's default) keeps training a share beside other programs.
 
-(SCHED_IDLE was considered as a fourth mode and left out, not measured: beside other busy
-processes, as on the shared benchmark machine, it would leave training almost no CPU.)
-
-Lowering needs no privilege; raising it back would, so it is done once, for the rest of the run,
-right after the first exchange started (that worker thread keeps the normal priority; threads the
-training thread starts later inherit the lower one). Only Linux has per-thread priorities: elsewhere
-"low" is refused at start with what to do, and "auto" is "normal".
+Lowering needs no privilege; raising it back would (leaving SCHED_IDLE needs CAP_SYS_NICE or a
+raised RLIMIT_NICE), so it is done once, for the rest of the run, right after the first exchange
+started (that worker thread keeps the normal priority; threads the training thread starts later
+inherit the lower one). Only Linux has per-thread priorities: elsewhere "low" and "idle" are
+refused at start with what to do, and "auto" is "normal".
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import os
 import sys
 import threading
 
-MODES = ("auto", "normal", "low")
+MODES = ("auto", "normal", "low", "idle")
 LOW_NICE_STEP = 5
 
 
@@ -40,14 +46,14 @@ def check_mode(mode: str) -> None:
     """A ValueError saying what to pass where the mode is unknown or this OS cannot apply it."""
     if mode not in MODES:
         raise ValueError(f"--train-priority {mode!r}: use one of {', '.join(MODES)}")
-    if mode == "low" and not _per_thread_priorities():
+    if mode in ("low", "idle") and not _per_thread_priorities():
         raise ValueError(f"--train-priority {mode}: per-thread priorities need Linux; use --train-priority normal (or auto) here")
 
 
 def resolve(mode: str) -> str:
-    """The mode that applies here: "auto" is "low" where per-thread priorities exist, else "normal"."""
+    """The mode that applies here: "auto" is "idle" where per-thread priorities exist, else "normal"."""
     if mode == "auto":
-        return "low" if _per_thread_priorities() else "normal"
+        return "idle" if _per_thread_priorities() else "normal"
     return mode
 
 
@@ -57,6 +63,9 @@ def _per_thread_priorities() -> bool:
 
 def lower_this_thread(mode: str) -> None:
     """Lower the calling thread's CPU priority as `mode` says (no-op for "normal")."""
-    if resolve(mode) == "low":
-        tid = threading.get_native_id()
+    resolved = resolve(mode)
+    tid = threading.get_native_id()
+    if resolved == "idle":
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+    elif resolved == "low":
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + LOW_NICE_STEP))
