@@ -81,6 +81,9 @@ class Push:
     on_result: Callable[[int, bytes], None] | None = None
     on_end: Callable[[], None] | None = None
     tail_s: float = 0.0
+    # Our signed word that the stream is ours with this holder this round (protocol/swap_ticket.py):
+    # without it the holder takes our slices but neither sends nor takes results over the stream.
+    ticket: swarm_pb2.Signed | None = None
 
     @property
     def has_tail(self) -> bool:
@@ -264,7 +267,7 @@ async def _swap_messages(push: Push, request: swarm_pb2.FetchRequest, counter: B
 
     # with a tail, the last message says our slices end there: our results follow once reduced
     for message in push_slices(push.signed_header, push.slices, want=request, takes_results=bool(push.expect),
-                               inputs_done=push.results is not None):
+                               inputs_done=push.results is not None, ticket=push.ticket):
         progress.moved()
         yield counted(message)
     progress.done = True  # the last message is written or being written: the holder's answer ends the stream

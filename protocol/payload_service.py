@@ -24,6 +24,7 @@ from protocol.reasons import Reason
 from protocol.result_relay import ResultPieces, result_chunks
 from protocol.rpc_errors import RpcAbort, guarded, refusal_for
 from protocol.slice_push import PushedSlices
+from protocol.swap_ticket import ticket_holds
 from protocol.streaming import TransferError, iter_chunks, receive_chunks
 
 MAX_FETCH_STREAMS = 1024  # FetchPayload streams a node serves at once (more: RESOURCE_EXHAUSTED, the fetcher falls back)
@@ -44,8 +45,11 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
         max_stream_s: float = 120.0,
         max_streams: int = MAX_FETCH_STREAMS,
         current_round: Callable[[], int] | None = None,
+        own_peer_id: str = "",
     ) -> None:
         self.store = store
+        # who we are: a SwapSlices stream carries results only under a ticket naming us (protocol/swap_ticket.py)
+        self.own_peer_id = own_peer_id
         self.verify_header = verify_header
         # the round this node is at: a pushed header more than PUSH_ROUND_SLACK rounds away is refused
         # (its signature only says who signed it; a far-future round would move the store's rounds)
@@ -237,8 +241,11 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                 raise RpcAbort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc.reason}: {exc}", refusal_for(exc.reason)) from None
             pushed = PushedSlices(header)
             relay, partner = self.store.results, header.peer_id
-            # the first stream under this header this round takes its results (a second is a replay)
-            claimed = relay.started(header.round, partner)
+            # Results ride only the partner's own stream: its ticket names us (a header is public: a stream
+            # under a replayed one brings slices that prove themselves, no more), and the first such
+            # stream this round takes them (a second is a replay of the ticket).
+            own = ticket_holds(first.ticket if first.HasField("ticket") else None, header, self.own_peer_id)
+            claimed = own and relay.started(header.round, partner)
 
             async def take() -> None:  # beside the answer: both directions of the link at once
                 whole = kept = False
@@ -275,7 +282,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
             taking = asyncio.ensure_future(take())
             for message in self._serve_items(first.want):
                 yield message
-            if first.takes_results:  # then our aggregated slices it gathers from us, as each is reduced (protocol/result_relay.py)
+            if first.takes_results and own:  # then our aggregated slices it gathers from us, once reduced (protocol/result_relay.py)
                 async for ready in relay.outgoing(header.round, partner, STALL_TIMEOUT.total_seconds()):
                     for message in pack_chunks(result_chunks(ready)):
                         yield message

@@ -32,14 +32,17 @@ class HeldSlice(Protocol):
 
 def push_slices(signed_header: swarm_pb2.Signed, slices: Sequence[tuple[int, HeldSlice]],
                 want: swarm_pb2.FetchRequest | None = None, takes_results: bool = False,
-                inputs_done: bool = False) -> Iterator[swarm_pb2.SlicePush]:
+                inputs_done: bool = False, ticket: swarm_pb2.Signed | None = None) -> Iterator[swarm_pb2.SlicePush]:
     """The sender's messages: the header (and `want`, SwapSlices' request) first, then each slice
     (index, whole proof, bytes in pieces of at most CHUNK_BYTES), the pieces packed as `parts`,
     as many in one message as fit in CHUNK_BYTES with their proofs and framing (8 slices of 62 KB:
     one message, not 8; each message costs the receiver's loop a read). `takes_results`: SwapSlices'
     caller reads the callee's aggregated slices after the answer (protocol/result_relay.py);
-    `inputs_done`: the last message says our slices end there (our results follow)."""
+    `inputs_done`: the last message says our slices end there (our results follow); `ticket`: the
+    caller's SwapSlices ticket (protocol/swap_ticket.py), in the first message."""
     message = swarm_pb2.SlicePush(header=signed_header, want=want, takes_results=takes_results)
+    if ticket is not None:
+        message.ticket.CopyFrom(ticket)
     used = message.ByteSize()
     for index, item in slices:
         data = item.payload

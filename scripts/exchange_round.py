@@ -128,7 +128,7 @@ class ExchangePeer:
         self.store = PayloadStore(keep_rounds=1)
         # as a peer's (peer/node/node.py): owners trade the slices they own (SwapSlices), checked
         servicer = PayloadServicer(self.store, verify_header=lambda signed: self.verify_header(signed, None), accept_pushes=False,
-                                   accept_slice_pushes=True)
+                                   accept_slice_pushes=True, own_peer_id=self.identity.peer_id)
         self.server, port = serve_payloads(servicer, self.counter, host="127.0.0.1", port=0)
         self.endpoint = f"127.0.0.1:{port}"
         self.pool = ChannelPool(self.counter)

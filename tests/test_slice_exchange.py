@@ -42,7 +42,8 @@ class Node:
         self.counter = ByteCounter(self.identity.peer_id)
         self.store = PayloadStore()
         servicer = PayloadServicer(self.store, verify_header=lambda s: self.verify_header(s, None), accept_pushes=False,
-                                   accept_slice_pushes=True)  # as a peer's: owners trade slices (SwapSlices)
+                                   accept_slice_pushes=True,  # as a peer's: owners trade slices (SwapSlices)
+                                   own_peer_id=self.identity.peer_id)
         self.server, port = serve_payloads(servicer, self.counter, host="127.0.0.1", port=0)
         self.endpoint = f"127.0.0.1:{port}"
         self.pool = ChannelPool(self.counter)

@@ -21,6 +21,7 @@ from protocol.payload_service import PayloadServicer, serve_payloads
 from protocol.payload_store import PayloadStore, StoredSlice
 from protocol.result_relay import RelayPlan
 from protocol.slice_push import push_slices
+from protocol.swap_ticket import sign_swap_ticket, ticket_holds
 from protocol.wire import swarm_pb2
 
 SLICES = [bytes([i]) * (100 + 37 * i) for i in range(5)]
@@ -48,12 +49,14 @@ def owner():
     store = PayloadStore()
     for j, (data, proof) in enumerate(zip(THEIRS, merkle.proofs(THEIR_DIGESTS))):
         store.put_slice(THEIR_ROOT, j, StoredSlice(0, THEIR_DIGESTS[j].hex(), tuple(proof), len(THEIRS), data))
-    server, port = serve_payloads(PayloadServicer(store, verify_header=lambda s: header, accept_slice_pushes=True),
-                                  ByteCounter("owner"), host="127.0.0.1", port=0)
+    me = Identity.generate()  # the owner serving here
+    server, port = serve_payloads(PayloadServicer(store, verify_header=lambda s: header, accept_slice_pushes=True,
+                                                  own_peer_id=me.peer_id), ByteCounter("owner"), host="127.0.0.1", port=0)
     pool = ChannelPool(ByteCounter("caller"))
     stub = pool.peer_stub(f"127.0.0.1:{port}")
     stub.endpoint = f"127.0.0.1:{port}"
     stub.pool = pool
+    stub.author, stub.owner_id = author, me.peer_id  # the header's signer, who opens trades with the owner
     yield header, signed, store, stub
     pool.close()
     server.stop(0)
@@ -282,9 +285,12 @@ def test_waiting_for_slices_nobody_pushes_ends_at_its_timeout():
     assert store.get_slice(b"r" * 32, 0) is None
 
 
-def _tail_trade(stub, signed, sent: list[tuple[int, bytes]], expect: dict[int, int]):
+def _tail_trade(stub, signed, sent: list[tuple[int, bytes]], expect: dict[int, int], ticket="author's"):
     """A trade with a tail (protocol/result_relay.py): our slice 0 pushed, their slice 1 wanted;
-    then `sent` (our results) and what they owe us (`expect`). -> (answer, results we got, ended)."""
+    then `sent` (our results) and what they owe us (`expect`), under `ticket` (default: the
+    header's signer's for the owner, round 0). -> (answer, results we got, ended)."""
+    if ticket == "author's":
+        ticket = sign_swap_ticket(stub.author, run_id="run", round_=0, to=stub.owner_id)
     got: list[tuple[int, bytes]] = []
     ended = threading.Event()
 
@@ -293,7 +299,7 @@ def _tail_trade(stub, signed, sent: list[tuple[int, bytes]], expect: dict[int, i
 
     proven = merkle.ProvenNodes(THEIR_ROOT, len(THEIRS))
     push = Push(signed, [_item(0)], results=ours, expect=expect, on_result=lambda j, data: got.append((j, data)),
-                on_end=ended.set, tail_s=5.0)
+                on_end=ended.set, tail_s=5.0, ticket=ticket)
     came = fetch_streams(stub.pool, {stub.endpoint: [Wanted(max_size=1000, slice=1, proven=proven)]},
                          pushes={stub.endpoint: push})[stub.endpoint]
     return came, got, ended
@@ -314,6 +320,54 @@ def test_a_trade_carries_both_owners_results_back_once_reduced(owner):
     assert ended.wait(5.0) and got == [(7, b"seven" * 10)]
     assert store.results.wait_inbound(0, 5.0)  # the caller's result came in
     assert store.get_blob(hashlib.sha256(b"nine" * 20).hexdigest()) == b"nine" * 20
+
+
+def test_a_stream_under_a_replayed_header_carries_no_results_and_leaves_the_partner_its_place(owner):
+    """A header is public (every manifest carries it): anyone can open a trade under a partner's.
+    Without the partner's ticket for this owner, run and round (protocol/swap_ticket.py) such a stream
+    still pushes slices that prove themselves and gets its answer, but neither takes the partner's
+    results nor gets the owner's, even when the owner's are ready; the partner's own stream, after
+    five of them, still carries both."""
+    header, signed, store, stub = owner
+    author, stranger = stub.author, Identity.generate()
+    store.results.open(0, RelayPlan(send={author.peer_id: [7]}, receive={author.peer_id: {9: 100}}, wait_s=5.0))
+    store.results.put(0, 7, b"seven" * 10)  # the owner's result for the author: ready before any stream comes
+    replays = {
+        "no ticket": None,
+        "a stranger's": sign_swap_ticket(stranger, run_id="run", round_=0, to=stub.owner_id),
+        "the author's for another owner": sign_swap_ticket(author, run_id="run", round_=0, to=stranger.peer_id),
+        "the author's for another round": sign_swap_ticket(author, run_id="run", round_=1, to=stub.owner_id),
+        "the author's for another run": sign_swap_ticket(author, run_id="other", round_=0, to=stub.owner_id),
+    }
+    for what, ticket in replays.items():
+        mine = b"%d" % len(what) * 30  # this replayer's "result" for slice 9
+        came, got, ended = _tail_trade(stub, signed, [(9, mine)], {7: 100}, ticket=ticket)
+        assert [item.data for item in came] == [THEIRS[1]], what  # the answer, as any fetch gets it
+        assert ended.wait(5.0) and got == [], what  # the owner's ready result did not go to it
+        assert store.get_blob(hashlib.sha256(mine).hexdigest()) is None, what  # nor was its result taken
+    assert store.get_slice(header.root_bytes(), 0).payload == SLICES[0]  # the pushed slice proved itself: kept
+    came, got, ended = _tail_trade(stub, signed, [(9, b"nine" * 20)], {7: 100})  # the author's own stream
+    assert ended.wait(5.0) and got == [(7, b"seven" * 10)]
+    assert store.results.wait_inbound(0, 5.0) and store.get_blob(hashlib.sha256(b"nine" * 20).hexdigest()) == b"nine" * 20
+
+
+def test_a_swap_ticket_holds_only_for_its_signer_callee_run_and_round():
+    author, owner_id = Identity.generate(), Identity.generate().peer_id
+    header = build_update_header(run_id="run", round_=4, peer_id=author.peer_id, codec="fp16", numel=1, layout_hash="L",
+                                 base_param_hash="B", payload=b"".join(SLICES), slices=[d.hex() for d in DIGESTS])
+    ticket = sign_swap_ticket(author, run_id="run", round_=4, to=owner_id)
+    assert ticket_holds(ticket, header, owner_id)
+    assert not ticket_holds(ticket, header, "")  # a servicer that does not know who it is takes no ticket
+    assert not ticket_holds(None, header, owner_id)
+    assert not ticket_holds(ticket, header, Identity.generate().peer_id)
+    forged = swarm_pb2.Signed()
+    forged.CopyFrom(ticket)
+    forged.body = forged.body.replace(b'"round":4', b'"round":5')
+    assert not ticket_holds(forged, header, owner_id)  # its signature no longer holds
+    for other in (sign_swap_ticket(author, run_id="run", round_=3, to=owner_id),
+                  sign_swap_ticket(Identity.generate(), run_id="run", round_=4, to=owner_id)):
+        assert not ticket_holds(other, header, owner_id)
+    assert not ticket_holds(sign_update(author, header), header, owner_id)  # a header is no ticket (its tag differs)
 
 
 def test_a_result_nobody_owes_ends_the_stream_and_keeps_the_inputs(owner):
@@ -339,7 +393,8 @@ def test_a_trade_wanting_nothing_returns_at_once_and_its_tail_goes_on(owner):
     header, signed, store, stub = owner
     store.results.open(0, RelayPlan(send={header.peer_id: [7]}, receive={}, wait_s=5.0))
     got, ended = [], threading.Event()
-    push = Push(signed, [_item(0)], expect={7: 100}, on_result=lambda j, data: got.append((j, data)), on_end=ended.set, tail_s=5.0)
+    push = Push(signed, [_item(0)], expect={7: 100}, on_result=lambda j, data: got.append((j, data)), on_end=ended.set, tail_s=5.0,
+                ticket=sign_swap_ticket(stub.author, run_id="run", round_=0, to=stub.owner_id))
     assert fetch_streams(stub.pool, {}, pushes={stub.endpoint: push}) == {stub.endpoint: []}
     assert not ended.is_set()
     store.results.put(0, 7, b"seven")

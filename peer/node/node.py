@@ -202,7 +202,7 @@ class PeerNode:
             return
         servicer = PayloadServicer(self.store, verify_header=lambda s: self._verify_header(s, None), accept_pushes=False,
                                     accept_slice_pushes=True,  # sliced: owners trade, client-mode authors push us what we own
-                                    current_round=lambda: self.round)
+                                    current_round=lambda: self.round, own_peer_id=self.identity.peer_id)
         self.server, port = serve_payloads(servicer, self.counter, host=o.host, port=o.port)
         self.pool.aio.share_loop(self.server.loop)  # one gRPC loop in the process (protocol/aio_channels.py)
         self.endpoint = f"{o.announce_host}:{port}"

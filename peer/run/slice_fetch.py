@@ -49,6 +49,7 @@ from protocol.payload_store import PayloadStore, StoredSlice
 from protocol.result_relay import RelayPlan
 from protocol.slice_push import push_slices
 from protocol.slice_result import SliceResult
+from protocol.swap_ticket import sign_swap_ticket
 from protocol.wire import swarm_pb2
 
 log = logging.getLogger("swarmloco.exchange")
@@ -159,7 +160,8 @@ class SliceFetching:
                 pushes[rnd.endpoints[other]] = Push(
                     signed, held, results=partial(relay.outgoing, r, other, 0.0) if plan.send[other] else None,
                     expect=plan.receive[other], on_result=partial(self.store.take_result, r, other),
-                    on_end=partial(relay.ended, r, other), tail_s=self.push_wait_s)
+                    on_end=partial(relay.ended, r, other), tail_s=self.push_wait_s,
+                    ticket=sign_swap_ticket(self.identity, run_id=self.math.cfg.run_id, round_=r, to=other))
         return Trades(pushes=pushes, awaited=frozenset(awaits))
 
     def _fetch_inputs(self, rnd: SliceRound, wanted: list[tuple[str, int]],

@@ -263,7 +263,7 @@ class PushChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[Signed, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class SlicePush(_message.Message):
-    __slots__ = ("header", "slice", "start", "proof", "data", "want", "parts", "inputs_done", "results", "takes_results")
+    __slots__ = ("header", "slice", "start", "proof", "data", "want", "parts", "inputs_done", "results", "takes_results", "ticket")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SLICE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +274,7 @@ class SlicePush(_message.Message):
     INPUTS_DONE_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     TAKES_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     header: Signed
     slice: int
     start: bool
@@ -284,7 +285,8 @@ class SlicePush(_message.Message):
     inputs_done: bool
     results: _containers.RepeatedCompositeFieldContainer[Chunk]
     takes_results: bool
-    def __init__(self, header: _Optional[_Union[Signed, _Mapping]] = ..., slice: _Optional[int] = ..., start: _Optional[bool] = ..., proof: _Optional[_Iterable[bytes]] = ..., data: _Optional[bytes] = ..., want: _Optional[_Union[FetchRequest, _Mapping]] = ..., parts: _Optional[_Iterable[_Union[SlicePush, _Mapping]]] = ..., inputs_done: _Optional[bool] = ..., results: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., takes_results: _Optional[bool] = ...) -> None: ...
+    ticket: Signed
+    def __init__(self, header: _Optional[_Union[Signed, _Mapping]] = ..., slice: _Optional[int] = ..., start: _Optional[bool] = ..., proof: _Optional[_Iterable[bytes]] = ..., data: _Optional[bytes] = ..., want: _Optional[_Union[FetchRequest, _Mapping]] = ..., parts: _Optional[_Iterable[_Union[SlicePush, _Mapping]]] = ..., inputs_done: _Optional[bool] = ..., results: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., takes_results: _Optional[bool] = ..., ticket: _Optional[_Union[Signed, _Mapping]] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("accepted", "reason", "sha256", "refusal")
