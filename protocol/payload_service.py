@@ -263,9 +263,10 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                             if message.inputs_done:  # its slices end here: keep them now (our reduce may wait on them)
                                 kept = True
                                 self._keep(pushed)
-                                self.store.push_ended(header.root_bytes(), header.round)
-                                plan = await relay.plan(header.round, STALL_TIMEOUT.total_seconds())
-                                expected = {} if plan is None or not claimed else plan.receive.get(partner, {})
+                                if own:  # a replayer's end does not stop our wait for the partner's own push
+                                    self.store.push_ended(header.root_bytes(), header.round)
+                                plan = await relay.plan(header.round, STALL_TIMEOUT.total_seconds()) if claimed else None
+                                expected = {} if plan is None else plan.receive.get(partner, {})
                                 tail = ResultPieces(expected, lambda j, data: self.store.take_result(header.round, partner, j, data))
                         message = await anext(incoming, None)
                     whole = True
@@ -275,7 +276,8 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                 finally:  # what proved is kept even from a broken stream; whoever waits for the rest fetches it
                     if not kept:
                         self._keep(pushed, count_refused=whole)
-                        self.store.push_ended(header.root_bytes(), header.round)
+                        if own:
+                            self.store.push_ended(header.root_bytes(), header.round)
                     if claimed:
                         relay.ended(header.round, partner)
 

@@ -14,8 +14,9 @@ still collecting the signed results:
              most the run's result size, never empty (`ResultPieces`); the bytes are stored under
              their own sha256 while the partner owes them (PayloadStore.take_result): nothing is
              believed until the gather finds that sha256 signed by the slice's owners, exactly as
-             for bytes it fetched itself. Only the first stream under a partner's header in a round
-             takes its results or gets ours (anyone may replay a signed header)
+             for bytes it fetched itself. Only the partner's own stream, the first under its header
+             with its ticket naming us (protocol/swap_ticket.py: anyone may replay a signed header),
+             takes its results or gets ours
   gather     waits (bounded) until the results of the partners whose stream started are in or
              those streams ended (`wait_inbound`), then fetches whatever is still missing as before
 
@@ -133,8 +134,8 @@ class ResultRelay:
 
     def started(self, round_: int, partner: str) -> bool:
         """A stream with `partner` that will carry its results to us began (ours when we open it,
-        its own when it comes in). -> False when one already does (a second stream under the same
-        header: a replay, whose results we do not take)."""
+        its own when it comes in, under the partner's ticket). -> False when one already does (a
+        second ticketed stream: a replay, whose results we do not take)."""
         with self._lock:
             entry = self._round(round_)
             if partner in entry.taking:

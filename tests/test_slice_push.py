@@ -62,11 +62,14 @@ def owner():
     server.stop(0)
 
 
-def _trade(stub, signed, pushed, wanted=(1, 3)):
-    """A SwapSlices stream: `pushed` to the owner, its slices `wanted` back. -> what came back."""
+def _trade(stub, signed, pushed, wanted=(1, 3), ticket="author's"):
+    """A SwapSlices stream: `pushed` to the owner, its slices `wanted` back, under `ticket` (default:
+    the header's signer's for the owner, round 0). -> what came back."""
+    if ticket == "author's":
+        ticket = sign_swap_ticket(stub.author, run_id="run", round_=0, to=stub.owner_id)
     proven = merkle.ProvenNodes(THEIR_ROOT, len(THEIRS))
     plan = {stub.endpoint: [Wanted(max_size=1000, slice=j, proven=proven) for j in wanted]}
-    return fetch_streams(stub.pool, plan, pushes={stub.endpoint: Push(signed, pushed)})[stub.endpoint]
+    return fetch_streams(stub.pool, plan, pushes={stub.endpoint: Push(signed, pushed, ticket=ticket)})[stub.endpoint]
 
 
 def test_a_trade_keeps_the_pushed_slices_and_answers_the_request_in_one_stream(owner):
@@ -187,7 +190,10 @@ def test_a_push_that_ended_without_a_slice_ends_the_wait_for_it(owner):
     waited = threading.Thread(target=store.wait_slices, args=([(root, 0), (root, 2)], 600.0), kwargs={"until_push_ended": True},
                               daemon=True)
     waited.start()
-    _trade(stub, signed, [_item(0), _item(2, data=b"x" * len(SLICES[2]))])
+    _trade(stub, signed, [], ticket=None)  # a replayer's trade under the public header: its end ends no wait
+    waited.join(0.5)
+    assert waited.is_alive()
+    _trade(stub, signed, [_item(0), _item(2, data=b"x" * len(SLICES[2]))])  # the author's own
     waited.join(60)
     assert not waited.is_alive()  # old code: waited its 600 s
     assert store.get_slice(root, 0) is not None and store.get_slice(root, 2) is None
@@ -314,6 +320,8 @@ def test_a_trade_carries_both_owners_results_back_once_reduced(owner):
     store.results.open(0, RelayPlan(send={author: [7]}, receive={author: {9: 100}}, wait_s=5.0))
     came, got, ended = _tail_trade(stub, signed, [(9, b"nine" * 20)], {7: 100})
     assert [item.data for item in came] == [THEIRS[1]]  # the answer, before the owner reduced anything
+    # the answer and the take of our push run side by side at the owner: wait for the take, not a clock
+    store.wait_slices([(header.root_bytes(), 0)], 30.0)
     assert store.get_slice(header.root_bytes(), 0).payload == SLICES[0]  # kept at inputs_done, not at the stream's end
     assert not ended.is_set() and got == []
     store.results.put(0, 7, b"seven" * 10)  # the owner's reduce

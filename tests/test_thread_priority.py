@@ -73,6 +73,41 @@ def test_a_thread_started_by_an_idle_thread_inherits_idle():
 
 
 @linux
+def test_a_pool_whose_thread_started_before_the_lowering_keeps_its_priority():
+    """Why the node starts its state writer's thread at set-up (peer/node/node.py): a pool's thread
+    starts at its first submit, from the submitting thread, and inherits that thread's policy."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def lower_then_submit() -> tuple[int, int]:
+        early, late = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
+        try:
+            early.submit(lambda: None).result()
+            lower_this_thread("idle")
+            return early.submit(policy).result(), late.submit(policy).result()
+        finally:
+            early.shutdown()
+            late.shutdown()
+
+    before = policy()
+    assert in_thread(lower_then_submit) == (before, os.SCHED_IDLE)
+
+
+@linux
+def test_a_refused_lowering_leaves_training_at_its_priority_with_a_warning(monkeypatch, caplog):
+    def refuse(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(thread_priority.os, "sched_setscheduler", refuse)
+    monkeypatch.setattr(thread_priority.os, "setpriority", refuse)
+    monkeypatch.setattr(thread_priority.sys, "platform", "linux")
+    for mode in ("auto", "idle", "low"):
+        caplog.clear()
+        before = (policy(), nice())
+        assert in_thread(lambda: (lower_this_thread(mode), (policy(), nice()))[1]) == before
+        assert f"--train-priority {mode}: could not lower the training thread" in caplog.text
+
+
+@linux
 def test_auto_the_default_is_idle_on_linux():
     assert PeerOptions(coordinator="127.0.0.1:1").train_priority == "auto"
     assert resolve("auto") == "idle"

@@ -187,6 +187,10 @@ class PeerNode:
         self.pool = ChannelPool(self.counter)
         self.fetchers = ThreadPoolExecutor(max_workers=8, thread_name_prefix="swarmloco-fetch")
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="swarmloco-state")  # one write at a time, in order
+        # Its thread starts now, at our priority: one the training thread started after lowering itself
+        # (peer/node/thread_priority.py) would inherit SCHED_IDLE, and serving the state to joiners, the
+        # heartbeat's wake-up and the --resume save would wait for idle cores.
+        self.writer.submit(lambda: None).result()
         resumed = o.resume and self.state_path.exists() and load_local_state(
             self.state_path, config_hash=cfg.config_hash(), trainer=self.trainer, math=self.math)
         if resumed:  # --resume: θ_r and every local state as this peer last saved them

@@ -28,15 +28,21 @@ core. `--train-priority low` (session 19's default) keeps training a share besid
 Lowering needs no privilege; raising it back would (leaving SCHED_IDLE needs CAP_SYS_NICE or a
 raised RLIMIT_NICE), so it is done once, for the rest of the run, right after the first exchange
 started (that worker thread keeps the normal priority; threads the training thread starts later
-inherit the lower one). Only Linux has per-thread priorities: elsewhere "low" and "idle" are
-refused at start with what to do, and "auto" is "normal".
+inherit the lower one, so the node starts its own threads before: peer/node/node.py's state writer).
+Only the Python training thread is lowered: with `--threads` above 1, torch's worker threads, started
+at set-up, keep their priority (the benchmarks run one thread per peer). Where the OS refuses the
+change (a sandbox), training keeps its priority and a warning says so. Only Linux has per-thread
+priorities: elsewhere "low" and "idle" are refused at start with what to do, and "auto" is "normal".
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
+
+log = logging.getLogger(__name__)
 
 MODES = ("auto", "normal", "low", "idle")
 LOW_NICE_STEP = 5
@@ -65,7 +71,11 @@ def lower_this_thread(mode: str) -> None:
     """Lower the calling thread's CPU priority as `mode` says (no-op for "normal")."""
     resolved = resolve(mode)
     tid = threading.get_native_id()
-    if resolved == "idle":
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-    elif resolved == "low":
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + LOW_NICE_STEP))
+    try:
+        if resolved == "idle":
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        elif resolved == "low":
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + LOW_NICE_STEP))
+    except OSError as exc:  # a sandbox that refuses the policy: training goes on at its priority, said once
+        log.warning("--train-priority %s: could not lower the training thread (%s); it keeps its priority "
+                    "(pass --train-priority normal to silence this)", mode, exc)
