@@ -91,7 +91,7 @@ class StagedCodec:
     def cast_roundtrip(self, x: torch.Tensor) -> torch.Tensor | None:
         """decode(encode(x)) without the bytes, where that is a plain cast (no sparsifier, a dtype
         cast format): the same values bit for bit (the bytes are the cast's own); None otherwise."""
-        if self.sparsifier is None and isinstance(self.values, CastFormat):
+        if self.is_plain_cast:
             return x.to(self.values.dtype).to(torch.float32)
         return None
 
@@ -147,10 +147,15 @@ class StagedCodec:
             return values
         return self.sparsifier.decode(view[HEADER_SIZE:index_end], values, numel, seed)
 
+    @property
+    def is_plain_cast(self) -> bool:
+        """No sparsifier and a plain dtype cast (fp32 / fp16 / bf16): what cast_into() decodes."""
+        return self.sparsifier is None and isinstance(self.values, CastFormat)
+
     def cast_into(self, payloads: Sequence[bytes | memoryview], numel: int, out: torch.Tensor) -> list[CodecError | None]:
-        """decode_into() for a plain dtype cast (no sparsifier, a CastFormat): every payload's
-        length and header checked as decode() does, then all their values cast in one call."""
-        assert self.sparsifier is None and isinstance(self.values, CastFormat)
+        """decode_into() for a plain dtype cast (is_plain_cast): every payload's length and header
+        checked as decode() does, then all their values cast in one call."""
+        assert self.is_plain_cast
         errors: list[CodecError | None] = []
         size = self.values.size(numel)
         raw = bytearray(size * len(payloads))  # the values of every payload that decodes, back to back
@@ -194,7 +199,7 @@ def decode_into(codec: Codec, payloads: Sequence[bytes | memoryview], numel: int
     a thread makes lets the other threads of its process take the interpreter; on a busy machine
     each such hand-off then waits for a core. A plain dtype cast (the default fp16) decodes all rows
     in one call (StagedCodec.cast_into); other codecs one by one."""
-    if isinstance(codec, StagedCodec) and codec.sparsifier is None and isinstance(codec.values, CastFormat):
+    if isinstance(codec, StagedCodec) and codec.is_plain_cast:
         return codec.cast_into(payloads, numel, out)
     errors: list[CodecError | None] = []
     k = 0

@@ -247,6 +247,13 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
             own = ticket_holds(first.ticket if first.HasField("ticket") else None, header, self.own_peer_id)
             claimed = own and relay.started(header.round, partner)
 
+            def keep(count_refused: bool = True) -> None:
+                """Store what proved; the partner's own push ending stops the waits for the rest (a
+                replayer's end does not: the partner's own push may still bring it)."""
+                self._keep(pushed, count_refused=count_refused)
+                if own:
+                    self.store.push_ended(header.root_bytes(), header.round)
+
             async def take() -> None:  # beside the answer: both directions of the link at once
                 whole = kept = False
                 tail: ResultPieces | None = None
@@ -262,9 +269,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                             pushed.take(message)
                             if message.inputs_done:  # its slices end here: keep them now (our reduce may wait on them)
                                 kept = True
-                                self._keep(pushed)
-                                if own:  # a replayer's end does not stop our wait for the partner's own push
-                                    self.store.push_ended(header.root_bytes(), header.round)
+                                keep()
                                 plan = await relay.plan(header.round, STALL_TIMEOUT.total_seconds()) if claimed else None
                                 expected = {} if plan is None else plan.receive.get(partner, {})
                                 tail = ResultPieces(expected, lambda j, data: self.store.take_result(header.round, partner, j, data))
@@ -275,9 +280,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                     raise
                 finally:  # what proved is kept even from a broken stream; whoever waits for the rest fetches it
                     if not kept:
-                        self._keep(pushed, count_refused=whole)
-                        if own:
-                            self.store.push_ended(header.root_bytes(), header.round)
+                        keep(count_refused=whole)
                     if claimed:
                         relay.ended(header.round, partner)
 

@@ -62,11 +62,15 @@ def owner():
     server.stop(0)
 
 
+def _authors_ticket(stub):
+    """The header's signer's ticket for its trade with the owner, round 0 (protocol/swap_ticket.py)."""
+    return sign_swap_ticket(stub.author, run_id="run", round_=0, to=stub.owner_id)
+
+
 def _trade(stub, signed, pushed, wanted=(1, 3), ticket="author's"):
     """A SwapSlices stream: `pushed` to the owner, its slices `wanted` back, under `ticket` (default:
     the header's signer's for the owner, round 0). -> what came back."""
-    if ticket == "author's":
-        ticket = sign_swap_ticket(stub.author, run_id="run", round_=0, to=stub.owner_id)
+    ticket = _authors_ticket(stub) if ticket == "author's" else ticket
     proven = merkle.ProvenNodes(THEIR_ROOT, len(THEIRS))
     plan = {stub.endpoint: [Wanted(max_size=1000, slice=j, proven=proven) for j in wanted]}
     return fetch_streams(stub.pool, plan, pushes={stub.endpoint: Push(signed, pushed, ticket=ticket)})[stub.endpoint]
@@ -295,8 +299,7 @@ def _tail_trade(stub, signed, sent: list[tuple[int, bytes]], expect: dict[int, i
     """A trade with a tail (protocol/result_relay.py): our slice 0 pushed, their slice 1 wanted;
     then `sent` (our results) and what they owe us (`expect`), under `ticket` (default: the
     header's signer's for the owner, round 0). -> (answer, results we got, ended)."""
-    if ticket == "author's":
-        ticket = sign_swap_ticket(stub.author, run_id="run", round_=0, to=stub.owner_id)
+    ticket = _authors_ticket(stub) if ticket == "author's" else ticket
     got: list[tuple[int, bytes]] = []
     ended = threading.Event()
 
@@ -402,7 +405,7 @@ def test_a_trade_wanting_nothing_returns_at_once_and_its_tail_goes_on(owner):
     store.results.open(0, RelayPlan(send={header.peer_id: [7]}, receive={}, wait_s=5.0))
     got, ended = [], threading.Event()
     push = Push(signed, [_item(0)], expect={7: 100}, on_result=lambda j, data: got.append((j, data)), on_end=ended.set, tail_s=5.0,
-                ticket=sign_swap_ticket(stub.author, run_id="run", round_=0, to=stub.owner_id))
+                ticket=_authors_ticket(stub))
     assert fetch_streams(stub.pool, {}, pushes={stub.endpoint: push}) == {stub.endpoint: []}
     assert not ended.is_set()
     store.results.put(0, 7, b"seven")
