@@ -175,7 +175,7 @@ def test_last_sent_survives_resume_and_old_states_load():
         resumed.load_state_dict({**old, "last_sent": torch.ones(7)})
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(8))
 def test_restore_unapplied_keeps_the_dense_formulas_bits(seed):
     """The sparse restore (only the aggregate's exact zeros touched) against the dense formula it
     replaced, bit for bit, on vectors full of ±0.0, NaN and ±Inf in every operand."""
@@ -190,8 +190,13 @@ def test_restore_unapplied_keeps_the_dense_formulas_bits(seed):
     n = 4096
     feedback = ErrorFeedback(codecs.build("fp16"), n, keep_sent=True)
     residual, sent, applied = mixed(n), mixed(n), mixed(n)
+    if seed >= 4:  # a dense aggregate, no exact zero: the short path (with ±Inf too); with a NaN, the general one
+        applied = torch.randn(n, generator=g).clamp(-4, 4) + torch.where(torch.rand(n, generator=g) < 0.5, 8.0, -8.0)
+        applied[::97] = float("inf") if seed == 7 else float("nan") if seed == 6 else -5.0
     if seed % 2:
         applied = applied.to(torch.bfloat16 if seed % 3 else torch.float64)
+    if seed >= 4:
+        assert not bool((applied == 0).any())
     feedback.residual, feedback.last_sent = residual.clone(), sent.clone()
     lost = (applied == 0) & (sent != 0)
     expected = (residual + torch.where(lost, sent, 0.0)).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
