@@ -189,3 +189,19 @@ def test_a_slices_rows_decoded_at_once_are_the_one_by_one_decodes_bit_for_bit_an
     assert expected_reasons[4][0] == (Reason.NON_FINITE if cast else Reason.UNDECODABLE)
     assert len(expected_rows) == got.count(None)
     assert torch.equal(out[: len(expected_rows)], torch.stack(expected_rows))  # bit for bit, in order
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16])
+def test_finite_rows_flags_exactly_the_rows_with_nan_or_inf(dtype):
+    """slicing.finite_rows, the owner's check of a slice's decoded rows: a row with NaN, +Inf or
+    -Inf anywhere is flagged, a row of huge finite values (whose sum overflows) is not; numpy's
+    path (float16/32/64) and torch's (bfloat16) agree."""
+    big = torch.finfo(dtype).max
+    rows = torch.randn(6, 300).to(dtype)
+    rows[1, 299] = float("nan")
+    rows[2, 0] = float("inf")
+    rows[3, 150] = float("-inf")
+    rows[4] = big  # finite, but its sum is not
+    rows[5, ::2] = -big
+    assert slicing.finite_rows(rows) == [True, False, False, False, True, True]
+    assert slicing.finite_rows(rows[:1]) == [True] and slicing.finite_rows(rows[1:4]) == [False] * 3

@@ -163,8 +163,7 @@ class RoundMath:
         except codecs.CodecError as exc:  # the slice itself does not exist: no input decodes
             return [UpdateRejected(Reason.UNDECODABLE, f"slice {j} does not decode: {exc}") for _ in datas]
         k = errors.count(None)
-        # A float64 sum of float32 rows is finite exactly when every value is (it cannot overflow).
-        finite = torch.isfinite(out[:k].sum(dim=1, dtype=torch.float64)).tolist() if k else []
+        finite = slicing.finite_rows(out[:k]) if k else []
         if not all(finite):
             out[: sum(finite)] = out[:k][torch.tensor(finite)]  # the finite rows, in order, to the front
         decoded = iter(finite)
