@@ -7,6 +7,7 @@ The private key lives in a PEM file created with mode 0600 on first use (`--iden
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import secrets
@@ -31,10 +32,29 @@ def peer_id_of(public_key: bytes) -> str:
     return hashlib.sha256(public_key).hexdigest()[:32]
 
 
+# A peer checks the same small signed bodies more than once a round (an update header in the
+# manifest and again on its author's trade stream): ~120 us of Ed25519 each here. Verification is a
+# pure function of the three byte strings, so its answers for small bodies are kept, keyed by the
+# exact bytes: at most CACHED_VERIFICATIONS x (CACHED_MESSAGE_BYTES + 96) bytes held.
+CACHED_VERIFICATIONS = 1024
+CACHED_MESSAGE_BYTES = 4096
+
+
 def verify_signature(public_key: bytes, signature: bytes, message: bytes) -> bool:
     """True when `signature` is `public_key`'s Ed25519 signature of `message`; never raises."""
     if len(public_key) != PUBLIC_KEY_BYTES or len(signature) != SIGNATURE_BYTES:
         return False
+    if len(message) <= CACHED_MESSAGE_BYTES:
+        return _verified(bytes(public_key), bytes(signature), bytes(message))
+    return _verify(public_key, signature, message)
+
+
+@functools.lru_cache(maxsize=CACHED_VERIFICATIONS)
+def _verified(public_key: bytes, signature: bytes, message: bytes) -> bool:
+    return _verify(public_key, signature, message)
+
+
+def _verify(public_key: bytes, signature: bytes, message: bytes) -> bool:
     try:
         Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
         return True

@@ -88,3 +88,27 @@ def test_signed_body_roundtrip_and_tamper():
         open_signed(signed, "swarmloco/other")
     assert err.value.reason == "wrong-tag"
     assert not verify_signature(b"short", b"", b"")
+
+
+def test_a_kept_verification_answers_only_for_the_exact_bytes_it_checked():
+    """verify_signature keeps its answers for small bodies (protocol/identity.py): once a valid
+    triple is kept, a changed body, signature or key is still refused, and the same triple asked
+    again (also as bytearrays) is still accepted; a body above the kept size is checked every time."""
+    from protocol import identity
+
+    alice, mallory = Identity.generate(), Identity.generate()
+    body = b"header of round 7"
+    signature = alice.sign(body)
+    assert verify_signature(alice.public_key, signature, body)
+    hits = identity._verified.cache_info().hits
+    assert verify_signature(alice.public_key, signature, body)
+    assert verify_signature(bytearray(alice.public_key), bytearray(signature), bytearray(body))
+    assert identity._verified.cache_info().hits == hits + 2
+    assert not verify_signature(alice.public_key, signature, body + b"!")
+    assert not verify_signature(alice.public_key, bytes([signature[0] ^ 1]) + signature[1:], body)
+    assert not verify_signature(mallory.public_key, signature, body)
+    big = b"m" * (identity.CACHED_MESSAGE_BYTES + 1)
+    big_signature = alice.sign(big)
+    misses = identity._verified.cache_info().misses
+    assert verify_signature(alice.public_key, big_signature, big) and not verify_signature(alice.public_key, big_signature, big[:-1] + b"n")
+    assert identity._verified.cache_info().misses == misses
