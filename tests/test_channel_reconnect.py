@@ -12,6 +12,7 @@ from protocol.channels import create_channel
 from protocol.payload_service import PayloadServicer, serve_payloads
 from protocol.payload_store import PayloadStore
 from protocol.wire import swarm_pb2, swarm_pb2_grpc
+from tests.helpers import free_port
 
 
 def _serve(port: int = 0):
@@ -27,7 +28,9 @@ def _ask(channel) -> grpc.StatusCode:
 
 
 def test_a_fresh_channel_reaches_a_server_back_on_a_port_that_refused_a_moment_ago():
-    server, port = _serve()
+    # A port of free_port's block, not one the kernel picked: once freed, an ephemeral port can go to
+    # any other test's outgoing connection or server, and then the "refused" ask is answered.
+    server, port = _serve(free_port())
     server.stop(0)
     refused = create_channel(f"127.0.0.1:{port}")
     assert _ask(refused) == grpc.StatusCode.UNAVAILABLE  # nobody there: refused, that channel backs off
