@@ -31,7 +31,7 @@ def test_a_fresh_channel_reaches_a_server_back_on_a_port_that_refused_a_moment_a
     # A port of free_port's block, not one the kernel picked: once freed, an ephemeral port can go to
     # any other test's outgoing connection or server, and then the "refused" ask is answered.
     server, port = _serve(free_port())
-    server.stop(0)
+    assert server.stop(0).wait(30)  # stop() returns at once: a server still listening would answer the ask below
     refused = create_channel(f"127.0.0.1:{port}")
     assert _ask(refused) == grpc.StatusCode.UNAVAILABLE  # nobody there: refused, that channel backs off
     again, _ = _serve(port)
