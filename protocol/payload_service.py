@@ -247,6 +247,8 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
             own = ticket_holds(first.ticket if first.HasField("ticket") else None, header, self.own_peer_id)
             claimed = own and relay.started(header.round, partner)
 
+            started = False  # take() ran its first step: its finally then does the clean-up below
+
             def keep(count_refused: bool = True) -> None:
                 """Store what proved; the partner's own push ending stops the waits for the rest (a
                 replayer's end does not: the partner's own push may still bring it)."""
@@ -255,6 +257,8 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                     self.store.push_ended(header.root_bytes(), header.round)
 
             async def take() -> None:  # beside the answer: both directions of the link at once
+                nonlocal started
+                started = True
                 whole = kept = False
                 tail: ResultPieces | None = None
                 message: swarm_pb2.SlicePush | None = first
@@ -284,6 +288,18 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                     if claimed:
                         relay.ended(header.round, partner)
 
+            def finish_unstarted() -> None:
+                """take()'s clean-up for a stream whose answer failed before take() first ran: what
+                the first message brought is kept (if it proves), the owner's waits on this push and
+                on the partner's results end (it fetches them instead)."""
+                try:
+                    pushed.take(first)
+                except RpcAbort:
+                    pass
+                keep(count_refused=False)
+                if claimed:
+                    relay.ended(header.round, partner)
+
             taking = asyncio.ensure_future(take())
             for message in self._serve_items(first.want):
                 yield message
@@ -298,6 +314,8 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                 if taking.done() and not taking.cancelled():
                     taking.exception()  # retrieved: a failed push already ended the call (or is moot once the answer failed)
                 taking.cancel()
+                if not started:  # the answer failed before take() first ran: a task cancelled then never runs its finally
+                    finish_unstarted()
 
     def _pushed_header(self, signed: swarm_pb2.Signed) -> UpdateHeader:
         """A pushed update's header, verified, and of a round near ours; EnvelopeError otherwise."""

@@ -17,7 +17,7 @@ from protocol.envelope import build_update_header, sign_update
 from protocol.identity import Identity
 from protocol.payload_fetch import ChannelPool
 from protocol.batched_fetch import Push, PushProgress, Wanted, fetch_streams
-from protocol.payload_service import PayloadServicer, serve_payloads
+from protocol.payload_service import MAX_ITEMS, PayloadServicer, serve_payloads
 from protocol.payload_store import PayloadStore, StoredSlice
 from protocol.result_relay import RelayPlan
 from protocol.slice_push import push_slices
@@ -411,3 +411,27 @@ def test_a_trade_wanting_nothing_returns_at_once_and_its_tail_goes_on(owner):
     store.results.put(0, 7, b"seven")
     assert ended.wait(5.0) and got == [(7, b"seven")]
     assert store.get_slice(header.root_bytes(), 0).payload == SLICES[0]
+
+
+def test_a_trade_whose_answer_fails_at_once_still_ends_the_owners_waits_and_keeps_what_it_pushed(owner):
+    """The owner's answer fails before the stream's take of the push first runs (here: a request for
+    more items than one fetch may name). The take's clean-up still happens: the proven slice of
+    the first message is kept, the owner's wait for the rest of the push ends (it fetches it), and
+    so does the gather's wait for the partner's results (old code: the cancelled take never ran its
+    clean-up, and both waits ran to their timeouts)."""
+    header, signed, store, stub = owner
+    author, root = header.peer_id, header.root_bytes()
+    store.results.open(0, RelayPlan(send={author: [7]}, receive={author: {9: 100}}, wait_s=600.0))
+    waited = threading.Thread(target=store.wait_slices, args=([(root, 0), (root, 2)], 600.0), kwargs={"until_push_ended": True},
+                              daemon=True)
+    waited.start()
+    _, held = _item(0)
+    first = next(push_slices(signed, [(0, held)], ticket=_authors_ticket(stub), takes_results=True,
+                             want=swarm_pb2.FetchRequest(items=[swarm_pb2.FetchItem(slice=1, slices_root=THEIR_ROOT)] * (MAX_ITEMS + 1))))
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.SwapSlices(iter([first]), timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "items in one fetch" in err.value.details()
+    waited.join(60)
+    assert not waited.is_alive()
+    assert store.get_slice(root, 0).payload == SLICES[0] and store.get_slice(root, 2) is None
+    assert store.results.wait_inbound(0, 5.0)
