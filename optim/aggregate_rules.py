@@ -162,7 +162,7 @@ def _numpy_network(rows: torch.Tensor, n: int) -> list[torch.Tensor]:
     minimum / maximum leave them."""
     work = rows.detach().numpy().copy()  # (n, d)
     values = list(work)  # n row views
-    spare = np.empty_like(values[0]) if n > 1 else None
+    spare = np.empty_like(values[0])
     for i, j in _comparators(n):
         np.minimum(values[i], values[j], out=spare)
         np.maximum(values[i], values[j], out=values[j])

@@ -344,15 +344,13 @@ class ErrorFeedback:
         # says so at a fifth of the == / nonzero passes (NaN propagates: then the general path).
         applied = applied.detach().to("cpu")
         restored = 0
+        self.residual.add_(0.0)
         if applied.numel() and not float(applied.abs().min()) > 0:
             zeros = (applied == 0).nonzero().squeeze(1)  # (z,) int64
             sent = self.last_sent[zeros]  # (z,)
             kept = sent != 0
-            self.residual.add_(0.0)
             self.residual[zeros] += torch.where(kept, sent, 0.0)
             restored = int(kept.sum())
-        else:
-            self.residual.add_(0.0)  # the same bits as the general path: -0.0 + 0.0 = +0.0
         self.residual.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
         self.last_sent = None
         return restored

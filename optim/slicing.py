@@ -44,18 +44,15 @@ from optim.stat_quant import StatFormat
 
 
 def all_finite(values: torch.Tensor) -> bool:
-    """No NaN or Inf in `values`. On the CPU numpy's isfinite mask: 4x cheaper than two torch
-    reductions on a 31K-value slice (per-call overhead) and ~1.6x on 10M values; elsewhere max and
-    min, which propagate NaN and reach ±Inf, one pass each."""
-    if values.device.type == "cpu" and values.dtype in _NUMPY_FLOATS:
-        return bool(np.isfinite(values.detach().numpy()).all())
-    return bool(torch.isfinite(values.amax())) and bool(torch.isfinite(values.amin()))
+    """No NaN or Inf in `values`: finite_rows over them as one row."""
+    return finite_rows(values.reshape(1, -1))[0]
 
 
 def finite_rows(rows: torch.Tensor) -> list[bool]:
-    """(n, s) -> per row: no NaN or Inf in it. As all_finite: numpy's mask on the CPU (an (8, 31K)
-    slice: ~35 us here, against ~330 us for a float64 row sum and ~70 us for max and min), else
-    max and min per row."""
+    """(n, s) -> per row: no NaN or Inf in it. On the CPU numpy's isfinite mask: 4x cheaper than two
+    torch reductions on a 31K-value slice (per-call overhead), ~1.6x on 10M values, and ~10x
+    cheaper than a float64 row sum on an (8, 31K) slice; elsewhere max and min per row, which
+    propagate NaN and reach ±Inf, one pass each."""
     if rows.device.type == "cpu" and rows.dtype in _NUMPY_FLOATS:
         return np.isfinite(rows.detach().numpy()).all(axis=1).tolist()
     return (torch.isfinite(rows.amax(dim=1)) & torch.isfinite(rows.amin(dim=1))).tolist()

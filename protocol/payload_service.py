@@ -8,6 +8,8 @@ any node is as good as the author's: nodes re-serve what they verified (gossip, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 from typing import Callable, Iterable, Iterator
 
 import grpc
@@ -247,8 +249,6 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
             own = ticket_holds(first.ticket if first.HasField("ticket") else None, header, self.own_peer_id)
             claimed = own and relay.started(header.round, partner)
 
-            started = False  # take() ran its first step: its finally then does the clean-up below
-
             def keep(count_refused: bool = True) -> None:
                 """Store what proved; the partner's own push ending stops the waits for the rest (a
                 replayer's end does not: the partner's own push may still bring it)."""
@@ -256,9 +256,15 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                 if own:
                     self.store.push_ended(header.root_bytes(), header.round)
 
+            def finish(*, kept: bool, whole: bool) -> None:
+                """A take's end, however it ended: what proved is kept even from a broken stream
+                (whoever waits for the rest fetches it), and the wait for the partner's results ends."""
+                if not kept:
+                    keep(count_refused=whole)
+                if claimed:
+                    relay.ended(header.round, partner)
+
             async def take() -> None:  # beside the answer: both directions of the link at once
-                nonlocal started
-                started = True
                 whole = kept = False
                 tail: ResultPieces | None = None
                 message: swarm_pb2.SlicePush | None = first
@@ -282,25 +288,18 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                 except RpcAbort:
                     self.on_reject("malformed")
                     raise
-                finally:  # what proved is kept even from a broken stream; whoever waits for the rest fetches it
-                    if not kept:
-                        keep(count_refused=whole)
-                    if claimed:
-                        relay.ended(header.round, partner)
+                finally:
+                    finish(kept=kept, whole=whole)
 
             def finish_unstarted() -> None:
-                """take()'s clean-up for a stream whose answer failed before take() first ran: what
-                the first message brought is kept (if it proves), the owner's waits on this push and
-                on the partner's results end (it fetches them instead)."""
-                try:
+                """The answer failed before take() first ran (a task cancelled then never runs its
+                body, finally included): what the first message brought is kept if it proves."""
+                with contextlib.suppress(RpcAbort):
                     pushed.take(first)
-                except RpcAbort:
-                    pass
-                keep(count_refused=False)
-                if claimed:
-                    relay.ended(header.round, partner)
+                finish(kept=False, whole=False)
 
-            taking = asyncio.ensure_future(take())
+            taking_body = take()
+            taking = asyncio.ensure_future(taking_body)
             for message in self._serve_items(first.want):
                 yield message
             if first.takes_results and own:  # then our aggregated slices it gathers from us, once reduced (protocol/result_relay.py)
@@ -314,7 +313,7 @@ class PayloadServicer(swarm_pb2_grpc.PeerServicer):
                 if taking.done() and not taking.cancelled():
                     taking.exception()  # retrieved: a failed push already ended the call (or is moot once the answer failed)
                 taking.cancel()
-                if not started:  # the answer failed before take() first ran: a task cancelled then never runs its finally
+                if inspect.getcoroutinestate(taking_body) == inspect.CORO_CREATED:
                     finish_unstarted()
 
     def _pushed_header(self, signed: swarm_pb2.Signed) -> UpdateHeader:
