@@ -95,7 +95,8 @@ class StagedCodec:
             return x.to(self.values.dtype).to(torch.float32)
         return None
 
-    def _header(self) -> bytes:
+    def header(self) -> bytes:
+        """The HEADER_SIZE bytes every payload of this codec starts with."""
         return struct.pack("<BBH", MAGIC, FORMAT_VERSION, zlib.crc32(self.spec.encode()) & 0xFFFF)
 
     def _layout(self, numel: int) -> tuple[int, int]:
@@ -128,7 +129,7 @@ class StagedCodec:
             raise CodecError(f"{self.spec}: not a swarmloco codec payload (first byte {magic:#04x})")
         if version != FORMAT_VERSION:
             raise CodecError(f"{self.spec}: payload format version {version}, this build reads {FORMAT_VERSION}")
-        if view[:HEADER_SIZE] != self._header():
+        if view[:HEADER_SIZE] != self.header():
             raise CodecError(f"{self.spec}: payload was made by a different codec (spec tag {tag:#06x})")
 
     def encode(self, x: torch.Tensor, *, seed: int = 0) -> bytes:
@@ -136,9 +137,9 @@ class StagedCodec:
             raise ValueError(f"{self.spec}: encode expects a flat (d,) float tensor, got {_describe(x)}")
         x = x.detach().to(device="cpu", dtype=torch.float32).contiguous()
         if self.sparsifier is None:
-            return self._header() + self.values.encode(x)
+            return self.header() + self.values.encode(x)
         index_bytes, kept = self.sparsifier.encode(x, seed)
-        return self._header() + index_bytes + self.values.encode(kept)
+        return self.header() + index_bytes + self.values.encode(kept)
 
     def decode(self, payload: bytes, numel: int, *, seed: int = 0) -> torch.Tensor:
         view, index_end, num_values = self._checked(payload, numel)

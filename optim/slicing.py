@@ -154,7 +154,22 @@ class SlicedCodec:
 
     def encode(self, x: torch.Tensor, *, seed: int = 0) -> bytes:
         self._check_numel(x.numel())
+        if isinstance(self.codec, StagedCodec) and self.codec.is_plain_cast and x.dim() == 1 and x.is_floating_point():
+            return self._encode_cast(x)
         return b"".join(self.encode_slice(x[self.layout.range(j)], j, seed=seed) for j in range(self.layout.num_slices))
+
+    def _encode_cast(self, x: torch.Tensor) -> bytes:
+        """encode() for a plain dtype cast: every slice's payload is the codec's header and the
+        slice's values cast, so the whole vector is cast once and the payloads are cut from it
+        (32 slices of 1M values: one cast and one join instead of 32 casts, copies and joins)."""
+        cast = x.detach().to(device="cpu", dtype=torch.float32).to(self.codec.values.dtype).contiguous()  # (d,)
+        raw = memoryview(cast.view(torch.uint8).numpy())
+        header, width = self.codec.header(), cast.element_size()
+        bounds = self.layout.bounds
+        pieces = []
+        for start, end in zip(bounds, bounds[1:]):
+            pieces += (header, raw[start * width : end * width])
+        return b"".join(pieces)
 
     def encode_slice(self, values: torch.Tensor, j: int, *, seed: int = 0) -> bytes:
         return self.codec.encode(values, seed=slice_seed(seed, j))
@@ -286,14 +301,24 @@ def encode_result(values: torch.Tensor, fmt: str) -> bytes:
 def decode_result(data: bytes, size: int, fmt: str) -> torch.Tensor:
     """Bytes of an aggregated slice -> (size,) float32; CodecError for a wrong length, bytes the
     format cannot hold, or non-finite values."""
-    if is_dense_result(fmt):
-        dtype = RESULT_DTYPES[fmt]
-        expected = size * torch.empty((), dtype=dtype).element_size()
-        if len(data) != expected:
-            raise CodecError(f"aggregated slice: expected {expected} bytes for {size} {fmt} values, got {len(data)}")
-        values = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).to(torch.float32)
-    else:
-        values = result_codec(fmt).decode(bytes(data), size, seed=RESULT_SEED)
+    values = torch.empty(size)
+    decode_result_into(data, values, fmt)
     if not all_finite(values):
         raise CodecError("aggregated slice holds NaN or Inf values")
     return values
+
+
+def decode_result_into(data: bytes, out: torch.Tensor, fmt: str) -> None:
+    """decode_result() written into `out` ((size,) float32, e.g. a slice's range of the whole
+    aggregate) WITHOUT its finiteness check, which the caller runs over what it wrote (a gather:
+    once over many slices, not once per slice); CodecError for a wrong length or bytes the format
+    cannot hold."""
+    size = out.numel()
+    if is_dense_result(fmt):
+        dtype = RESULT_DTYPES[fmt]
+        expected = size * dtype.itemsize
+        if len(data) != expected:
+            raise CodecError(f"aggregated slice: expected {expected} bytes for {size} {fmt} values, got {len(data)}")
+        out.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype))  # the cast to float32 in the copy
+    else:
+        out.copy_(result_codec(fmt).decode(bytes(data), size, seed=RESULT_SEED))

@@ -86,11 +86,13 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
 
     def swarm_round(i: int, round_: int, coordinator_key: bytes) -> dict:
         peer, profile = peers[i], profiles[i]
+        # The CPU counters are read outside the barriers (before the first, after the second): read
+        # inside, ~1 ms of /proc reads per worker ran on the shared cores in other workers' rounds.
+        threads0 = thread_cpu_s()
+        s0 = cpu_s(pids)
         barrier.wait()
         before = peer.counter.total()
         gc_s[:] = [0.0, 0.0]
-        threads0 = thread_cpu_s()
-        s0 = cpu_s(pids)
         t0 = time.perf_counter()
         with profile or _nothing():
             conn.send(("header", *peer.commit(round_)))
@@ -104,11 +106,11 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
             t_results = time.perf_counter()
             params = peer.gather(results, round_)
             t_end = time.perf_counter()
-        s1 = cpu_s(pids)
-        threads1 = thread_cpu_s()
         after = peer.counter.total()
         outcome = peer.outcome
         barrier.wait(timeout=300)  # the checks below run once every worker's round is over, not inside a slower one's
+        s1 = cpu_s(pids)
+        threads1 = thread_cpu_s()
         return {
             "round_s": t_end - t0, "encode_s": t_encoded - t0, "manifest_s": t_manifest - t_encoded,
             "reduce_s": t_reduced - t_manifest, "results_s": t_results - t_reduced, "gather_s": t_end - t_results,
@@ -136,8 +138,8 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
         matched = control.stage == AveragingStage.AWAITING_TRIGGER
         if not matched:
             control.cancel()
+        s0 = cpu_s(pids)  # outside the barriers, as swarm_round's
         barrier.wait(timeout=300)
-        s0 = cpu_s(pids)
         t0 = time.perf_counter()
         group = None
         if matched:
@@ -147,8 +149,8 @@ def run_worker(rank: int, n: int, numel: int, precision: str, spec_fields: list[
             except Exception:  # noqa: BLE001 - a failed or timed-out all-reduce: the parent retries the round
                 control.cancel()
         t_end = time.perf_counter()
-        s1 = cpu_s(pids)
         barrier.wait(timeout=300)  # as swarm_round: the check after every worker's round
+        s1 = cpu_s(pids)
         with averager.get_tensors() as tensors:
             error = float((tensors[0] - exact_mean).abs().max())
         return {"round_s": t_end - t0, "group_size": len(group) if group else 0, "max_abs_error": error, "cpu_s": s1 - s0,

@@ -418,8 +418,10 @@ def test_a_spot_check_asks_no_author_that_every_owner_left_out(slice_nodes):
     assert torch.equal(outcome.combined, nodes[1].exchange.gather(rounds[1], batches, spot_checks=0).combined)
 
 
-def test_agreed_bytes_that_do_not_decode_are_recomputed_and_their_signers_named(slice_nodes):
-    """Both owners of slice 2 sign the same bytes, which are no aggregate (one byte short): a gather
+@pytest.mark.parametrize("garble", ["short", "nan"])
+def test_agreed_bytes_that_do_not_decode_are_recomputed_and_their_signers_named(slice_nodes, garble):
+    """Both owners of slice 2 sign the same bytes, which are no aggregate (one byte short, or the
+    right length with a NaN: caught by the check over the run of slices decoded together): a gather
     takes the agreed claim, fails to decode it, recomputes the slice from its signed inputs and names
     both signers, with every other slice decoded as agreed."""
     cfg, nodes = slice_nodes
@@ -433,7 +435,7 @@ def test_agreed_bytes_that_do_not_decode_are_recomputed_and_their_signers_named(
         node, results = nodes[i], []
         for data, res in node.exchange.reduce_owned_slices(rounds[i]):
             if res.slice == 2:
-                bad = data[:-1]
+                bad = data[:-1] if garble == "short" else data[:4] + b"\x00\x00\xc0\x7f" + data[8:]  # NaN in fp16 and fp32
                 sha = hashlib.sha256(bad).hexdigest()
                 node.store.put_blob(sha, res.round, bad)
                 res = dataclasses.replace(res, result_sha256=sha, result_size=len(bad))

@@ -205,3 +205,23 @@ def test_finite_rows_flags_exactly_the_rows_with_nan_or_inf(dtype):
     rows[5, ::2] = -big
     assert slicing.finite_rows(rows) == [True, False, False, False, True, True]
     assert slicing.finite_rows(rows[:1]) == [True] and slicing.finite_rows(rows[1:4]) == [False] * 3
+
+
+@pytest.mark.parametrize("codec", ["fp16", "bf16", "fp32"])
+def test_a_cast_codecs_whole_vector_encode_is_its_slices_own_encodes_bit_for_bit(codec):
+    """SlicedCodec.encode casts a plain-cast codec's vector once and cuts the payloads from it: the
+    bytes are each slice's own encode (codec header + values), also for NaN, ±Inf, -0.0, values past
+    fp16's range and a float64 input; a wrong shape or an integer tensor is refused as before."""
+    c = codecs.build(codec)
+    sliced = slicing.SlicedCodec(c, slicing.SliceLayout.build(1000, 7, slicing.codec_alignment(c)))
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(5)) * 1e3
+    x[[3, 400, 999]] = torch.tensor([float("nan"), float("inf"), float("-inf")])
+    x[10], x[11] = -0.0, 1e6  # 1e6: past fp16's range
+    for v in (x, x.double()):
+        expected = b"".join(c.encode(v[sliced.layout.range(j)].float()) for j in range(sliced.layout.num_slices))
+        assert sliced.encode(v) == expected
+        assert sliced.split(sliced.encode(v)) == [c.encode(v[sliced.layout.range(j)].float()) for j in range(sliced.layout.num_slices)]
+    with pytest.raises(ValueError):
+        sliced.encode(x.view(10, 100))
+    with pytest.raises(ValueError):
+        sliced.encode(torch.arange(1000))

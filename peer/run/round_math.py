@@ -199,6 +199,24 @@ class RoundMath:
         """An aggregated slice's bytes -> (s_j,) float32 (raises CodecError)."""
         return slicing.decode_result(data, self.layout.size(j), self.result_format)
 
+    def decode_results_into(self, results: dict[int, bytes], out: torch.Tensor) -> list[int]:
+        """Aggregated slices' bytes ({j: bytes}) decoded into their ranges of `out` ((d,) float32);
+        -> the slices refused (a wrong length, bytes the format cannot hold, NaN or Inf), whose
+        ranges hold no promise. decode_result's checks, with the finiteness check run once per
+        run of adjacent slices (two numpy passes a gather, not one per slice)."""
+        refused, written = [], []
+        for j, data in results.items():
+            try:
+                slicing.decode_result_into(data, out[self.layout.range(j)], self.result_format)
+                written.append(j)
+            except codecs.CodecError:
+                refused.append(j)
+        bounds = self.layout.bounds
+        for run in _adjacent_runs(sorted(written)):
+            if not slicing.all_finite(out[bounds[run[0]] : bounds[run[-1] + 1]]):
+                refused += [j for j in run if not slicing.all_finite(out[self.layout.range(j)])]
+        return sorted(refused)
+
     def max_result_bytes(self) -> int:
         return max(self.layout.size(j) for j in range(self.layout.num_slices)) * 4
 
@@ -304,3 +322,13 @@ class RoundMath:
 
     single_thread = staticmethod(single_thread)
 
+
+def _adjacent_runs(ordered: list[int]) -> list[list[int]]:
+    """[0, 1, 2, 5, 6, 9] -> [[0, 1, 2], [5, 6], [9]]."""
+    runs: list[list[int]] = []
+    for j in ordered:
+        if runs and runs[-1][-1] == j - 1:
+            runs[-1].append(j)
+        else:
+            runs.append([j])
+    return runs

@@ -300,24 +300,24 @@ class SliceExchange(SliceFetching):
         # A held slice is decoded here (tens of microseconds for a small slice), not handed to a slice
         # thread and back (32 hand-offs a round cost more than the decodes); what must fetch or
         # recompute, or held bytes that do not decode, go to the slice threads, submitted first.
-        ready = {j: held(j) for j in range(layout.num_slices)}
-        pooled = [self.slice_workers.submit(one, j) for j, item in ready.items() if item is None]
-        done = []
+        ready = {j: item for j in range(layout.num_slices) if (item := held(j)) is not None}
+        pooled = [self.slice_workers.submit(one, j) for j in range(layout.num_slices) if j not in ready]
+        done: list[tuple[int, bytes, torch.Tensor | None, list[Lie], bool, dict[str, str]]] = []
         try:
-            for j, item in ready.items():
-                if item is None:
-                    continue
-                try:
-                    done.append(take(j, *item))
-                except ValueError:  # agreed bytes that cannot be an aggregate: recomputation says who lied
-                    pooled.append(self.slice_workers.submit(one, j))
+            # Held slices decode straight into their ranges of the aggregate (values None below),
+            # checked finite once per run of adjacent slices; agreed bytes that cannot be an
+            # aggregate go to recomputation, which says who lied.
+            refused = self.math.decode_results_into({j: data for j, (data, _) in ready.items()}, outcome.combined)
+            pooled += [self.slice_workers.submit(one, j) for j in refused]
+            done = [(j, data, None, [], False, dict(signers[0].excluded)) for j, (data, signers) in ready.items() if j not in refused]
             done = sorted(done + [future.result() for future in pooled], key=lambda out: out[0])
         except BaseException:
             for future in pooled:
                 future.cancel()
             raise
         for j, data, values, liars, recomputed, excluded in done:
-            outcome.combined[layout.range(j)] = values
+            if values is not None:
+                outcome.combined[layout.range(j)] = values
             outcome.result_bytes += len(data)
             outcome.liars.extend(liars)
             outcome.excluded[j] = excluded
