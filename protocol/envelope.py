@@ -24,8 +24,12 @@ from protocol.keys import CoordinatorKeys
 from protocol.reasons import Reason
 from protocol.signing import SignatureError, canonical_body, open_signed, sign_body
 
-UPDATE_TAG = "swarmloco/update-header/v4"  # v4: the work done (inner_steps, tokens); v3: a Merkle root over the slice hashes
-OLD_UPDATE_TAGS = ("swarmloco/update-header/v3", "swarmloco/update-header/v2", "swarmloco/update-header/v1")
+# v5: a sliced update's payload_sha256 is its sliced commitment (sliced_payload_sha256); v4: the work
+# done (inner_steps, tokens); v3: a Merkle root over the slice hashes
+UPDATE_TAG = "swarmloco/update-header/v5"
+OLD_UPDATE_TAGS = ("swarmloco/update-header/v4", "swarmloco/update-header/v3", "swarmloco/update-header/v2",
+                   "swarmloco/update-header/v1")
+SLICED_COMMITMENT_TAG = b"swarmloco/sliced-payload/v1\n"
 MAX_INNER_STEPS = 1 << 20  # no header claims more inner steps than this, whatever the run (a run bounds it lower)
 MANIFEST_TAG = "swarmloco/round-manifest/v3"  # v3: headers without the fields they share; v2: owners as indices
 JOIN_TAG = "swarmloco/join/v1"
@@ -63,6 +67,16 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def sliced_payload_sha256(root: bytes, payload_size: int) -> str:
+    """A sliced update's payload_sha256: sha256 over its slices' Merkle root and the payload's size,
+    not over the payload's bytes. The root commits to every slice's bytes (each slice delimits
+    itself, so their concatenation is the payload): the same commitment, without the author
+    hashing its whole payload a second time (the slices are hashed for the root anyway: 2 MB of
+    a 4 MB hash per round at 1M fp16 values). open_update holds a sliced header to it, so one
+    payload_sha256 (the manifest's commitment, the owner draw's seed) names one root."""
+    return hashlib.sha256(SLICED_COMMITMENT_TAG + root + payload_size.to_bytes(8, "big")).hexdigest()
+
+
 def build_update_header(*, run_id: str, round_: int, peer_id: str, codec: str, numel: int, layout_hash: str,
                         base_param_hash: str, payload: bytes, slices: Iterable[str] = (), inner_steps: int = 0,
                         tokens: int = 0) -> UpdateHeader:
@@ -70,9 +84,11 @@ def build_update_header(*, run_id: str, round_: int, peer_id: str, codec: str, n
     its slices' Merkle root from their sha256 hex digests (`slices`, in slice order; none: not sliced);
     `inner_steps` and `tokens`: the work the update stands for."""
     digests = [bytes.fromhex(h) for h in slices]
-    top = base64.b64encode(merkle.root(digests)).decode() if digests else ""
+    root = merkle.root(digests) if digests else b""
+    top = base64.b64encode(root).decode() if digests else ""
+    sha = sliced_payload_sha256(root, len(payload)) if digests else sha256_hex(payload)
     return UpdateHeader(run_id=run_id, round=round_, peer_id=peer_id, codec=codec, numel=numel, layout_hash=layout_hash,
-                        base_param_hash=base_param_hash, payload_sha256=sha256_hex(payload), payload_size=len(payload),
+                        base_param_hash=base_param_hash, payload_sha256=sha, payload_size=len(payload),
                         slices_root=top, num_slices=len(digests), inner_steps=inner_steps, tokens=tokens)
 
 
@@ -138,7 +154,7 @@ def open_update(
     for old in OLD_UPDATE_TAGS:
         if signed.body.startswith(old.encode() + b"\n"):
             raise EnvelopeError("wrong-tag", f"update header is in the old format {old!r}; this swarm signs {UPDATE_TAG!r} "
-                                             f"(a Merkle root, the work done): upgrade swarmloco on that peer")
+                                             f"(a sliced update commits to its Merkle root and size): upgrade swarmloco on that peer")
     fields, signer = open_envelope(signed, UPDATE_TAG, "update header")
     header = UpdateHeader(
         run_id=_field(fields, "run_id", str),
@@ -175,6 +191,8 @@ def open_update(
         raise EnvelopeError("wrong-layout", f"update commits to {header.num_slices} slices, the run's exchange needs {num_slices}")
     if num_slices and unpack_digests(header.slices_root, field_name="slices_root", limit=1) == []:
         raise EnvelopeError("malformed", "update header field 'slices_root' is empty: a sliced update commits to a Merkle root")
+    if num_slices and header.payload_sha256 != sliced_payload_sha256(header.root_bytes(), header.payload_size):
+        raise EnvelopeError("malformed", "a sliced update's payload_sha256 is not the commitment to its slices_root and size")
     if not num_slices and header.slices_root:
         raise EnvelopeError("malformed", "update header commits to a slices_root but no slices")
     check_work(header, max_inner_steps=max_inner_steps, tokens_per_step=tokens_per_step)
@@ -200,6 +218,10 @@ def _is_sha256(value: object) -> bool:
 
 
 def check_payload(header: UpdateHeader, payload: bytes) -> None:
+    """A whole payload against its signed header. A sliced update's payload is checked slice by
+    slice against its Merkle root instead (each slice with its proof), never whole."""
+    if header.num_slices:
+        raise EnvelopeError("hash-mismatch", "a sliced update's payload is checked slice by slice against its Merkle root, not whole")
     if len(payload) != header.payload_size:
         raise EnvelopeError("size-mismatch", f"payload has {len(payload)} bytes, header declares {header.payload_size}")
     if sha256_hex(payload) != header.payload_sha256:

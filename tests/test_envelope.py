@@ -142,6 +142,36 @@ def test_sliced_header_commits_to_a_merkle_root_whatever_the_slice_count():
     assert err.value.reason == "wrong-layout"
 
 
+def test_a_sliced_headers_payload_sha256_is_the_commitment_to_its_root_and_size():
+    """A sliced update commits through its Merkle root: payload_sha256 is sha256 over the root and
+    the size (not a second hash of the whole payload), and a header whose payload_sha256 is anything
+    else (the whole payload's sha256 as v4 signed, or another root's commitment: two roots under one
+    commitment) is refused; its payload is never checked whole."""
+    from protocol.envelope import sliced_payload_sha256
+
+    me = Identity.generate()
+    header = sliced_header(me)
+    assert header.payload_sha256 == sliced_payload_sha256(header.root_bytes(), len(PAYLOAD)) != sha256_hex(PAYLOAD)
+    other_root = sliced_header(me, num_slices=27)
+    assert other_root.payload_sha256 != header.payload_sha256
+    for sha in (sha256_hex(PAYLOAD), sliced_payload_sha256(header.root_bytes(), len(PAYLOAD) + 1), other_root.payload_sha256):
+        with pytest.raises(EnvelopeError, match="commitment to its slices_root") as err:
+            open_update(sign_update(me, dataclasses.replace(header, payload_sha256=sha)), **EXPECT, num_slices=28)
+        assert err.value.reason == "malformed"
+    with pytest.raises(EnvelopeError, match="slice by slice"):
+        check_payload(header, PAYLOAD)
+
+
+def test_a_v4_update_header_is_refused_with_what_to_do():
+    from protocol.signing import sign_body
+
+    me = Identity.generate()
+    old = sign_body(me, "swarmloco/update-header/v4", dataclasses.asdict(sliced_header(me, payload_sha256=sha256_hex(PAYLOAD))))
+    with pytest.raises(EnvelopeError, match="old format 'swarmloco/update-header/v4'.*upgrade swarmloco") as err:
+        open_update(old, **EXPECT, num_slices=28)
+    assert err.value.reason == "wrong-tag"
+
+
 def test_old_update_header_format_is_refused_with_what_to_do():
     from protocol.envelope import pack_digests
     from protocol.signing import sign_body
