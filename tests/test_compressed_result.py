@@ -190,7 +190,7 @@ def test_restore_unapplied_keeps_the_dense_formulas_bits(seed):
     n = 4096
     feedback = ErrorFeedback(codecs.build("fp16"), n, keep_sent=True)
     residual, sent, applied = mixed(n), mixed(n), mixed(n)
-    if seed >= 4:  # a dense aggregate, no exact zero: the short path (with ±Inf too); with a NaN, the general one
+    if seed >= 4:  # a dense aggregate, no exact zero (with ±Inf, with a NaN): nothing restored, the +0.0 pass and nan_to_num still run
         applied = torch.randn(n, generator=g).clamp(-4, 4) + torch.where(torch.rand(n, generator=g) < 0.5, 8.0, -8.0)
         applied[::97] = float("inf") if seed == 7 else float("nan") if seed == 6 else -5.0
     if seed % 2:
