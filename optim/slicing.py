@@ -37,7 +37,7 @@ import torch
 
 from optim.codecs import Codec, CodecError, StagedCodec, decode_into
 from optim.codecs import build as build_codec
-from optim.finite import all_finite, finite_rows  # noqa: F401 - the slices' checks, named here too
+from optim.finite import all_finite
 from optim.quantize import BlockQuantFormat, CastFormat
 from optim.sparsify import ChunkTopK, RandK, TopK
 from optim.stat_quant import StatFormat

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from optim import codecs, slicing
+from optim import codecs, finite, slicing
 from peer.run import slice_plan
 from peer.run.config import ConfigError, RunConfig
 from peer.run.round_math import RoundMath, UpdateRejected, codec_seed
@@ -151,7 +151,7 @@ def decode_alone(math: RoundMath, data: bytes, j: int, round_: int) -> torch.Ten
         values = math.sliced_codec.decode_slice(data, j, seed=codec_seed(math.cfg, round_))
     except codecs.CodecError as exc:
         raise UpdateRejected(Reason.UNDECODABLE, f"slice {j} does not decode: {exc}") from None
-    if not slicing.all_finite(values):
+    if not finite.all_finite(values):
         raise UpdateRejected(Reason.NON_FINITE, f"slice {j} holds NaN or Inf values")
     return values
 
@@ -193,7 +193,7 @@ def test_a_slices_rows_decoded_at_once_are_the_one_by_one_decodes_bit_for_bit_an
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16])
 def test_finite_rows_flags_exactly_the_rows_with_nan_or_inf(dtype):
-    """slicing.finite_rows, the owner's check of a slice's decoded rows: a row with NaN, +Inf or
+    """finite.finite_rows, the owner's check of a slice's decoded rows: a row with NaN, +Inf or
     -Inf anywhere is flagged, a row of huge finite values (whose sum overflows) is not; numpy's
     path (float16/32/64) and torch's (bfloat16) agree."""
     big = torch.finfo(dtype).max
@@ -203,8 +203,8 @@ def test_finite_rows_flags_exactly_the_rows_with_nan_or_inf(dtype):
     rows[3, 150] = float("-inf")
     rows[4] = big  # finite, but its sum is not
     rows[5, ::2] = -big
-    assert slicing.finite_rows(rows) == [True, False, False, False, True, True]
-    assert slicing.finite_rows(rows[:1]) == [True] and slicing.finite_rows(rows[1:4]) == [False] * 3
+    assert finite.finite_rows(rows) == [True, False, False, False, True, True]
+    assert finite.finite_rows(rows[:1]) == [True] and finite.finite_rows(rows[1:4]) == [False] * 3
 
 
 @pytest.mark.parametrize("codec", ["fp16", "bf16", "fp32"])

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import torch
 
-from optim import aggregate, codecs, outer, slicing, sparse_mean
+from optim import aggregate, codecs, finite, outer, slicing, sparse_mean
 from peer.run.config import ConfigError, OuterConfig, RunConfig
 from peer.run.mode_math import mode_math
 from peer.run.work_math import RowWork, check_weighted_rule, claim_bounds, weighted_rows
@@ -149,7 +149,7 @@ class RoundMath:
             raise UpdateRejected(Reason.UNDECODABLE, f"payload does not decode: {exc}") from None
         if update.shape != (self.numel,):
             raise UpdateRejected(Reason.WRONG_SHAPE, f"decoded update has shape {tuple(update.shape)}, expected ({self.numel},)")
-        if not slicing.all_finite(update):
+        if not finite.all_finite(update):
             raise UpdateRejected(Reason.NON_FINITE, "decoded update holds NaN or Inf values")
         return update
 
@@ -163,10 +163,10 @@ class RoundMath:
         except codecs.CodecError as exc:  # the slice itself does not exist: no input decodes
             return [UpdateRejected(Reason.UNDECODABLE, f"slice {j} does not decode: {exc}") for _ in datas]
         k = errors.count(None)
-        finite = slicing.finite_rows(out[:k]) if k else []
-        if not all(finite):
-            out[: sum(finite)] = out[:k][torch.tensor(finite)]  # the finite rows, in order, to the front
-        decoded = iter(finite)
+        kept = finite.finite_rows(out[:k]) if k else []
+        if not all(kept):
+            out[: sum(kept)] = out[:k][torch.tensor(kept)]  # the finite rows, in order, to the front
+        decoded = iter(kept)
         return [UpdateRejected(Reason.UNDECODABLE, f"slice {j} does not decode: {error}") if error is not None
                 else None if next(decoded) else UpdateRejected(Reason.NON_FINITE, f"slice {j} holds NaN or Inf values")
                 for error in errors]
@@ -213,8 +213,8 @@ class RoundMath:
                 refused.append(j)
         bounds = self.layout.bounds
         for run in _adjacent_runs(sorted(written)):
-            if not slicing.all_finite(out[bounds[run[0]] : bounds[run[-1] + 1]]):
-                refused += [j for j in run if not slicing.all_finite(out[self.layout.range(j)])]
+            if not finite.all_finite(out[bounds[run[0]] : bounds[run[-1] + 1]]):
+                refused += [j for j in run if not finite.all_finite(out[self.layout.range(j)])]
         return sorted(refused)
 
     def max_result_bytes(self) -> int:
