@@ -20,8 +20,12 @@ def finite_rows(rows: torch.Tensor) -> list[bool]:
     cheaper than a float64 row sum on an (8, 31K) slice; elsewhere max and min per row, which
     propagate NaN and reach ±Inf, one pass each."""
     if rows.device.type == "cpu" and rows.dtype in _NUMPY_FLOATS:
-        return np.isfinite(rows.detach().numpy()).all(axis=1).tolist()
+        values = rows.detach().numpy()
+        if values.size <= MASK_ELEMENTS:
+            return np.isfinite(values).all(axis=1).tolist()
+        return [bool(np.isfinite(row).all()) for row in values]  # a mask per row: (d,) bools at a time, not (n, d)
     return (torch.isfinite(rows.amax(dim=1)) & torch.isfinite(rows.amin(dim=1))).tolist()
 
 
 _NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)
+MASK_ELEMENTS = 1 << 20  # above this many values, finite_rows masks one row at a time (all-to-all's (n, d) rows)

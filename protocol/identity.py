@@ -39,10 +39,13 @@ def peer_id_of(public_key: bytes) -> str:
 # exact bytes: at most CACHED_VERIFICATIONS x (CACHED_MESSAGE_BYTES + 96) bytes held.
 CACHED_VERIFICATIONS = 1024
 CACHED_MESSAGE_BYTES = 4096
+_BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
 def verify_signature(public_key: bytes, signature: bytes, message: bytes) -> bool:
     """True when `signature` is `public_key`'s Ed25519 signature of `message`; never raises."""
+    if not all(isinstance(v, _BYTES_LIKE) for v in (public_key, signature, message)):
+        return False
     if len(public_key) != PUBLIC_KEY_BYTES or len(signature) != SIGNATURE_BYTES:
         return False
     if len(message) <= CACHED_MESSAGE_BYTES:

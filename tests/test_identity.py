@@ -128,3 +128,14 @@ def test_a_small_order_key_signs_nothing():
     assert verify_signature(me.public_key, signature, message)
     assert not verify_signature(me.public_key, bytes([signature[0] ^ 1]) + signature[1:], message)
     assert not verify_signature(me.public_key, signature, message[:-1])
+
+
+def test_verification_of_what_is_not_bytes_is_false_not_an_error():
+    """verify_signature never raises: a str, None or an int where bytes belong is simply not a
+    valid signature (bytes(5) would have checked five zero bytes)."""
+    me = Identity.generate()
+    signature = me.sign(b"\x00" * 5)
+    assert verify_signature(me.public_key, signature, b"\x00" * 5)
+    for key, sig, message in ((me.public_key, signature, 5), (me.public_key, signature, None), (me.public_key.hex(), signature, b"x"),
+                              (me.public_key, None, b"x"), (None, signature, b"x")):
+        assert verify_signature(key, sig, message) is False

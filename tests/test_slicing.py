@@ -225,3 +225,13 @@ def test_a_cast_codecs_whole_vector_encode_is_its_slices_own_encodes_bit_for_bit
         sliced.encode(x.view(10, 100))
     with pytest.raises(ValueError):
         sliced.encode(torch.arange(1000))
+
+
+def test_finite_rows_masks_a_row_at_a_time_past_its_bound(monkeypatch):
+    """Past MASK_ELEMENTS values (all-to-all's (n, d) rows) finite_rows checks one row at a time, with
+    the same answers as the one-mask path."""
+    rows = torch.randn(5, 1000)
+    rows[1, 999], rows[3, 0] = float("nan"), float("-inf")
+    whole = finite.finite_rows(rows)
+    monkeypatch.setattr(finite, "MASK_ELEMENTS", 100)
+    assert finite.finite_rows(rows) == whole == [True, False, True, False, True]

@@ -209,7 +209,7 @@ class RoundMath:
             try:
                 slicing.decode_result_into(data, out[self.layout.range(j)], self.result_format)
                 written.append(j)
-            except codecs.CodecError:
+            except ValueError:  # CodecError, or any decoder's refusal: recomputation says who lied
                 refused.append(j)
         bounds = self.layout.bounds
         for run in _adjacent_runs(sorted(written)):
