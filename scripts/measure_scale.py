@@ -107,6 +107,9 @@ def ledger_rows(summary: dict, coordinator_endpoint: str, coordinator_id: str) -
     return rows
 
 
+FORKED = "forked"  # a row's "start": its processes forked from the launcher's fork server (else exec'd)
+
+
 def storm_peers(swarm, coordinator, peers: int) -> list:
     """Every peer at once, one process each, through the DHT, as `swarmloco demo` starts them."""
     return [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/{peers}", "--log-every", "1000"]) for i in range(peers)]
@@ -118,10 +121,13 @@ def joined_count(child) -> int:
     return len({m.group(1) for line in list(child.lines) if (m := JOINED_NODE_RE.match(line))})
 
 
-def run_swarm(cfg, *, peers: int, workdir: Path, memory_floor_gib: float = 2.0, start_peers=storm_peers) -> dict:
+def run_swarm(cfg, *, peers: int, workdir: Path, memory_floor_gib: float = 2.0, start_peers=storm_peers,
+              prewarmed: bool = False) -> dict:
     """One local swarm to completion; per-peer per-round rows, the coordinator's CPU per round and
     whatever went wrong. `start_peers(swarm, coordinator, n)` starts the n peers' processes
-    (default: one each, through the DHT; scripts/scale_lab.py: several nodes per process, direct)."""
+    (default: one each, through the DHT; scripts/scale_lab.py: several nodes per process, direct);
+    `prewarmed`: every process forked from the launcher's fork server, as `swarmloco demo` starts
+    them (peer/cli/prewarmed.py), instead of exec'd."""
     from peer.cli.launcher import Swarm
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -130,7 +136,7 @@ def run_swarm(cfg, *, peers: int, workdir: Path, memory_floor_gib: float = 2.0, 
 
     problems: list[str] = []
     started, load_before = time.monotonic(), load_average()
-    with Swarm(workdir) as swarm:
+    with Swarm(workdir, prewarmed=prewarmed) as swarm:
         guard = MemoryGuard(swarm, memory_floor_gib)
         guard.start()
         coordinator = swarm.start_coordinator(["--config", str(workdir / "run.json")], timeout_s=300)
@@ -252,7 +258,7 @@ def measure(args, *, start_peers=storm_peers, how: dict | None = None, on_row=No
         numel, payload, result_bytes = sizes["numel"], sizes["payload"], sizes["result"]  # P, the gathered aggregate A
         print(f"{codec} {mode} n={n}: running ({args.rounds} rounds x {args.inner_steps} inner steps)", flush=True)
         run = run_swarm(cfg, peers=n, workdir=base / f"{codec.replace(':', '_')}-{mode}-{n}", memory_floor_gib=args.memory_floor,
-                        start_peers=start_peers)
+                        start_peers=start_peers, prewarmed=(how or {}).get("start") == FORKED)
         r = {**summarize(codec, mode, n, args, numel, payload, result_bytes, run), **(how or {})}
         results.append(r)
         if on_row is not None:
@@ -335,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storm", action="store_true",
                         help="store the runs as the storm table (issue 24: every peer started at once through the DHT, "
                              "does each join and stay in sync?) instead of the formula table")
+    parser.add_argument("--exec-processes", action="store_true",
+                        help="--storm: start every process as a fresh Python, as `swarmloco demo --exec-processes` does "
+                             "(default: forked from one that imported torch, as `swarmloco demo` does)")
     args = parser.parse_args(argv)
     from scale_report import write_markdown
 
@@ -345,7 +354,10 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(stored, indent=1))
         write_markdown(Path(args.write_md or ROOT / "benchmarks/scale.md"), stored)
         return 0
-    return measure_and_store(args, "storm_runs" if args.storm else "runs")
+    if args.exec_processes and not args.storm:
+        parser.error("--exec-processes goes with --storm (the formula table's swarms are exec'd)")
+    how = {"start": "exec" if args.exec_processes else FORKED} if args.storm else None
+    return measure_and_store(args, "storm_runs" if args.storm else "runs", how=how)
 
 
 if __name__ == "__main__":

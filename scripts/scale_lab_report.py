@@ -168,14 +168,20 @@ def _targets(runs: list[dict]) -> list[str]:
                      + (f"; NOT at n = {', '.join(str(r['peers']) for r in failed)} (see the row)" if failed else ""))
         if len(ok) < 2:
             continue
-        lo = ok[0]
         lines += byte_targets(codec, ok)
-        points = [(r["peers"], r["coordinator_cpu_s_per_round"]) for r in ok]
-        worst_growth = max(ok[1:], key=lambda r: (r["coordinator_cpu_s_per_round"] / lo["coordinator_cpu_s_per_round"]) / (r["peers"] / lo["peers"]))
-        growth = worst_growth["coordinator_cpu_s_per_round"] / lo["coordinator_cpu_s_per_round"]
-        linear = all(r["coordinator_cpu_s_per_round"] / lo["coordinator_cpu_s_per_round"] <= r["peers"] / lo["peers"] for r in ok[1:])
-        lines.append(f"- {codec}: the coordinator's CPU per round grows at most linearly in n: **{'reached' if linear else 'NOT reached'}** "
-                     f"({', '.join(f'{c:.2f} s at n = {n}' for n, c in points)}; closest to linear: {growth:.2f}x from "
-                     f"{lo['peers']} to {worst_growth['peers']} peers, {worst_growth['peers'] / lo['peers']:.0f}x the peers; "
-                     f"log-log slope {cpu_exponent(points):.2f})")
+        lines.append(cpu_growth_target(codec, ok))
     return lines
+
+
+def cpu_growth_target(codec: str, ok: list[dict]) -> str:
+    """The target line 'the coordinator's CPU per round grows at most linearly in n' over the rows
+    `ok` (sorted by n, at least two, each with its coordinator_cpu_s_per_round)."""
+    lo = ok[0]
+    points = [(r["peers"], r["coordinator_cpu_s_per_round"]) for r in ok]
+    worst_growth = max(ok[1:], key=lambda r: (r["coordinator_cpu_s_per_round"] / lo["coordinator_cpu_s_per_round"]) / (r["peers"] / lo["peers"]))
+    growth = worst_growth["coordinator_cpu_s_per_round"] / lo["coordinator_cpu_s_per_round"]
+    linear = all(r["coordinator_cpu_s_per_round"] / lo["coordinator_cpu_s_per_round"] <= r["peers"] / lo["peers"] for r in ok[1:])
+    return (f"- {codec}: the coordinator's CPU per round grows at most linearly in n: **{'reached' if linear else 'NOT reached'}** "
+            f"({', '.join(f'{c:.2f} s at n = {n}' for n, c in points)}; closest to linear: {growth:.2f}x from "
+            f"{lo['peers']} to {worst_growth['peers']} peers, {worst_growth['peers'] / lo['peers']:.0f}x the peers; "
+            f"log-log slope {cpu_exponent(points):.2f})")

@@ -16,7 +16,7 @@ if str(ROOT / "scripts") not in sys.path:
     sys.path.insert(0, str(ROOT / "scripts"))
 
 from machine_info import machine_lines, write_keeping_notes  # noqa: E402
-from scale_lab_report import byte_targets, control_share, lab_lines  # noqa: E402
+from scale_lab_report import byte_targets, control_share, cpu_growth_target, lab_lines  # noqa: E402
 
 FORMULAS = [
     "- sliced, received ≈ r·(n−1)/m·P + (1 − r/m)·A + p·k·((n−1)·P − A)/S, p = min(1, coverage·S/(n·k)), coverage = 2 (0.5 since issue 24's bounded spot checks)",
@@ -139,16 +139,22 @@ def storm_lines(data: dict) -> list[str]:
              "Every peer started at the same instant, as `swarmloco demo` starts them (one process each, all bootstrapping",
              "from the coordinator's DHT node, each retrying its bootstrap, the run lookup and the first connection with",
              "backoff within --connect-timeout's default window); the run waits for all n (expected_peers = min_peers = n).",
+             "start = how each process began: `forked` from one process that imported torch and hivemind once (what",
+             "`swarmloco demo` does since session 28: the processes share those modules' memory), or `exec`, each a fresh",
+             "Python (`--exec-processes`; the rows before session 28).",
              "A row is 'yes' when every peer printed its join, every round closed and every peer was in the manifest and in",
              "sync in every round. control share = a peer's traffic with the coordinator over all its traffic (sent +",
              "received). The machine is shared with other jobs: the load (1/5/15 min) before and after each row is in it.",
              "memory taken = how far the machine's available memory fell during the row (other jobs' swings included); a row",
-             "is stopped when it falls below the floor (`--memory-floor`) and says so: that swarm did not fit.", ""]
+             "is stopped when it falls below the floor (`--memory-floor`) and says so: that swarm did not fit.",
+             "coordinator CPU = user + system CPU seconds of the coordinator process between two round closes, mean over the",
+             "counted rounds ('with DHT' adds its DHT process and p2pd; rows before session 28 did not keep it); round s = wall",
+             "time between two closes.", ""]
     for inv in data.get("storm_invocations", []):
         lines += [*machine_lines(inv.get("machine"), inv["load_before"], inv["load_after"]), f"- command: `{inv['command']}`", ""]
-    lines += ["| codec | exchange | S | r | k | H | rounds | n started | joined | rounds closed | received mean (median) KB | vs smallest n | "
-              "control share | coordinator KB/round | = fp32 models | wall s | memory taken GiB | load before -> after | all joined, every round in sync |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines += ["| codec | exchange | S | r | k | H | rounds | start | n started | joined | rounds closed | received mean (median) KB | vs smallest n | "
+              "control share | coordinator KB/round | = fp32 models | coordinator CPU s/round (with DHT) | round s | wall s | memory taken GiB | load before -> after | all joined, every round in sync |",
+              "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---|---|"]
     for codec in dict.fromkeys(r["codec"] for r in runs):
         group = [r for r in runs if r["codec"] == codec]
         base = next((r for r in group if r["ok"]), None)
@@ -157,9 +163,10 @@ def storm_lines(data: dict) -> list[str]:
             vs = f"{r['received_mean'] / base['received_mean']:.2f}x" if base and r["ok"] and r["received_mean"] == r["received_mean"] else "-"
             lines.append(
                 f"| {codec} | {r['mode']} | {r['slices'] or '-'} | {r['replicas'] or '-'} | {r['spot_checks']} | {r['inner_steps']} | "
-                f"{r['rounds']} | {r.get('peers_started', r['peers'])} | {r.get('peers_joined', '?')} | {r.get('rounds_done', '?')} | "
+                f"{r['rounds']} | {r.get('start', 'exec')} | {r.get('peers_started', r['peers'])} | {r.get('peers_joined', '?')} | {r.get('rounds_done', '?')} | "
                 f"{_kb(r['received_mean'])} ({_kb(r['received_median'])}) | {vs} | {_percent(share)} | "
-                f"{_kb(r['coordinator_bytes_per_round'])} | {_ratio(r['coordinator_bytes_per_round'] / (4 * r['numel']))} | {r['wall_s']:.0f} | "
+                f"{_kb(r['coordinator_bytes_per_round'])} | {_ratio(r['coordinator_bytes_per_round'] / (4 * r['numel']))} | {_cpu(r)} | "
+                f"{_seconds(r.get('round_wall_s'))} | {r['wall_s']:.0f} | "
                 f"{r['memory_taken_gib'] if r.get('memory_taken_gib') is not None else '-'} | {r.get('load_before', '?')} -> {r.get('load_after', '?')} | {'yes' if r['ok'] else 'NO: ' + '; '.join(r['problems'])[:600]} |")
     lines += ["", "Targets (issue 24), from the rows above:", ""]
     for codec in dict.fromkeys(r["codec"] for r in runs):
@@ -174,8 +181,23 @@ def storm_lines(data: dict) -> list[str]:
                         "machine's memory beside the other jobs (stopped at the floor)" if unfit else ""))
         if ok:
             lines += byte_targets(codec, ok)
-            lines.append(f"- {codec}: the coordinator's CPU per round: not measured in these rows (the scale lab's below)")
+            timed = [r for r in ok if _measured(r.get("coordinator_cpu_s_per_round"))]
+            lines.append(cpu_growth_target(codec, timed) if len(timed) >= 2 else
+                         f"- {codec}: the coordinator's CPU per round: not measured in these rows (the scale lab's below)")
     return lines + [""]
+
+
+def _measured(x) -> bool:
+    return isinstance(x, (int, float)) and x == x
+
+
+def _cpu(r: dict) -> str:
+    cpu, tree = r.get("coordinator_cpu_s_per_round"), r.get("coordinator_tree_cpu_s_per_round")
+    return f"{cpu:.2f} ({tree:.2f})" if _measured(cpu) and _measured(tree) else "-"
+
+
+def _seconds(x) -> str:
+    return f"{x:.1f}" if _measured(x) else "-"
 
 
 def _percent(x: float) -> str:

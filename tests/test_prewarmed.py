@@ -45,6 +45,19 @@ def test_a_child_is_its_own_session_with_the_requested_environment_and_exit_stat
     assert seen["stderr"] == "to stderr"  # stdout and stderr are one pipe, as Popen(stderr=STDOUT)
 
 
+def test_a_child_shares_the_preloads_and_collects_only_its_own_objects(server, monkeypatch):
+    """The server's preloads are frozen (a child's collections never write their pages), the child
+    collects as a fresh Python does, and its first optimizer step finds torch._dynamo (~820
+    modules with sympy, ~1.5 CPU-seconds, imported by that step otherwise) already there."""
+    monkeypatch.chdir(ROOT)
+    child = server.spawn(CHILD, ["optimizer"], dict(os.environ))
+    seen = _lines(child)
+    assert child.wait(timeout=60) == 0
+    assert seen["gc_enabled"] == "True"
+    assert int(seen["gc_frozen"]) > 100_000  # torch, hivemind, numpy, ... (~400K objects)
+    assert int(seen["optimizer_imports"]) <= 5  # 800+ without torch._dynamo in PRELOAD
+
+
 def test_a_killed_child_reports_the_signal_and_poll_never_blocks(server):
     child = server.spawn(CHILD, ["wait"], dict(os.environ))
     assert child.stdout.readline().startswith("pid=")

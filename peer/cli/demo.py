@@ -40,7 +40,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"swarmloco demo | {args.peers} peers + coordinator on loopback | {cfg.rounds.rounds} rounds x {cfg.inner.steps} inner steps | "
           f"codec {cfg.compression.codec} | outer {cfg.outer.name} | logs in {workdir}", flush=True)
     started = time.monotonic()
-    with Swarm(workdir, echo=True, tls=getattr(args, "tls", False)) as swarm:
+    # Forked from one process that imported torch and hivemind (peer/cli/prewarmed.py): each peer
+    # skips ~4 CPU-seconds of imports and shares those modules' ~150 MB instead of holding its own
+    # copy, which is what lets `--peers 48` fit where 48 fresh Pythons do not (benchmarks/scale.md).
+    with Swarm(workdir, echo=True, tls=getattr(args, "tls", False), prewarmed=not getattr(args, "exec_processes", False)) as swarm:
         coordinator = swarm.start_coordinator(["--config", str(workdir / "run.json"), "--checkpoint", str(workdir / "run.ckpt")])
         peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/{args.peers}", "--log-every", "25"]) for i in range(args.peers)]
         timeout = 600 + 60 * cfg.rounds.rounds

@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", metavar="PATH", help="write the results (losses, measured bytes, config) here")
     d.add_argument("--workdir", help="keep identities, checkpoints and logs here (default: a temporary folder)")
     d.add_argument("--tls", action="store_true", help="run the loopback swarm over TLS, with a throwaway CA made in the workdir")
+    d.add_argument("--exec-processes", action="store_true",
+                   help="start every coordinator and peer as a fresh Python (each imports torch itself: ~4 CPU-seconds and "
+                        "~150 MB more per process) instead of forking them from one process that imported it once")
     add_run_flags(d, "demo")
 
     # simulate

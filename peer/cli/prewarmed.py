@@ -38,6 +38,7 @@ launcher uses subprocess.Popen.
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import select
@@ -51,7 +52,9 @@ import traceback
 
 from protocol import lifetime
 
-PRELOAD = ("torch", "hivemind", "numpy", "cryptography.hazmat.primitives.asymmetric.ed25519")
+# torch._dynamo: what a process's first torch.optim step imports (~820 modules, sympy among them:
+# ~1.5 CPU-seconds and ~70 MB of its own in every peer that trains, when not preloaded here).
+PRELOAD = ("torch", "torch._dynamo", "hivemind", "numpy", "cryptography.hazmat.primitives.asymmetric.ed25519")
 START_TIMEOUT_S = 180.0  # the server's imports: ~4 s quiet, much more on a loaded 2-core machine
 REQUEST_MAX_BYTES = 1 << 20  # a request: the command, the environment and the working directory
 
@@ -193,8 +196,13 @@ def server_pids() -> set[int]:
 
 
 def _serve(requests: socket.socket) -> None:
+    # The preloaded objects stay shared with every child only while nothing writes to their pages:
+    # no collection here while they are made (it would leave freed holes among them), and frozen
+    # once made, so that a child's collections (re-enabled in it) never write their gc headers.
+    gc.disable()
     for name in PRELOAD:
         __import__(name)
+    gc.freeze()
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wake-up fd is written
@@ -262,6 +270,7 @@ def _become_child(request: dict, output_fd: int, tie_to_server, close_server) ->
     run the module, and end. Never returns."""
     code = 1
     try:
+        gc.enable()  # what a fresh Python runs with (the server's preloads stay frozen: see _serve)
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
