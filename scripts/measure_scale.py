@@ -110,6 +110,12 @@ def ledger_rows(summary: dict, coordinator_endpoint: str, coordinator_id: str) -
 FORKED = "forked"  # a row's "start": its processes forked from the launcher's fork server (else exec'd)
 
 
+def row_key(r: dict) -> tuple:
+    """What a stored row stands for, so a run replaces the row of the same swarm started the same
+    way (a storm row without "start" is from before session 28: exec'd)."""
+    return (r["codec"], r["mode"], r["peers"], *(() if r.get("start") is None else (r["start"],)))
+
+
 def storm_peers(swarm, coordinator, peers: int) -> list:
     """Every peer at once, one process each, through the DHT, as `swarmloco demo` starts them."""
     return [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/{peers}", "--log-every", "1000"]) for i in range(peers)]
@@ -137,6 +143,7 @@ def run_swarm(cfg, *, peers: int, workdir: Path, memory_floor_gib: float = 2.0, 
     problems: list[str] = []
     started, load_before = time.monotonic(), load_average()
     with Swarm(workdir, prewarmed=prewarmed) as swarm:
+        swarm.prewarm()  # the fork server's own memory is not the swarm's (it runs once for every row)
         guard = MemoryGuard(swarm, memory_floor_gib)
         guard.start()
         coordinator = swarm.start_coordinator(["--config", str(workdir / "run.json")], timeout_s=300)
@@ -320,8 +327,8 @@ def measure_and_store(args, runs_key: str, *, start_peers=storm_peers, how: dict
 
     def store(row: dict) -> None:
         measured.append(row)
-        done = {(r["codec"], r["mode"], r["peers"]) for r in measured}
-        kept = [r for r in stored.get(runs_key, []) if (r["codec"], r["mode"], r["peers"]) not in done]
+        done = {row_key(r) for r in measured}
+        kept = [r for r in stored.get(runs_key, []) if row_key(r) not in done]
         invocation = {"command": command_line(), "load_before": load_before, "load_after": load_average(),
                       "machine": machine_facts(), "runs": sorted(done)}
         stored[runs_key] = sorted(kept + measured, key=lambda r: (r["codec"], r["mode"] != "sliced", r["peers"]))

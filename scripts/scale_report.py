@@ -132,7 +132,7 @@ def projection_lines(data: dict) -> list[str]:
 def storm_lines(data: dict) -> list[str]:
     """The swarms started at once through the DHT (issue 24): did every peer join and stay in sync,
     and how a peer's bytes, the control share and the coordinator's bytes grow with n."""
-    runs = sorted(data.get("storm_runs") or [], key=lambda r: (r["codec"], r["peers"]))
+    runs = sorted(data.get("storm_runs") or [], key=lambda r: (r["codec"], _start(r) != "forked", r["peers"]))
     if not runs:
         return []
     lines = ["## Swarms started at once through the DHT (issue 24)", "",
@@ -141,7 +141,7 @@ def storm_lines(data: dict) -> list[str]:
              "backoff within --connect-timeout's default window); the run waits for all n (expected_peers = min_peers = n).",
              "start = how each process began: `forked` from one process that imported torch and hivemind once (what",
              "`swarmloco demo` does since session 28: the processes share those modules' memory), or `exec`, each a fresh",
-             "Python (`--exec-processes`; the rows before session 28).",
+             "Python (`--exec-processes`, and every row before session 28).",
              "A row is 'yes' when every peer printed its join, every round closed and every peer was in the manifest and in",
              "sync in every round. control share = a peer's traffic with the coordinator over all its traffic (sent +",
              "received). The machine is shared with other jobs: the load (1/5/15 min) before and after each row is in it.",
@@ -150,27 +150,29 @@ def storm_lines(data: dict) -> list[str]:
              "coordinator CPU = user + system CPU seconds of the coordinator process between two round closes, mean over the",
              "counted rounds ('with DHT' adds its DHT process and p2pd; rows before session 28 did not keep it); round s = wall",
              "time between two closes.", ""]
-    for inv in data.get("storm_invocations", []):
+    for inv in sources(data.get("storm_invocations", []), runs):
         lines += [*machine_lines(inv.get("machine"), inv["load_before"], inv["load_after"]), f"- command: `{inv['command']}`", ""]
     lines += ["| codec | exchange | S | r | k | H | rounds | start | n started | joined | rounds closed | received mean (median) KB | vs smallest n | "
               "control share | coordinator KB/round | = fp32 models | coordinator CPU s/round (with DHT) | round s | wall s | memory taken GiB | load before -> after | all joined, every round in sync |",
               "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---|---|"]
-    for codec in dict.fromkeys(r["codec"] for r in runs):
-        group = [r for r in runs if r["codec"] == codec]
+    groups = {(r["codec"], _start(r)): [] for r in runs}
+    for r in runs:
+        groups[(r["codec"], _start(r))].append(r)
+    for group in groups.values():
         base = next((r for r in group if r["ok"]), None)
         for r in group:
             share = control_share(r)
             vs = f"{r['received_mean'] / base['received_mean']:.2f}x" if base and r["ok"] and r["received_mean"] == r["received_mean"] else "-"
             lines.append(
-                f"| {codec} | {r['mode']} | {r['slices'] or '-'} | {r['replicas'] or '-'} | {r['spot_checks']} | {r['inner_steps']} | "
-                f"{r['rounds']} | {r.get('start', 'exec')} | {r.get('peers_started', r['peers'])} | {r.get('peers_joined', '?')} | {r.get('rounds_done', '?')} | "
+                f"| {r['codec']} | {r['mode']} | {r['slices'] or '-'} | {r['replicas'] or '-'} | {r['spot_checks']} | {r['inner_steps']} | "
+                f"{r['rounds']} | {_start(r)} | {r.get('peers_started', r['peers'])} | {r.get('peers_joined', '?')} | {r.get('rounds_done', '?')} | "
                 f"{_kb(r['received_mean'])} ({_kb(r['received_median'])}) | {vs} | {_percent(share)} | "
                 f"{_kb(r['coordinator_bytes_per_round'])} | {_ratio(r['coordinator_bytes_per_round'] / (4 * r['numel']))} | {_cpu(r)} | "
                 f"{_seconds(r.get('round_wall_s'))} | {r['wall_s']:.0f} | "
                 f"{r['memory_taken_gib'] if r.get('memory_taken_gib') is not None else '-'} | {r.get('load_before', '?')} -> {r.get('load_after', '?')} | {'yes' if r['ok'] else 'NO: ' + '; '.join(r['problems'])[:600]} |")
     lines += ["", "Targets (issue 24), from the rows above:", ""]
-    for codec in dict.fromkeys(r["codec"] for r in runs):
-        group = [r for r in runs if r["codec"] == codec]
+    for (codec_name, start), group in groups.items():
+        codec = f"{codec_name}, {start}"
         ok = [r for r in group if r["ok"]]
         unfit = [r for r in group if not r["ok"] and r.get("stopped_for_memory")]
         failed = [r for r in group if not r["ok"] and not r.get("stopped_for_memory")]
@@ -188,7 +190,25 @@ def storm_lines(data: dict) -> list[str]:
 
 
 def _measured(x) -> bool:
-    return isinstance(x, (int, float)) and x == x
+    return isinstance(x, (int, float)) and x == x and x > 0
+
+
+def _start(r: dict) -> str:
+    return r.get("start") or "exec"  # storm rows before session 28 kept no "start": every process exec'd
+
+
+def sources(invocations: list[dict], runs: list[dict]) -> list[dict]:
+    """The invocations that measured a row still in the table: for each row, the last invocation
+    that ran its swarm (an invocation's "runs" are [codec, mode, n(, start)]; without a start: exec)."""
+    def key(run: list) -> tuple:
+        return (*run[:3], run[3] if len(run) > 3 else "exec")
+
+    last = {}
+    for i, inv in enumerate(invocations):
+        for run in inv.get("runs", []):
+            last[key(run)] = i
+    wanted = {last.get((r["codec"], r["mode"], r["peers"], _start(r))) for r in runs}
+    return [inv for i, inv in enumerate(invocations) if i in wanted]
 
 
 def _cpu(r: dict) -> str:

@@ -91,3 +91,27 @@ def test_children_die_with_their_server_and_nothing_is_left():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+class _SwarmStarted(Exception):
+    """Raised by the fake Swarm below: the demo got as far as starting its swarm."""
+
+
+@pytest.mark.parametrize("flags, forked", [([], True), (["--exec-processes"], False)])
+def test_the_demo_forks_its_processes_unless_told_to_exec(flags, forked, tmp_path, monkeypatch):
+    """`swarmloco demo` starts its swarm prewarmed (what lets 48 peers fit, benchmarks/scale.md);
+    `--exec-processes` starts fresh Pythons."""
+    from peer.cli import demo
+    from peer.cli.main import build_parser
+
+    seen = {}
+
+    def fake_swarm(workdir, **kwargs):
+        seen.update(kwargs)
+        raise _SwarmStarted
+
+    monkeypatch.setattr(demo, "Swarm", fake_swarm)
+    args = build_parser().parse_args(["demo", "--peers", "2", "--workdir", str(tmp_path), *flags])
+    with pytest.raises(_SwarmStarted):
+        demo.main(args)
+    assert seen["prewarmed"] is forked

@@ -246,3 +246,21 @@ def test_compressed_exchange_md_is_built_from_its_json_and_judges_the_targets(tm
     assert "nan" not in text.lower() and "<!-- notes -->" in text
     bc.write_markdown(out, json.loads(json.dumps(data)))  # through JSON: the same bytes
     assert out.read_text() == text
+
+
+def test_storm_rows_started_two_ways_stand_side_by_side_with_the_invocations_behind_them():
+    """A storm row forked and one exec'd of the same swarm are two rows (a run replaces only the
+    row started its own way); the md lists the invocations that measured a row still in it."""
+    import measure_scale
+    import scale_report
+
+    old = {"codec": "fp16", "mode": "sliced", "peers": 4}  # before session 28: no "start", exec'd
+    forked = dict(old, start="forked")
+    assert measure_scale.row_key(old) != measure_scale.row_key(forked)
+    assert measure_scale.row_key(dict(old, start="exec")) != measure_scale.row_key(forked)
+    a = {"command": "a", "runs": [["fp16", "sliced", 4], ["fp16", "sliced", 16]]}
+    b = {"command": "b", "runs": [["fp16", "sliced", 16]]}
+    c = {"command": "c", "runs": [["fp16", "sliced", 4, "forked"]]}
+    rows = [old, dict(old, peers=16), forked]
+    assert [i["command"] for i in scale_report.sources([a, b, c], rows)] == ["a", "b", "c"]
+    assert [i["command"] for i in scale_report.sources([a, b, c], rows[1:])] == ["b", "c"]  # a's rows all re-measured

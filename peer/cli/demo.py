@@ -41,8 +41,9 @@ def main(args: argparse.Namespace) -> int:
           f"codec {cfg.compression.codec} | outer {cfg.outer.name} | logs in {workdir}", flush=True)
     started = time.monotonic()
     # Forked from one process that imported torch and hivemind (peer/cli/prewarmed.py): each peer
-    # skips ~4 CPU-seconds of imports and shares those modules' ~150 MB instead of holding its own
-    # copy, which is what lets `--peers 48` fit where 48 fresh Pythons do not (benchmarks/scale.md).
+    # skips ~5.5 CPU-seconds of imports and shares those modules' memory (a running peer ~104 MB of
+    # its own instead of ~230), which is what lets 48 peers fit where 48 fresh Pythons do not
+    # (benchmarks/scale.md, the storm rows).
     with Swarm(workdir, echo=True, tls=getattr(args, "tls", False), prewarmed=not getattr(args, "exec_processes", False)) as swarm:
         coordinator = swarm.start_coordinator(["--config", str(workdir / "run.json"), "--checkpoint", str(workdir / "run.ckpt")])
         peers = [swarm.start_peer(f"peer{i}", ["--shard", f"{i}/{args.peers}", "--log-every", "25"]) for i in range(args.peers)]

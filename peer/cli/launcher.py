@@ -9,7 +9,8 @@ protocol/lifetime.py). A launcher that is itself killed (SIGKILL, OOM) takes its
 it the same way (when the Swarm is driven from the main thread, as the demo and pytest do).
 
 `Swarm(..., prewarmed=True)` forks each child from a process that imported torch and hivemind once
-(peer/cli/prewarmed.py): ~4 CPU-seconds less per child; the tests' swarms start that way.
+(peer/cli/prewarmed.py): ~5.5 CPU-seconds less per peer, and their memory shared; the tests' swarms,
+`swarmloco demo` and scripts/measure_scale.py's storm start that way.
 
 `Swarm(..., tls=True)` runs the whole swarm over TLS with a throwaway CA and one certificate for
 127.0.0.1 (`make_loopback_tls`), passed to every child with --tls-cert/--tls-key/--tls-ca.
@@ -131,9 +132,19 @@ class Swarm:
         self.coordinator_endpoint = ""
         self._lock = threading.Lock()
 
+    def prewarm(self) -> None:
+        """Start the fork server now (prewarmed swarms), not at the first child: a benchmark that
+        measures the swarm's memory or time from here on leaves the server's own out of it."""
+        if self.prewarmed:
+            prewarmed.shared_server(self._child_env())
+
+    @staticmethod
+    def _child_env() -> dict[str, str]:
+        return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+
     def _spawn(self, name: str, args: list[str], module: str = "peer.cli.main", role: str = "peer") -> Child:
         log_path = self.workdir / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        env = self._child_env()
         server = prewarmed.shared_server(env) if self.prewarmed else None
         if server is not None:  # forked from a process that imported torch and hivemind once
             process: subprocess.Popen | prewarmed.PrewarmedProcess = server.spawn(module, args, env)

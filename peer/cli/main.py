@@ -144,8 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--workdir", help="keep identities, checkpoints and logs here (default: a temporary folder)")
     d.add_argument("--tls", action="store_true", help="run the loopback swarm over TLS, with a throwaway CA made in the workdir")
     d.add_argument("--exec-processes", action="store_true",
-                   help="start every coordinator and peer as a fresh Python (each imports torch itself: ~4 CPU-seconds and "
-                        "~150 MB more per process) instead of forking them from one process that imported it once")
+                   help="start every coordinator and peer as a fresh Python (each with its own hash seed and a readable "
+                        "command line, but each imports torch itself: ~5.5 CPU-seconds and ~130 MB more per peer) instead of "
+                        "forking them from one process that imported it once")
     add_run_flags(d, "demo")
 
     # simulate

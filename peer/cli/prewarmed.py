@@ -3,8 +3,14 @@ once, from which the launcher forks each coordinator and peer instead of exec'in
 
 WHY: a fresh `python -m peer.cli.main` spends ~4 CPU-seconds importing torch (2.4 s) and hivemind
 (0.6 s, scipy through hivemind.averaging) on this project's 2-core machines before it does
-anything: a 3-peer, 3-round test swarm spent ~16 of its ~17 CPU-seconds there. A forked child
-starts with those modules in memory (copy-on-write) and imports only this project's modules.
+anything, and a peer's first optimizer step ~1.5 more importing torch._dynamo (with sympy): a
+3-peer, 3-round test swarm spent ~16 of its ~17 CPU-seconds there. A forked child starts with
+those modules in memory and imports only this project's modules. The memory is shared too: a
+fresh `import torch` holds ~143 MB of its own (relocated library data) and torch._dynamo ~70 MB;
+forked, a running demo peer holds ~104 MB of its own instead of ~230 MB (its DHT process 21 MB
+instead of 67), which is what lets 48 demo peers fit in 24 GB (benchmarks/scale.md, the storm rows).
+The server freezes its preloads out of the collector so that a child's collections never write
+their pages (which would copy them).
 
 Each child is still a process of its own, as Popen(start_new_session=True) makes one: it starts a
 session (its own process group: a signal to it reaches it and its DHT process, nothing else),
@@ -18,9 +24,11 @@ What differs from an exec'd process, and why it does not matter where this is us
   child, so none of our import-time code runs in the server. gRPC is not preloaded: it is not
   fork-safe, and the CLI sets gRPC's log level in the environment before importing it.
 - Every child has the server's hash seed (PYTHONHASHSEED cannot change after start) and its
-  /proc/PID/cmdline. Tests that check that separate processes agree bit for bit whatever their
-  hash seeds, or that read command lines, start exec'd processes (Swarm(prewarmed=False), the
-  default: `swarmloco demo` runs exec'd processes).
+  /proc/PID/cmdline (`ps` shows `python -m peer.cli.prewarmed N` for each). Tests that check that
+  separate processes agree bit for bit whatever their hash seeds, or that read command lines, start
+  exec'd processes (Swarm(prewarmed=False), the launcher's default; `swarmloco demo
+  --exec-processes` does the same, where a demo should show different hash seeds agreeing or
+  readable command lines: the demo's peers forked share one seed, a fresh one each demo).
 - `random` reseeds itself in a forked child; numpy's global generator (seeded from the OS once,
   at import) is reseeded here; torch's default generator starts from its fixed default seed in
   both cases (nothing draws from it while importing).
@@ -203,6 +211,7 @@ def _serve(requests: socket.socket) -> None:
     for name in PRELOAD:
         __import__(name)
     gc.freeze()
+    gc.enable()  # the server's own garbage from here on is collected; the frozen preloads are never walked
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wake-up fd is written
@@ -270,7 +279,7 @@ def _become_child(request: dict, output_fd: int, tie_to_server, close_server) ->
     run the module, and end. Never returns."""
     code = 1
     try:
-        gc.enable()  # what a fresh Python runs with (the server's preloads stay frozen: see _serve)
+        gc.enable()  # as a fresh Python runs (the server's preloads stay frozen: see _serve)
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
