@@ -37,8 +37,10 @@ def _stops_cleanly(swarm, child, sig: int = signal.SIGINT) -> None:
     leaves none of its processes (DHT process, p2pd) running."""
     tree = process_tree(child.process.pid)
     commands = [cmdline(pid) for pid in tree]
-    # The process itself, its forked DHT process (same command line) and hivemind's p2pd.
-    assert sum("peer.cli.main" in c for c in commands) >= 2 and any("p2pd" in c for c in commands), commands
+    # The process itself, its forked DHT process (same command line) and hivemind's p2pd; forked
+    # from the prewarmed server, the first two carry the server's command line.
+    module = "peer.cli.prewarmed" if swarm.prewarmed else "peer.cli.main"
+    assert sum(module in c for c in commands) >= 2 and any("p2pd" in c for c in commands), commands
     try:
         swarm.kill(child, sig)
         try:
@@ -58,6 +60,16 @@ def test_ctrl_c_stops_an_idle_coordinator(swarm, tmp_path):
     config = write_run_config(tmp_path / "run.json", rounds={"rounds": 3, "expected_peers": 2})
     coordinator = swarm.start_coordinator(["--config", str(config)])
     _stops_cleanly(swarm, coordinator)
+
+
+def test_ctrl_c_stops_a_coordinator_forked_as_the_demo_starts_it(tmp_path):
+    """`swarmloco demo` forks its processes from the prewarmed server: Ctrl+C ends one as it ends
+    an exec'd one, exit status and all, with its DHT process and p2pd."""
+    from peer.cli.launcher import Swarm
+
+    config = write_run_config(tmp_path / "run.json", rounds={"rounds": 3, "expected_peers": 2})
+    with Swarm(tmp_path / "forked", prewarmed=True) as swarm:
+        _stops_cleanly(swarm, swarm.start_coordinator(["--config", str(config)]))
 
 
 def test_ctrl_c_stops_a_peer_mid_round_a_following_standby_and_a_coordinator_whose_peer_left(swarm, tmp_path, monkeypatch):
