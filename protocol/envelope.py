@@ -84,9 +84,11 @@ def build_update_header(*, run_id: str, round_: int, peer_id: str, codec: str, n
     its slices' Merkle root from their sha256 hex digests (`slices`, in slice order; none: not sliced);
     `inner_steps` and `tokens`: the work the update stands for."""
     digests = [bytes.fromhex(h) for h in slices]
-    root = merkle.root(digests) if digests else b""
-    top = base64.b64encode(root).decode() if digests else ""
-    sha = sliced_payload_sha256(root, len(payload)) if digests else sha256_hex(payload)
+    if digests:
+        root = merkle.root(digests)
+        top, sha = base64.b64encode(root).decode(), sliced_payload_sha256(root, len(payload))
+    else:
+        top, sha = "", sha256_hex(payload)
     return UpdateHeader(run_id=run_id, round=round_, peer_id=peer_id, codec=codec, numel=numel, layout_hash=layout_hash,
                         base_param_hash=base_param_hash, payload_sha256=sha, payload_size=len(payload),
                         slices_root=top, num_slices=len(digests), inner_steps=inner_steps, tokens=tokens)
@@ -189,10 +191,12 @@ def open_update(
         raise EnvelopeError("malformed", "payload_sha256 is not 64 lowercase hex characters")
     if header.num_slices != num_slices:
         raise EnvelopeError("wrong-layout", f"update commits to {header.num_slices} slices, the run's exchange needs {num_slices}")
-    if num_slices and unpack_digests(header.slices_root, field_name="slices_root", limit=1) == []:
-        raise EnvelopeError("malformed", "update header field 'slices_root' is empty: a sliced update commits to a Merkle root")
-    if num_slices and header.payload_sha256 != sliced_payload_sha256(header.root_bytes(), header.payload_size):
-        raise EnvelopeError("malformed", "a sliced update's payload_sha256 is not the commitment to its slices_root and size")
+    if num_slices:
+        root = unpack_digests(header.slices_root, field_name="slices_root", limit=1)  # decoded once, validated
+        if not root:
+            raise EnvelopeError("malformed", "update header field 'slices_root' is empty: a sliced update commits to a Merkle root")
+        if header.payload_sha256 != sliced_payload_sha256(bytes.fromhex(root[0]), header.payload_size):
+            raise EnvelopeError("malformed", "a sliced update's payload_sha256 is not the commitment to its slices_root and size")
     if not num_slices and header.slices_root:
         raise EnvelopeError("malformed", "update header commits to a slices_root but no slices")
     check_work(header, max_inner_steps=max_inner_steps, tokens_per_step=tokens_per_step)

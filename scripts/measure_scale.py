@@ -42,6 +42,7 @@ for extra in (str(ROOT), str(ROOT / "scripts")):
         sys.path.insert(0, extra)
 
 from scale_projection import COVERAGE, control_fit, control_runs, expected, expected_coordinator, projection, with_projection  # noqa: E402,F401
+from scale_report import row_key  # noqa: E402
 from stop_signals import unwind_on_stop_signals  # noqa: E402
 from swarm_meters import CoordinatorCpu, MemoryGuard  # noqa: E402  (scripts/ is on the path now)
 
@@ -108,12 +109,6 @@ def ledger_rows(summary: dict, coordinator_endpoint: str, coordinator_id: str) -
 
 
 FORKED = "forked"  # a row's "start": its processes forked from the launcher's fork server (else exec'd)
-
-
-def row_key(r: dict) -> tuple:
-    """What a stored row stands for, so a run replaces the row of the same swarm started the same
-    way (a storm row without "start" is from before session 28: exec'd)."""
-    return (r["codec"], r["mode"], r["peers"], *(() if r.get("start") is None else (r["start"],)))
 
 
 def storm_peers(swarm, coordinator, peers: int) -> list:

@@ -197,17 +197,17 @@ def _start(r: dict) -> str:
     return r.get("start") or "exec"  # storm rows before session 28 kept no "start": every process exec'd
 
 
+def row_key(r: dict) -> tuple:
+    """What a stored row stands for, so that a run replaces the row of the same swarm started the
+    same way (measure_scale's --merge), and an invocation's "runs" list these keys."""
+    return (r["codec"], r["mode"], r["peers"], *(() if r.get("start") is None else (r["start"],)))
+
+
 def sources(invocations: list[dict], runs: list[dict]) -> list[dict]:
     """The invocations that measured a row still in the table: for each row, the last invocation
-    that ran its swarm (an invocation's "runs" are [codec, mode, n(, start)]; without a start: exec)."""
-    def key(run: list) -> tuple:
-        return (*run[:3], run[3] if len(run) > 3 else "exec")
-
-    last = {}
-    for i, inv in enumerate(invocations):
-        for run in inv.get("runs", []):
-            last[key(run)] = i
-    wanted = {last.get((r["codec"], r["mode"], r["peers"], _start(r))) for r in runs}
+    that ran its swarm."""
+    last = {tuple(run): i for i, inv in enumerate(invocations) for run in inv.get("runs", [])}
+    wanted = {last.get(row_key(r)) for r in runs}
     return [inv for i, inv in enumerate(invocations) if i in wanted]
 
 

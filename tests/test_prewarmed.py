@@ -89,9 +89,6 @@ def test_children_die_with_their_server_and_nothing_is_left():
     assert not still_running(tree, 10.0)
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
 
 class _SwarmStarted(Exception):
     """Raised by the fake Swarm below: the demo got as far as starting its swarm."""
@@ -115,3 +112,7 @@ def test_the_demo_forks_its_processes_unless_told_to_exec(flags, forked, tmp_pat
     with pytest.raises(_SwarmStarted):
         demo.main(args)
     assert seen["prewarmed"] is forked
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
