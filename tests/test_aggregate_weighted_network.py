@@ -66,3 +66,28 @@ def test_an_owners_reduce_takes_it_and_reports_like_before(name):
     assert _bits(alone) == _bits(reported)
     # and it is the weighted rule: other weights move it
     assert not torch.equal(rule.aggregate_part(rows, weights=torch.flip(w, [0]), report=False), alone)
+
+
+def test_whole_weights_take_the_integer_median_and_others_do_not():
+    rows = torch.randn(6, 50, generator=torch.Generator().manual_seed(3))
+    assert weighted._whole_weight_median(rows, torch.tensor([25.0, 26, 24, 25, 0, 31], dtype=torch.float64)) is not None
+    assert weighted._whole_weight_median(rows, torch.tensor([25.0, 26, 24.5, 25, 1, 31], dtype=torch.float64)) is None
+    big = float(weighted.WHOLE_TOTAL_MAX) / 4  # six of them: past the total whose tolerance stays below 0.25
+    assert weighted._whole_weight_median(rows, torch.full((6,), big, dtype=torch.float64)) is None
+
+
+@pytest.mark.parametrize("n", [2, 7, 8, 16, 64])
+def test_whole_weights_near_the_largest_total_split_exactly_like_the_sort(n):
+    # large whole claims that are multiples of a power of two: many columns' middles fall exactly on
+    # a boundary, and the total sits just below WHOLE_TOTAL_MAX where the masses fill the key's low bits
+    rng = random.Random(n)
+    gen = torch.Generator().manual_seed(n)
+    unit = (weighted.WHOLE_TOTAL_MAX - 1) // (4 * n)
+    for kind in ("randn", "ties", "zeros"):
+        rows = _rows(kind, n, 700, gen)
+        w = torch.tensor([float(unit * rng.choice([1, 2, 3, 4])) for _ in range(n)], dtype=torch.float64)
+        assert float(w.sum()) < weighted.WHOLE_TOTAL_MAX
+        got = weighted.band_output(rows, w, None)
+        assert _bits(got) == _bits(_by_sort(rows, w, None)), w.tolist()
+        perm = torch.randperm(n, generator=gen)  # any order of the (row, weight) pairs: the same bits
+        assert _bits(weighted.band_output(rows[perm], w[perm], None)) == _bits(got)
