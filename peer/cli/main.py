@@ -239,6 +239,9 @@ def refuse_lone_standby(args: argparse.Namespace) -> None:
 def cmd_coordinator(args: argparse.Namespace) -> int:
     refuse_lone_standby(args)  # before the imports that load torch
     from peer.cli import interrupts
+    from peer.run.gil_handoff import quicken_handoffs
+
+    quicken_handoffs()  # RPC handlers beside the coordinator's background work (peer/run/gil_handoff.py)
     from peer.coordinator.main import CoordinatorOptions, run_coordinator
     from peer.coordinator.operations import OperationsOptions
 
@@ -279,9 +282,11 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 def cmd_peer(args: argparse.Namespace, make_node=None) -> int:
     """`make_node(options)` builds the node (default PeerNode; tests/byzantine_peer.py passes a subclass)."""
+    from peer.run.gil_handoff import quicken_handoffs
     from peer.run.process_memory import one_arena
 
     one_arena()  # first thing, before any thread allocates (peer/run/process_memory.py)
+    quicken_handoffs()  # the exchange's threads beside training (peer/run/gil_handoff.py)
     from peer.node.node import PeerNode, PeerOptions
     from peer.node import ranks
 
