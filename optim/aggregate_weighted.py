@@ -243,8 +243,10 @@ def _whole_weight_median(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor | 
     rank = (reached < whole).sum(dim=0, keepdim=True)  # (1, d): the first rank whose mass reaches the middle
     on_boundary = reached.gather(0, rank).squeeze(0) == whole  # (d,): the middle ends rank a's interval exactly
     low, high = _image_value(keys.gather(0, torch.cat([rank, (rank + 1).clamp_max(n - 1)])) >> _MASS_BITS)  # ranks a, a + 1
+    # low and high come from images, never -0.0; the mean is rounded to float32 last, as the shares'
+    # float64 sum is: a tiny negative mean (a subnormal beside a zero) becomes -0.0 there too
     mean = (0.5 * low.double() + 0.5 * high.double()).float()  # rank a + 1 exists wherever on_boundary
-    return torch.where(on_boundary, mean, low) + 0.0  # + 0.0: as a sum from +0.0, never -0.0
+    return torch.where(on_boundary, mean, low)
 
 
 def _band_trim(weights: torch.Tensor, num_byzantine: int, *, trimmed: bool) -> float | None:

@@ -24,6 +24,7 @@ from peer.cli.output_paths import check_outputs
 from peer.cli.parsing import CliParser
 from peer.cli.run_flags import add_run_flags, load_run_config
 from peer.node.thread_priority import MODES as PRIORITY_MODES
+from peer.run.gil_handoff import quicken_handoffs
 
 EPILOG_PEER = """examples:
   swarmloco peer --initial-peers /ip4/203.0.113.7/tcp/31337/p2p/12D3KooW...
@@ -239,9 +240,6 @@ def refuse_lone_standby(args: argparse.Namespace) -> None:
 def cmd_coordinator(args: argparse.Namespace) -> int:
     refuse_lone_standby(args)  # before the imports that load torch
     from peer.cli import interrupts
-    from peer.run.gil_handoff import quicken_handoffs
-
-    quicken_handoffs()  # RPC handlers beside the coordinator's background work (peer/run/gil_handoff.py)
     from peer.coordinator.main import CoordinatorOptions, run_coordinator
     from peer.coordinator.operations import OperationsOptions
 
@@ -282,11 +280,9 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
 def cmd_peer(args: argparse.Namespace, make_node=None) -> int:
     """`make_node(options)` builds the node (default PeerNode; tests/byzantine_peer.py passes a subclass)."""
-    from peer.run.gil_handoff import quicken_handoffs
     from peer.run.process_memory import one_arena
 
     one_arena()  # first thing, before any thread allocates (peer/run/process_memory.py)
-    quicken_handoffs()  # the exchange's threads beside training (peer/run/gil_handoff.py)
     from peer.node.node import PeerNode, PeerOptions
     from peer.node import ranks
 
@@ -397,6 +393,7 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     if argv is None:  # this process is the CLI (not a test calling main): its environment is ours to set
         quiet_grpc_logging(args.verbose)
+        quicken_handoffs()  # exchange threads beside training, RPC handlers beside background work (peer/run/gil_handoff.py)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",

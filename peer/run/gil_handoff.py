@@ -9,7 +9,9 @@ priority (peer/node/thread_priority.py) does not help there: the lock is the pro
 core's. A coordinator's RPC handlers wait the same way behind its own background work (fetching
 and checking the aggregate, writing checkpoints).
 
-Swarm processes use 0.5 ms: a thread that computes for long stretches hands the lock over ten
+The CLI process sets it (peer/cli/main.py, before its verb runs: `swarmloco peer`, `coordinator`, the
+demo's forked processes, the WAN bench's), not a test that calls main() in its own process. Swarm
+processes use 0.5 ms: a thread that computes for long stretches hands the lock over ten
 times as often (a few microseconds each), and one that waits for it gets it within half a
 millisecond. What it bought on the emulated WAN (benchmarks/wan.md, session 29; 8 peers overlapped,
 the default configuration, runs alternating with the build before it): fetch in 1.39 / 1.30 / 1.31
