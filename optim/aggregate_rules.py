@@ -146,13 +146,19 @@ def sorted_band_output(rows: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     n = rows.shape[0]
     if n > NETWORK_MAX_ROWS:
         return _in_content_order(rows, lambda r: _sorted_band_mean(r, lo, hi)).output
-    if rows.device.type == "cpu" and rows.dtype == torch.float32:
-        values = _numpy_network(rows, n)
-    else:
-        values = list(rows.unbind(0))  # n views of (d,)
-        for i, j in _comparators(n):
-            values[i], values[j] = torch.minimum(values[i], values[j]), torch.maximum(values[i], values[j])
+    values = network_sorted(rows)
     return torch.stack(values[lo:hi]).double().mean(dim=0).float()  # (d,) summed as _sorted_band_mean sums it
+
+
+def network_sorted(rows: torch.Tensor) -> list[torch.Tensor]:
+    """(n, d) rows -> n (d,) rows with every column sorted, by the comparators of a sorting network
+    over whole rows (also optim/aggregate_weighted.py's sort keys, int64)."""
+    if rows.device.type == "cpu" and rows.dtype in (torch.float32, torch.int64):
+        return _numpy_network(rows, rows.shape[0])
+    values = list(rows.unbind(0))  # n views of (d,)
+    for i, j in _comparators(rows.shape[0]):
+        values[i], values[j] = torch.minimum(values[i], values[j]), torch.maximum(values[i], values[j])
+    return values
 
 
 def _numpy_network(rows: torch.Tensor, n: int) -> list[torch.Tensor]:

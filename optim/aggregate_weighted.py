@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from optim.aggregate_mixing import TieBreaker, canonical_order
-from optim.aggregate_rules import NETWORK_MAX_ROWS, RuleResult, _comparators, _unclipped, in_input_order, krum_scores
+from optim.aggregate_rules import NETWORK_MAX_ROWS, RuleResult, _unclipped, in_input_order, krum_scores, network_sorted
 
 # Where the middle of the mass falls "exactly" on a boundary between two values: relative to
 # the total mass, far below any real weight difference, far above float64 rounding in a cumsum.
@@ -175,7 +175,7 @@ def band_output(rows: torch.Tensor, weights: torch.Tensor, trim: float | None) -
     order = weighted_order(rows, w)
     ordered, w = rows[order], w[order]  # content order, as _in_order takes them
     # keys that carry each value's row: unique, so the network and a stable sort give one permutation
-    position = _network_sorted(_order_image(ordered) * 256 + torch.arange(n).unsqueeze(1)) & 255  # (n, d): the row (in content order) of each sorted value
+    position = torch.stack(network_sorted(_order_image(ordered) * 256 + torch.arange(n).unsqueeze(1))) & 255  # (n, d): the row (in content order) of each sorted value
     mass, values = w[position], ordered.gather(0, position)  # (n, d) each
     total = float(w.sum())
     if trim is not None:
@@ -207,14 +207,6 @@ def _image_value(image: torch.Tensor) -> torch.Tensor:
     return (image ^ ((image >> 31) & 0x7FFFFFFF)).view(torch.float32)
 
 
-def _network_sorted(keys: torch.Tensor) -> torch.Tensor:
-    """(n, d) int64 keys with every column sorted, by a sorting network over whole rows."""
-    wires = list(keys.unbind(0))  # n rows of (d,)
-    for i, j in _comparators(len(wires)):
-        wires[i], wires[j] = torch.minimum(wires[i], wires[j]), torch.maximum(wires[i], wires[j])
-    return torch.stack(wires)
-
-
 def _whole_weight_median(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     """band_output's median, bit for bit, where every weight is a whole number and the total is
     below WHOLE_TOTAL_MAX (claims in tokens or steps, as a window run weighs its rows); None
@@ -238,7 +230,7 @@ def _whole_weight_median(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor | 
     if total >= WHOLE_TOTAL_MAX or not bool((w == torch.round(w)).all()):
         return None
     n, whole = rows.shape[0], int(total)
-    keys = _network_sorted((_order_image(rows) << _MASS_BITS) | w.to(torch.int64).unsqueeze(1))  # (n, d)
+    keys = torch.stack(network_sorted((_order_image(rows) << _MASS_BITS) | w.to(torch.int64).unsqueeze(1)))  # (n, d)
     reached = torch.cumsum(keys & (WHOLE_TOTAL_MAX - 1), dim=0).mul_(2)  # (n, d): twice the mass up to each rank, exact
     rank = (reached < whole).sum(dim=0, keepdim=True)  # (1, d): the first rank whose mass reaches the middle
     on_boundary = reached.gather(0, rank).squeeze(0) == whole  # (d,): the middle ends rank a's interval exactly

@@ -155,9 +155,9 @@ def storm_lines(data: dict) -> list[str]:
     lines += ["| codec | exchange | S | r | k | H | rounds | start | n started | joined | rounds closed | received mean (median) KB | vs smallest n | "
               "control share | coordinator KB/round | = fp32 models | coordinator CPU s/round (with DHT) | round s | wall s | memory taken GiB | load before -> after | all joined, every round in sync |",
               "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---|---|"]
-    groups = {(r["codec"], _start(r)): [] for r in runs}
+    groups: dict[tuple[str, str], list[dict]] = {}
     for r in runs:
-        groups[(r["codec"], _start(r))].append(r)
+        groups.setdefault((r["codec"], _start(r)), []).append(r)
     for group in groups.values():
         base = next((r for r in group if r["ok"]), None)
         for r in group:
